@@ -1,0 +1,61 @@
+# Capsem build, test and benchmark entry points.
+#   make build     bin/capsem and the bin/capsem-mcp-server symlink
+#   make test      everything: deps, vet, unit + integration + end-to-end (-race), fuzz smoke
+#   make bench     benchmarks, each figure beside its baseline from the same run
+#   make generate  regenerate committed msgp code
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/capsem/capsem/core/version.Version=$(VERSION)
+TOOLS := $(CURDIR)/.tools
+# Shared package cache for sandboxed MCP servers (npx), reused across runs.
+export CAPSEM_CACHE_DIR ?= $(TOOLS)/cache
+EVERYTHING_VERSION := 2026.8.31
+export CAPSEM_EVERYTHING_PKG := @modelcontextprotocol/server-everything@$(EVERYTHING_VERSION)
+export CAPSEM_TEST_BIN := $(CURDIR)/bin/capsem
+FUZZTIME ?= 5s
+
+.PHONY: build test bench generate deps fuzz vet clean FORCE
+
+build: bin/capsem
+
+bin/capsem: FORCE
+	@mkdir -p bin
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/capsem .
+	@ln -sf capsem bin/capsem-mcp-server
+
+# deps installs what the tests need: Go modules, and the real MCP reference
+# server from npm, fetched once into the shared cache the sandbox may read.
+deps:
+	@command -v gcc >/dev/null || (apt-get update && apt-get install -y gcc)
+	@command -v node >/dev/null || (apt-get update && apt-get install -y nodejs npm)
+	$(GO) mod download
+	@mkdir -p $(CAPSEM_CACHE_DIR)
+	npm_config_cache=$(CAPSEM_CACHE_DIR)/npm npx -y $(CAPSEM_EVERYTHING_PKG) --help </dev/null >/dev/null 2>&1 || \
+	  (echo "fetching $(CAPSEM_EVERYTHING_PKG) failed" >&2; exit 1)
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1)
+
+test: deps build vet
+	CI=$${CI:-true} $(GO) test -race -count=1 -timeout 30m ./...
+	$(MAKE) fuzz
+
+# A short run of every fuzz target (the seed corpus always runs in `go test`).
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null; \
+	  done; \
+	done
+
+bench: deps build
+	$(GO) run ./testdata/benchreport
+
+generate:
+	$(GO) generate ./core/aggwire/
+
+clean:
+	rm -rf bin

@@ -1,0 +1,78 @@
+package builtintools
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigFromEnv(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		want    Config
+		wantErr string
+	}{
+		{
+			name: "defaults",
+			env:  map[string]string{},
+			want: Config{MaxBodyBytes: DefaultMaxBodyBytes, Timeout: DefaultTimeout, MaxRedirects: DefaultMaxRedirects},
+		},
+		{
+			name: "all set",
+			env: map[string]string{
+				EnvDomainAllow:     " *.github.com, pypi.org ,,",
+				EnvDomainBlock:     "evil.com",
+				EnvHTTPMaxBody:     "1024",
+				EnvHTTPTimeoutSecs: "2.5",
+			},
+			want: Config{
+				Allow: []string{"*.github.com", "pypi.org"}, Block: []string{"evil.com"},
+				MaxBodyBytes: 1024, Timeout: 2500 * time.Millisecond, MaxRedirects: DefaultMaxRedirects,
+			},
+		},
+		{name: "bad allow pattern", env: map[string]string{EnvDomainAllow: "good.com,*bad"}, wantErr: `allow list: domain pattern "*bad"`},
+		{name: "url in block list", env: map[string]string{EnvDomainBlock: "https://evil.com"}, wantErr: "not a URL"},
+		{name: "body not a number", env: map[string]string{EnvHTTPMaxBody: "10MB"}, wantErr: EnvHTTPMaxBody + `="10MB": not a whole number`},
+		{name: "body zero", env: map[string]string{EnvHTTPMaxBody: "0"}, wantErr: "must be between 1 and"},
+		{name: "body too large", env: map[string]string{EnvHTTPMaxBody: "99999999999"}, wantErr: "must be between 1 and"},
+		{name: "timeout not a number", env: map[string]string{EnvHTTPTimeoutSecs: "30s"}, wantErr: EnvHTTPTimeoutSecs + `="30s": not a number`},
+		{name: "timeout negative", env: map[string]string{EnvHTTPTimeoutSecs: "-1"}, wantErr: "must be more than 0"},
+		{name: "timeout NaN", env: map[string]string{EnvHTTPTimeoutSecs: "NaN"}, wantErr: "must be more than 0"},
+		{name: "timeout too long", env: map[string]string{EnvHTTPTimeoutSecs: "86400"}, wantErr: "at most 3600 seconds"},
+	}
+	for _, test := range tests {
+		t.Run(test.name, func(t *testing.T) {
+			got, err := ConfigFromEnv(func(key string) string { return test.env[key] })
+			if test.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), test.wantErr) {
+					t.Fatalf("ConfigFromEnv error = %v, want containing %q", err, test.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ConfigFromEnv: %v", err)
+			}
+			if !slices.Equal(got.Allow, test.want.Allow) || !slices.Equal(got.Block, test.want.Block) ||
+				got.MaxBodyBytes != test.want.MaxBodyBytes || got.Timeout != test.want.Timeout || got.MaxRedirects != test.want.MaxRedirects {
+				t.Errorf("ConfigFromEnv = %+v, want %+v", got, test.want)
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := (Config{MaxBodyBytes: -1}).Validate(); err == nil {
+		t.Error("negative MaxBodyBytes: want an error")
+	}
+	if err := (Config{Timeout: -time.Second}).Validate(); err == nil {
+		t.Error("negative Timeout: want an error")
+	}
+	if err := (Config{Block: []string{"a.*"}}).Validate(); err == nil {
+		t.Error("bad pattern: want an error")
+	}
+	if err := (Config{Allow: []string{"*.ok.example"}}).Validate(); err != nil {
+		t.Errorf("good config: %v", err)
+	}
+}

@@ -1,0 +1,335 @@
+package endpoint
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/capsem/capsem/core/jsonrpc"
+	"github.com/capsem/capsem/core/mcpframe"
+)
+
+// MetaPrefix starts the optional first line a relay sends: NUL
+// "CAPSEM_META:" <process name> "\n".
+const MetaPrefix = "\x00CAPSEM_META:"
+
+const maxMetaLine = 4096
+
+// Serve accepts framed MCP connections until ctx is done or ln fails.
+func (e *Endpoint) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.ServeConn(ctx, c); err != nil {
+				e.log.Warn("MCP connection closed with error", "err", err)
+			}
+		}()
+	}
+}
+
+// conn is one framed connection.
+type conn struct {
+	e        *Endpoint
+	c        io.ReadWriteCloser
+	metaName string
+	out      chan mcpframe.Frame
+
+	mu       sync.Mutex
+	inflight map[uint32]struct{}
+	highest  uint32
+	cancels  map[string]context.CancelFunc // JSON-RPC id text → cancel
+}
+
+// ServeConn serves one framed connection until EOF, a fatal framing error or
+// ctx is done. Malformed frames and messages are answered and do not close
+// the connection; only a length prefix outside the bounds does, because the
+// stream can no longer be trusted to be in sync.
+func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(ctx, func() { rwc.Close() })
+	defer stop()
+	c := &conn{
+		e:        e,
+		c:        rwc,
+		out:      make(chan mcpframe.Frame, 256),
+		inflight: map[uint32]struct{}{},
+		cancels:  map[string]context.CancelFunc{},
+	}
+	writerDone := make(chan error, 1)
+	go func() { writerDone <- c.writeLoop() }()
+
+	var handlers sync.WaitGroup
+	err := c.readLoop(ctx, &handlers)
+	if err != nil && !errors.Is(err, io.EOF) {
+		// A broken connection cannot receive answers: cancel in-flight calls
+		// so their upstream work stops. After a clean EOF (a half-close) the
+		// client still waits for its answers, so let them finish.
+		cancel(fmt.Errorf("client connection failed: %w", err))
+	}
+	handlers.Wait()
+	cancel(errors.New("connection finished"))
+	close(c.out)
+	werr := <-writerDone
+	rwc.Close()
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil && errors.Is(err, io.ErrUnexpectedEOF) {
+		err = nil
+	}
+	if err == nil && werr != nil && !errors.Is(werr, net.ErrClosed) {
+		err = werr
+	}
+	return err
+}
+
+func (c *conn) writeLoop() error {
+	w := bufio.NewWriterSize(c.c, 64<<10)
+	var buf []byte
+	var failed error
+	for f := range c.out {
+		if failed != nil {
+			continue // drain so handlers never block
+		}
+		var err error
+		buf, err = mcpframe.Append(buf[:0], &f)
+		if err == nil {
+			_, err = w.Write(buf)
+		}
+		if err == nil && len(c.out) == 0 {
+			err = w.Flush()
+		}
+		if err != nil {
+			failed = err
+			c.c.Close()
+		}
+	}
+	if failed == nil {
+		failed = w.Flush()
+	}
+	return failed
+}
+
+func (c *conn) send(streamID uint32, name string, payload []byte) {
+	c.out <- mcpframe.Frame{StreamID: streamID, Name: name, Payload: payload}
+}
+
+func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
+	br := bufio.NewReaderSize(c.c, 64<<10)
+	if err := c.readMeta(br); err != nil {
+		return err
+	}
+	fr := mcpframe.NewReader(br)
+	for {
+		body, err := fr.ReadBody()
+		if err != nil {
+			return err
+		}
+		f, err := mcpframe.DecodeBody(body)
+		if err != nil {
+			c.invalidFrame(ctx, body, err)
+			continue
+		}
+		name := f.Name
+		if name == "" {
+			name = c.metaName
+		}
+		if name == "" {
+			name = "unknown"
+		}
+		payload := bytes.Clone(f.Payload)
+		if f.IsNotification() {
+			c.notification(ctx, name, payload)
+			continue
+		}
+		if verr := c.begin(f.StreamID); verr != nil {
+			c.reject(ctx, f.StreamID, name, payload, verr)
+			continue
+		}
+		msg, perr, id := jsonrpc.ParseRequest(payload)
+		if perr == nil && msg.IsNotification() {
+			perr = jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "request stream %d is missing a JSON-RPC id", f.StreamID)
+		}
+		if perr != nil {
+			c.answerError(ctx, f.StreamID, name, payload, msg, id, perr)
+			c.end(f.StreamID)
+			continue
+		}
+		// Acquire the shared in-flight slot here, in the reader, so a full cap
+		// stops reading instead of queueing unbounded work.
+		select {
+		case c.e.sem <- struct{}{}:
+		case <-ctx.Done():
+			c.end(f.StreamID)
+			return ctx.Err()
+		}
+		callCtx, callCancel := context.WithCancelCause(ctx)
+		idText := string(msg.ID)
+		c.mu.Lock()
+		c.cancels[idText] = func() { callCancel(errors.New("cancelled by the client")) }
+		c.mu.Unlock()
+		handlers.Add(1)
+		go func(streamID uint32) {
+			defer handlers.Done()
+			defer func() { <-c.e.sem }()
+			meta := CallMeta{Transport: "frame", StreamID: streamID, ProcessName: name, BytesIn: len(payload), MaxResponse: MaxFramedResponse(name)}
+			resp := c.e.Handle(callCtx, meta, msg)
+			callCancel(nil)
+			c.mu.Lock()
+			delete(c.cancels, idText)
+			c.mu.Unlock()
+			c.end(streamID)
+			c.send(streamID, name, resp)
+		}(f.StreamID)
+	}
+}
+
+func (c *conn) readMeta(br *bufio.Reader) error {
+	first, err := br.Peek(1)
+	if err != nil || first[0] != 0 {
+		return nil // no metadata line; errors surface on the first frame read
+	}
+	line := make([]byte, 0, 64)
+	for {
+		b, err := br.ReadByte()
+		if err != nil {
+			return fmt.Errorf("reading metadata line: %w", err)
+		}
+		if b == '\n' {
+			break
+		}
+		line = append(line, b)
+		if len(line) > maxMetaLine {
+			return fmt.Errorf("metadata line exceeds %d bytes", maxMetaLine)
+		}
+	}
+	rest, ok := bytes.CutPrefix(line, []byte(MetaPrefix))
+	if !ok {
+		return fmt.Errorf("connection starts with NUL but not %q", MetaPrefix[1:])
+	}
+	c.metaName = mcpframe.SanitizeName(string(rest))
+	return nil
+}
+
+// begin registers a request stream id: ids must increase and never repeat
+// (no reuse of an in-flight id, no replay of a completed one).
+func (c *conn) begin(id uint32) *jsonrpc.Error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, busy := c.inflight[id]; busy {
+		return jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "stream id %d is already in flight", id)
+	}
+	if id <= c.highest {
+		return jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "stream id %d replays or goes backwards (highest seen %d)", id, c.highest)
+	}
+	c.highest = id
+	c.inflight[id] = struct{}{}
+	return nil
+}
+
+func (c *conn) end(id uint32) {
+	c.mu.Lock()
+	delete(c.inflight, id)
+	c.mu.Unlock()
+}
+
+// invalidFrame answers a body that did not decode on the stream it names, if
+// any, and records it.
+func (c *conn) invalidFrame(ctx context.Context, body []byte, ferr error) {
+	streamID, _ := mcpframe.StreamIDHint(body)
+	e := jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "invalid MCP frame: %v", ferr)
+	c.e.recordLocal(ctx, &Record{Transport: "frame", StreamID: streamID, ProcessName: "unknown", ServerName: "gateway",
+		Method: "", Decision: "error", ErrorCode: e.Code, ErrorMessage: e.Message, BytesSent: int64(len(body) + mcpframe.PrefixLen)})
+	if streamID != 0 {
+		c.send(streamID, "unknown", jsonrpc.ErrorResponse(nil, e))
+	}
+}
+
+// reject answers a request whose stream id breaks the rules.
+func (c *conn) reject(ctx context.Context, streamID uint32, name string, payload []byte, e *jsonrpc.Error) {
+	msg, _, id := jsonrpc.ParseRequest(payload)
+	c.answerError(ctx, streamID, name, payload, msg, id, e)
+}
+
+func (c *conn) answerError(ctx context.Context, streamID uint32, name string, payload []byte, msg *jsonrpc.Message, id json.RawMessage, e *jsonrpc.Error) {
+	resp := jsonrpc.ErrorResponse(id, e)
+	method := ""
+	if msg != nil {
+		method = msg.Method
+	}
+	c.e.recordLocal(ctx, &Record{Transport: "frame", StreamID: streamID, ProcessName: name, ServerName: "gateway",
+		Method: method, RequestID: jsonrpc.IDText(id), Request: string(payload), Response: string(resp), Decision: "error",
+		ErrorCode: e.Code, ErrorMessage: e.Message, BytesSent: int64(len(payload)), BytesReceived: int64(len(resp))})
+	c.send(streamID, name, resp)
+}
+
+// notification handles a stream-0 frame. Notifications never get a response;
+// each still gets a ledger row.
+func (c *conn) notification(ctx context.Context, name string, payload []byte) {
+	rec := &Record{Transport: "frame", ProcessName: name, ServerName: "gateway", Request: string(payload),
+		BytesSent: int64(len(payload)), Decision: "allowed"}
+	msg, perr, _ := jsonrpc.ParseRequest(payload)
+	switch {
+	case perr != nil:
+		rec.Decision, rec.ErrorCode, rec.ErrorMessage = "error", perr.Code, perr.Message
+	case !msg.IsNotification():
+		rec.Method = msg.Method
+		rec.RequestID = jsonrpc.IDText(msg.ID)
+		rec.Decision, rec.ErrorCode, rec.ErrorMessage = "error", jsonrpc.CodeInvalidRequest, "notification frame carries a JSON-RPC id; dropped"
+	default:
+		rec.Method = msg.Method
+		if msg.Method == "notifications/cancelled" {
+			c.cancelRequest(msg.Params)
+		}
+	}
+	c.e.recordLocal(ctx, rec)
+}
+
+func (c *conn) cancelRequest(params json.RawMessage) {
+	var p struct {
+		RequestID json.RawMessage `json:"requestId"`
+	}
+	if json.Unmarshal(params, &p) != nil || len(p.RequestID) == 0 {
+		return
+	}
+	msg, perr, _ := jsonrpc.ParseRequest([]byte(`{"jsonrpc":"2.0","method":"x","id":` + string(p.RequestID) + `}`))
+	if perr != nil {
+		return
+	}
+	c.mu.Lock()
+	cancel := c.cancels[string(msg.ID)]
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// recordLocal writes a row for a message the endpoint answered itself.
+func (e *Endpoint) recordLocal(ctx context.Context, r *Record) {
+	if r.Time.IsZero() {
+		r.Time = time.Now().UTC()
+	}
+	r.PolicyMode = "enforce"
+	if err := e.cfg.Recorder.Record(context.WithoutCancel(ctx), r); err != nil {
+		e.log.Error("ledger write failed", "method", r.Method, "err", err)
+	}
+}

@@ -1,0 +1,543 @@
+// Package endpoint is the MCP endpoint behind the guest relay: it serves framed
+// MCP connections, checks every request and response against the policy hook,
+// routes calls to the aggregator, and records every message in the ledger
+// before the answer leaves.
+package endpoint
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/capsem/capsem/core/aggwire"
+	"github.com/capsem/capsem/core/jsonrpc"
+	"github.com/capsem/capsem/core/mcpframe"
+	"github.com/capsem/capsem/core/policy"
+)
+
+// Upstream performs aggregator requests. Do must return promptly when ctx is
+// done (and should cancel the upstream work).
+type Upstream interface {
+	Do(ctx context.Context, req *aggwire.Request) (*aggwire.Response, error)
+}
+
+// Record is one ledger row for one MCP message, plus the HTTP attempts the
+// builtin server made while serving it.
+type Record struct {
+	Time          time.Time
+	Transport     string // "frame" or "host"
+	StreamID      uint32
+	ProcessName   string
+	ServerName    string
+	Method        string
+	ToolName      string
+	RequestID     string
+	Request       string // preview (the ledger caps it)
+	Response      string
+	Decision      string // allowed | warned | denied | error
+	DurationMS    int64
+	ErrorCode     int64
+	ErrorMessage  string
+	BytesSent     int64
+	BytesReceived int64
+	PolicyMode    string
+	PolicyAction  string
+	PolicyRule    string
+	PolicyReason  string
+	NetEvents     []aggwire.NetEvent
+}
+
+// Recorder persists records; Record returns only after the row is durable
+// (committed), because the answer may not leave before its audit row.
+type Recorder interface {
+	Record(ctx context.Context, r *Record) error
+}
+
+// Config configures an Endpoint.
+type Config struct {
+	Upstream Upstream
+	Recorder Recorder
+	Policy   policy.Hook // nil: allow all
+	// InFlight caps concurrently dispatched requests across all connections;
+	// a full cap stops reading frames (back-pressure).
+	InFlight       int
+	DefaultTimeout time.Duration            // non-tools/call methods
+	ToolTimeout    time.Duration            // tools/call without an override
+	ToolTimeouts   map[string]time.Duration // namespaced tool → timeout
+	Version        string
+	Logger         *slog.Logger
+}
+
+// Endpoint serves MCP for one session.
+type Endpoint struct {
+	cfg    Config
+	sem    chan struct{}
+	policy atomic.Pointer[policyBox]
+	log    *slog.Logger
+}
+
+type policyBox struct{ hook policy.Hook }
+
+// Defaults for Config fields left zero.
+const (
+	DefaultTimeout     = 60 * time.Second
+	DefaultToolTimeout = 300 * time.Second
+)
+
+// DefaultInFlight is the in-flight cap when none is configured.
+func DefaultInFlight() int { return max(32, 8*runtime.GOMAXPROCS(0)) }
+
+// New returns an Endpoint.
+func New(cfg Config) *Endpoint {
+	if cfg.InFlight <= 0 {
+		cfg.InFlight = DefaultInFlight()
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = DefaultTimeout
+	}
+	if cfg.ToolTimeout <= 0 {
+		cfg.ToolTimeout = DefaultToolTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	e := &Endpoint{cfg: cfg, sem: make(chan struct{}, cfg.InFlight), log: cfg.Logger}
+	e.SetPolicy(cfg.Policy)
+	return e
+}
+
+// SetPolicy atomically replaces the policy; open connections see it on their
+// next request.
+func (e *Endpoint) SetPolicy(h policy.Hook) {
+	if h == nil {
+		h = policy.AllowAll{}
+	}
+	e.policy.Store(&policyBox{hook: h})
+}
+
+func (e *Endpoint) hook() policy.Hook { return e.policy.Load().hook }
+
+// Supported protocol versions, newest first.
+var protocolVersions = []string{"2025-11-25", "2025-06-18", "2025-03-26"}
+
+// DiscoverVersion is the stateless protocol revision whose server/discover we answer.
+const DiscoverVersion = "2026-07-28"
+
+const instructions = "Capsem MCP gateway. Tools are namespaced as <server>__<tool>; " +
+	"every call is checked against policy and recorded in the session ledger."
+
+// outcome is the result of handling one request.
+type outcome struct {
+	result    json.RawMessage
+	err       *jsonrpc.Error
+	decision  string
+	verdict   policy.Verdict
+	redactReq bool
+	redactRes bool
+	server    string
+	tool      string
+	netEvents []aggwire.NetEvent
+}
+
+// errRecordFailed is what the caller sees when the audit row could not be written.
+var errRecordFailed = jsonrpc.NewError(jsonrpc.CodeInternalError, "audit ledger write failed; the result was withheld")
+
+// Handle runs one parsed request through policy, dispatch and the ledger and
+// returns the response bytes. It is the shared rail of the framed path and the
+// host-initiated path (no framing).
+func (e *Endpoint) Handle(ctx context.Context, meta CallMeta, msg *jsonrpc.Message) []byte {
+	start := time.Now()
+	out := e.handle(ctx, msg)
+	resp := e.render(msg.ID, out, meta.MaxResponse)
+	rec := e.record(start, meta, msg, out, len(resp))
+	if err := e.cfg.Recorder.Record(context.WithoutCancel(ctx), rec); err != nil {
+		e.log.Error("ledger write failed", "method", msg.Method, "err", err)
+		resp = jsonrpc.ErrorResponse(msg.ID, errRecordFailed)
+	}
+	return resp
+}
+
+// CallMeta describes where a request came from.
+type CallMeta struct {
+	Transport   string
+	StreamID    uint32
+	ProcessName string
+	BytesIn     int
+	// MaxResponse bounds the encoded response; larger results become an error.
+	MaxResponse int
+}
+
+func (e *Endpoint) render(id json.RawMessage, out *outcome, max int) []byte {
+	if out.err != nil {
+		return jsonrpc.ErrorResponse(id, out.err)
+	}
+	resp := jsonrpc.ResultResponse(id, out.result)
+	if max > 0 && len(resp) > max {
+		size := len(resp)
+		out.err = jsonrpc.NewError(jsonrpc.CodeInternalError, "response too large for an MCP frame: %d bytes (max %d)", size, max)
+		out.decision = "error"
+		out.result = nil
+		return jsonrpc.ErrorResponse(id, out.err)
+	}
+	return resp
+}
+
+func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, out *outcome, respLen int) *Record {
+	r := &Record{
+		Time:          start.UTC(),
+		Transport:     meta.Transport,
+		StreamID:      meta.StreamID,
+		ProcessName:   meta.ProcessName,
+		ServerName:    out.server,
+		Method:        msg.Method,
+		ToolName:      out.tool,
+		RequestID:     jsonrpc.IDText(msg.ID),
+		Decision:      out.decision,
+		DurationMS:    time.Since(start).Milliseconds(),
+		BytesSent:     int64(meta.BytesIn),
+		BytesReceived: int64(respLen),
+		PolicyMode:    policy.Mode,
+		PolicyAction:  out.verdict.Decision.String(),
+		PolicyRule:    out.verdict.Rule,
+		PolicyReason:  out.verdict.Reason,
+		NetEvents:     out.netEvents,
+	}
+	if out.redactReq {
+		sum := sha256.Sum256(msg.Params)
+		r.Request = fmt.Sprintf(`{"redacted_by_policy":true,"sha256":"%s"}`, hex.EncodeToString(sum[:]))
+	} else {
+		r.Request = string(msg.Params)
+	}
+	switch {
+	case out.redactRes:
+		r.Response = `{"redacted_by_policy":true}`
+	case out.err != nil:
+		eb, _ := json.Marshal(out.err)
+		r.Response = string(eb)
+	default:
+		r.Response = string(out.result)
+	}
+	if out.err != nil {
+		r.ErrorCode = out.err.Code
+		r.ErrorMessage = out.err.Message
+	}
+	return r
+}
+
+// params of the methods we route.
+type nameParams struct {
+	Name      *string         `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+type uriParams struct {
+	URI *string `json:"uri"`
+}
+
+func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
+	out := &outcome{decision: "allowed", server: "gateway"}
+	call := &policy.Call{Method: msg.Method}
+	var req *aggwire.Request
+	switch msg.Method {
+	case "initialize", "server/discover", "ping":
+	case "tools/list", "resources/list", "resources/templates/list", "prompts/list":
+		out.server = "*"
+	case "tools/call", "prompts/get":
+		var p nameParams
+		if perr := decodeParams(msg.Params, &p); perr != nil {
+			return out.fail(perr)
+		}
+		kind := "tool"
+		if msg.Method == "prompts/get" {
+			kind = "prompt"
+		}
+		if p.Name == nil || *p.Name == "" {
+			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "missing %s name", kind))
+		}
+		args := p.Arguments
+		if len(args) == 0 || string(args) == "null" {
+			args = json.RawMessage(`{}`)
+		}
+		if args[0] != '{' {
+			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "%s arguments must be a JSON object", kind))
+		}
+		server, _, ok := strings.Cut(*p.Name, "__")
+		if !ok || server == "" {
+			out.tool = *p.Name
+			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "%s name %q is not namespaced as <server>__<name>", kind, *p.Name))
+		}
+		out.server, out.tool = server, *p.Name
+		call.Server, call.Name, call.Arguments = server, *p.Name, args
+		method := aggwire.MethodCallTool
+		if msg.Method == "prompts/get" {
+			method = aggwire.MethodGetPrompt
+		}
+		req = &aggwire.Request{Method: method, Name: *p.Name, Arguments: args}
+	case "resources/read":
+		var p uriParams
+		if perr := decodeParams(msg.Params, &p); perr != nil {
+			return out.fail(perr)
+		}
+		if p.URI == nil || *p.URI == "" {
+			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "missing resource URI"))
+		}
+		server, ok := ResourceServer(*p.URI)
+		if !ok {
+			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "resource URI %q is not namespaced as capsem://<server>/<uri>", *p.URI))
+		}
+		out.server, out.tool = server, *p.URI
+		call.Server, call.URI = server, *p.URI
+		req = &aggwire.Request{Method: aggwire.MethodReadResource, URI: *p.URI}
+	default:
+		return out.fail(jsonrpc.NewError(jsonrpc.CodeMethodNotFound, "method not found: %s", msg.Method))
+	}
+
+	hook := e.hook()
+	out.verdict = hook.CheckRequest(ctx, call)
+	switch out.verdict.Decision {
+	case policy.Block:
+		out.redactReq = true
+		out.decision = "denied"
+		out.err = jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "MCP request blocked by policy rule %q", out.verdict.Rule)
+		return out
+	case policy.Warn:
+		out.decision = "warned"
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, e.timeoutFor(msg.Method, call.Name))
+	defer cancel()
+	result, netEvents, rerr := e.dispatch(ctx, msg, req)
+	out.netEvents = netEvents
+	if rerr != nil {
+		out.decision = "error"
+		out.err = rerr
+		return out
+	}
+	respVerdict := hook.CheckResponse(ctx, call, result)
+	switch respVerdict.Decision {
+	case policy.Block:
+		out.verdict = respVerdict
+		out.redactRes = true
+		out.decision = "denied"
+		out.err = jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "MCP response blocked by policy rule %q", respVerdict.Rule)
+		return out
+	case policy.Warn:
+		out.verdict = respVerdict
+		out.decision = "warned"
+	}
+	if respVerdict.Replace != nil {
+		out.verdict = respVerdict
+		out.redactRes = true
+		result = respVerdict.Replace
+	}
+	out.result = result
+	return out
+}
+
+func (o *outcome) fail(err *jsonrpc.Error) *outcome {
+	o.err = err
+	o.decision = "error"
+	return o
+}
+
+func decodeParams(raw json.RawMessage, into any) *jsonrpc.Error {
+	if len(raw) == 0 {
+		return jsonrpc.NewError(jsonrpc.CodeInvalidParams, "missing params")
+	}
+	if raw[0] != '{' {
+		return jsonrpc.NewError(jsonrpc.CodeInvalidParams, "params must be an object")
+	}
+	if err := json.Unmarshal(raw, into); err != nil {
+		return jsonrpc.NewError(jsonrpc.CodeInvalidParams, "invalid params: %v", err)
+	}
+	return nil
+}
+
+// ResourceServer returns the server of a namespaced resource URI.
+func ResourceServer(uri string) (string, bool) {
+	rest, ok := strings.CutPrefix(uri, "capsem://")
+	if !ok {
+		return "", false
+	}
+	server, orig, ok := strings.Cut(rest, "/")
+	return server, ok && server != "" && orig != ""
+}
+
+func (e *Endpoint) timeoutFor(method, tool string) time.Duration {
+	if method != "tools/call" {
+		return e.cfg.DefaultTimeout
+	}
+	if d, ok := e.cfg.ToolTimeouts[tool]; ok && d > 0 {
+		return d
+	}
+	return e.cfg.ToolTimeout
+}
+
+func (e *Endpoint) dispatch(ctx context.Context, msg *jsonrpc.Message, req *aggwire.Request) (json.RawMessage, []aggwire.NetEvent, *jsonrpc.Error) {
+	switch msg.Method {
+	case "initialize":
+		return e.initialize(msg.Params), nil, nil
+	case "server/discover":
+		return e.discover(), nil, nil
+	case "ping":
+		return json.RawMessage(`{}`), nil, nil
+	case "resources/templates/list":
+		return json.RawMessage(`{"resourceTemplates":[]}`), nil, nil
+	case "tools/list":
+		req = &aggwire.Request{Method: aggwire.MethodListTools}
+	case "resources/list":
+		req = &aggwire.Request{Method: aggwire.MethodListResources}
+	case "prompts/list":
+		req = &aggwire.Request{Method: aggwire.MethodListPrompts}
+	}
+	start := time.Now()
+	resp, err := e.cfg.Upstream.Do(ctx, req)
+	if err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, nil, jsonrpc.NewError(jsonrpc.CodeTimeout, "MCP request timed out after %d ms", time.Since(start).Milliseconds())
+		}
+		if ctx.Err() != nil {
+			return nil, nil, jsonrpc.NewError(jsonrpc.CodeInternalError, "%s cancelled: %v", msg.Method, context.Cause(ctx))
+		}
+		return nil, nil, jsonrpc.NewError(jsonrpc.CodeInternalError, "%s failed: %v", msg.Method, err)
+	}
+	if resp.Error != "" {
+		code := int64(jsonrpc.CodeInternalError)
+		if resp.Code == aggwire.CodeInvalidParams {
+			code = jsonrpc.CodeInvalidParams
+		}
+		return nil, resp.NetEvents, jsonrpc.NewError(code, "%s failed: %s", msg.Method, resp.Error)
+	}
+	switch msg.Method {
+	case "tools/list":
+		return toolsList(resp.Tools), nil, nil
+	case "resources/list":
+		return resourcesList(resp.Resources), nil, nil
+	case "prompts/list":
+		return promptsList(resp.Prompts), nil, nil
+	}
+	if len(resp.Result) == 0 {
+		return json.RawMessage(`{}`), resp.NetEvents, nil
+	}
+	return resp.Result, resp.NetEvents, nil
+}
+
+func (e *Endpoint) initialize(params json.RawMessage) json.RawMessage {
+	var p struct {
+		ProtocolVersion string `json:"protocolVersion"`
+	}
+	_ = json.Unmarshal(params, &p)
+	version := protocolVersions[0]
+	for _, v := range protocolVersions {
+		if v == p.ProtocolVersion {
+			version = v
+		}
+	}
+	b, _ := json.Marshal(map[string]any{
+		"protocolVersion": version,
+		"capabilities":    capabilities(),
+		"serverInfo":      e.serverInfo(),
+		"instructions":    instructions,
+	})
+	return b
+}
+
+func (e *Endpoint) discover() json.RawMessage {
+	b, _ := json.Marshal(map[string]any{
+		"supportedVersions": append([]string{DiscoverVersion}, protocolVersions...),
+		"capabilities":      capabilities(),
+		"serverInfo":        e.serverInfo(),
+		"instructions":      instructions,
+	})
+	return b
+}
+
+func capabilities() map[string]any {
+	return map[string]any{
+		"tools":     map[string]any{"listChanged": false},
+		"resources": map[string]any{"subscribe": false, "listChanged": false},
+		"prompts":   map[string]any{"listChanged": false},
+	}
+}
+
+func (e *Endpoint) serverInfo() map[string]any {
+	return map[string]any{"name": "capsem-gateway", "title": "Capsem MCP gateway", "version": e.cfg.Version}
+}
+
+func toolsList(tools []aggwire.Tool) json.RawMessage {
+	type annotations struct {
+		Title           string `json:"title,omitempty"`
+		ReadOnlyHint    bool   `json:"readOnlyHint"`
+		DestructiveHint bool   `json:"destructiveHint"`
+		IdempotentHint  bool   `json:"idempotentHint"`
+		OpenWorldHint   bool   `json:"openWorldHint"`
+	}
+	type tool struct {
+		Name         string          `json:"name"`
+		Title        string          `json:"title,omitempty"`
+		Description  string          `json:"description,omitempty"`
+		InputSchema  json.RawMessage `json:"inputSchema"`
+		OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
+		Annotations  *annotations    `json:"annotations,omitempty"`
+	}
+	list := make([]tool, 0, len(tools))
+	for _, t := range tools {
+		out := tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: t.InputSchema, OutputSchema: t.OutputSchema}
+		if len(out.InputSchema) == 0 {
+			out.InputSchema = json.RawMessage(`{"type":"object"}`)
+		}
+		if a := t.Annotations; a != nil {
+			out.Annotations = &annotations{a.Title, a.ReadOnlyHint, a.DestructiveHint, a.IdempotentHint, a.OpenWorldHint}
+		}
+		list = append(list, out)
+	}
+	b, _ := json.Marshal(map[string]any{"tools": list})
+	return b
+}
+
+func resourcesList(res []aggwire.Resource) json.RawMessage {
+	type resource struct {
+		URI         string `json:"uri"`
+		Name        string `json:"name"`
+		Title       string `json:"title,omitempty"`
+		Description string `json:"description,omitempty"`
+		MIMEType    string `json:"mimeType,omitempty"`
+	}
+	list := make([]resource, 0, len(res))
+	for _, r := range res {
+		name := r.Name
+		if name == "" {
+			name = r.OriginalURI
+		}
+		list = append(list, resource{r.URI, name, r.Title, r.Description, r.MIMEType})
+	}
+	b, _ := json.Marshal(map[string]any{"resources": list})
+	return b
+}
+
+func promptsList(prompts []aggwire.Prompt) json.RawMessage {
+	type prompt struct {
+		Name        string          `json:"name"`
+		Title       string          `json:"title,omitempty"`
+		Description string          `json:"description,omitempty"`
+		Arguments   json.RawMessage `json:"arguments,omitempty"`
+	}
+	list := make([]prompt, 0, len(prompts))
+	for _, p := range prompts {
+		list = append(list, prompt{p.Name, p.Title, p.Description, p.Arguments})
+	}
+	b, _ := json.Marshal(map[string]any{"prompts": list})
+	return b
+}
+
+// MaxFramedResponse is the largest JSON-RPC response that fits a frame with
+// the given process name.
+func MaxFramedResponse(name string) int { return mcpframe.MaxBodyLen - mcpframe.HeaderLen - len(name) }

@@ -1,0 +1,232 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+)
+
+// SchemaVersion is stored in PRAGMA user_version. Open refuses a file with a
+// larger value: an older binary must not write rows into tables whose meaning
+// it does not know.
+const SchemaVersion = 1
+
+// tableID indexes the per-table prepared statements.
+type tableID int
+
+const (
+	tableMCPCalls tableID = iota
+	tableNetEvents
+	tableExecEvents
+	tableFSEvents
+	tableModelCalls
+	numTables
+)
+
+// tableDef is one ledger table. The DDL is written out literally (not
+// generated from the Go structs) because the schema is a contract with every
+// reader of session.db, and a literal is what a reviewer needs to see. The
+// INSERT column list is derived from the row type's fields(), and a test
+// checks the two agree.
+type tableDef struct {
+	name    string
+	create  string
+	indexes []string
+}
+
+var tables = [numTables]tableDef{
+	tableMCPCalls: {
+		name: "mcp_calls",
+		create: `CREATE TABLE IF NOT EXISTS mcp_calls (
+	id INTEGER PRIMARY KEY,
+	event_id TEXT NOT NULL,
+	timestamp TEXT NOT NULL,
+	trace_id TEXT,
+	server_name TEXT,
+	method TEXT,
+	tool_name TEXT,
+	request_id TEXT,
+	request_preview TEXT,
+	response_preview TEXT,
+	decision TEXT NOT NULL CHECK (decision IN ('allowed', 'warned', 'denied', 'error')),
+	duration_ms INTEGER NOT NULL DEFAULT 0,
+	error_message TEXT,
+	error_code INTEGER,
+	process_name TEXT,
+	bytes_sent INTEGER NOT NULL DEFAULT 0,
+	bytes_received INTEGER NOT NULL DEFAULT 0,
+	policy_mode TEXT,
+	policy_action TEXT,
+	policy_rule TEXT,
+	policy_reason TEXT,
+	stream_id INTEGER,
+	transport TEXT
+)`,
+		indexes: []string{
+			`CREATE INDEX IF NOT EXISTS idx_mcp_calls_timestamp ON mcp_calls(timestamp)`,
+			`CREATE INDEX IF NOT EXISTS idx_mcp_calls_trace_id ON mcp_calls(trace_id)`,
+			`CREATE INDEX IF NOT EXISTS idx_mcp_calls_server_name ON mcp_calls(server_name)`,
+			`CREATE INDEX IF NOT EXISTS idx_mcp_calls_tool_name ON mcp_calls(tool_name)`,
+		},
+	},
+	tableNetEvents: {
+		name: "net_events",
+		create: `CREATE TABLE IF NOT EXISTS net_events (
+	id INTEGER PRIMARY KEY,
+	event_id TEXT NOT NULL,
+	timestamp TEXT NOT NULL,
+	trace_id TEXT,
+	domain TEXT,
+	port INTEGER NOT NULL DEFAULT 443,
+	decision TEXT,
+	process_name TEXT,
+	pid INTEGER NOT NULL DEFAULT 0,
+	method TEXT,
+	path TEXT,
+	query TEXT,
+	status_code INTEGER NOT NULL DEFAULT 0,
+	bytes_sent INTEGER NOT NULL DEFAULT 0,
+	bytes_received INTEGER NOT NULL DEFAULT 0,
+	duration_ms INTEGER NOT NULL DEFAULT 0,
+	matched_rule TEXT,
+	error_message TEXT,
+	request_headers TEXT,
+	response_headers TEXT,
+	request_body_preview TEXT,
+	response_body_preview TEXT,
+	conn_type TEXT NOT NULL DEFAULT 'https',
+	policy_mode TEXT,
+	policy_action TEXT,
+	policy_rule TEXT,
+	policy_reason TEXT
+)`,
+		indexes: []string{
+			`CREATE INDEX IF NOT EXISTS idx_net_events_timestamp ON net_events(timestamp)`,
+			`CREATE INDEX IF NOT EXISTS idx_net_events_trace_id ON net_events(trace_id)`,
+			`CREATE INDEX IF NOT EXISTS idx_net_events_domain ON net_events(domain)`,
+		},
+	},
+	tableExecEvents: {
+		name: "exec_events",
+		create: `CREATE TABLE IF NOT EXISTS exec_events (
+	id INTEGER PRIMARY KEY,
+	event_id TEXT NOT NULL,
+	timestamp TEXT NOT NULL,
+	trace_id TEXT,
+	exec_id TEXT,
+	command TEXT,
+	exit_code INTEGER,
+	duration_ms INTEGER NOT NULL DEFAULT 0,
+	stdout_preview TEXT,
+	stderr_preview TEXT,
+	stdout_bytes INTEGER NOT NULL DEFAULT 0,
+	stderr_bytes INTEGER NOT NULL DEFAULT 0,
+	truncated INTEGER NOT NULL DEFAULT 0 CHECK (truncated IN (0, 1)),
+	timed_out INTEGER NOT NULL DEFAULT 0 CHECK (timed_out IN (0, 1)),
+	source TEXT NOT NULL DEFAULT 'api',
+	process_name TEXT,
+	pid INTEGER NOT NULL DEFAULT 0
+)`,
+		indexes: []string{
+			`CREATE INDEX IF NOT EXISTS idx_exec_events_timestamp ON exec_events(timestamp)`,
+			`CREATE INDEX IF NOT EXISTS idx_exec_events_trace_id ON exec_events(trace_id)`,
+			`CREATE INDEX IF NOT EXISTS idx_exec_events_exec_id ON exec_events(exec_id)`,
+		},
+	},
+	tableFSEvents: {
+		name: "fs_events",
+		create: `CREATE TABLE IF NOT EXISTS fs_events (
+	id INTEGER PRIMARY KEY,
+	event_id TEXT NOT NULL,
+	timestamp TEXT NOT NULL,
+	trace_id TEXT,
+	action TEXT NOT NULL,
+	path TEXT NOT NULL,
+	size INTEGER NOT NULL DEFAULT 0
+)`,
+		indexes: []string{
+			`CREATE INDEX IF NOT EXISTS idx_fs_events_timestamp ON fs_events(timestamp)`,
+			`CREATE INDEX IF NOT EXISTS idx_fs_events_trace_id ON fs_events(trace_id)`,
+			`CREATE INDEX IF NOT EXISTS idx_fs_events_path ON fs_events(path)`,
+		},
+	},
+	tableModelCalls: {
+		name: "model_calls",
+		create: `CREATE TABLE IF NOT EXISTS model_calls (
+	id INTEGER PRIMARY KEY,
+	event_id TEXT NOT NULL,
+	timestamp TEXT NOT NULL,
+	trace_id TEXT,
+	provider TEXT,
+	model TEXT,
+	process_name TEXT,
+	request_bytes INTEGER NOT NULL DEFAULT 0,
+	response_bytes INTEGER NOT NULL DEFAULT 0,
+	input_tokens INTEGER NOT NULL DEFAULT 0,
+	output_tokens INTEGER NOT NULL DEFAULT 0,
+	duration_ms INTEGER NOT NULL DEFAULT 0,
+	status_code INTEGER NOT NULL DEFAULT 0
+)`,
+		indexes: []string{
+			`CREATE INDEX IF NOT EXISTS idx_model_calls_timestamp ON model_calls(timestamp)`,
+			`CREATE INDEX IF NOT EXISTS idx_model_calls_trace_id ON model_calls(trace_id)`,
+			`CREATE INDEX IF NOT EXISTS idx_model_calls_provider ON model_calls(provider, timestamp)`,
+		},
+	},
+}
+
+// insertSQL is built from each row type's field list so the column order and
+// the argument order cannot drift apart.
+var insertSQL = [numTables]string{
+	tableMCPCalls:   buildInsert(tableMCPCalls, (&MCPCall{}).fields()),
+	tableNetEvents:  buildInsert(tableNetEvents, (&NetEvent{}).fields()),
+	tableExecEvents: buildInsert(tableExecEvents, (&ExecEvent{}).fields()),
+	tableFSEvents:   buildInsert(tableFSEvents, (&FSEvent{}).fields()),
+	tableModelCalls: buildInsert(tableModelCalls, (&ModelCall{}).fields()),
+}
+
+func buildInsert(t tableID, fs []field) string {
+	names := make([]string, len(fs))
+	marks := make([]string, len(fs))
+	for i, f := range fs {
+		names[i] = f.name
+		marks[i] = "?"
+	}
+	return fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s)",
+		tables[t].name, strings.Join(names, ", "), strings.Join(marks, ", "))
+}
+
+// migrate creates the schema. Every statement is idempotent, so reopening a
+// file of the current version is a no-op; a newer version is refused.
+func migrate(ctx context.Context, db *sql.DB, path string) error {
+	var version int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return fmt.Errorf("ledger: read schema version of %s: %w", path, err)
+	}
+	if version > SchemaVersion {
+		return fmt.Errorf("ledger: %s has schema version %d, newer than the %d this build supports; use a newer capsem to write to it",
+			path, version, SchemaVersion)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("ledger: begin schema transaction on %s: %w", path, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	for _, t := range tables {
+		stmts := append([]string{t.create}, t.indexes...)
+		for _, s := range stmts {
+			if _, err := tx.ExecContext(ctx, s); err != nil {
+				return fmt.Errorf("ledger: create %s in %s: %w", t.name, path, err)
+			}
+		}
+	}
+	// PRAGMA does not take bound parameters; the value is our own constant.
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", SchemaVersion)); err != nil {
+		return fmt.Errorf("ledger: set schema version of %s: %w", path, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("ledger: commit schema of %s: %w", path, err)
+	}
+	return nil
+}

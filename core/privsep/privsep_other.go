@@ -1,0 +1,37 @@
+//go:build !linux
+
+package privsep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+)
+
+// Command is not implemented off Linux: the restrictions it promises
+// (Landlock, no_new_privs, parent-death signal) are Linux interfaces, and a
+// child without them must not pass for a sandboxed one.
+func Command(ctx context.Context, spec Spec) (*exec.Cmd, error) {
+	return nil, fmt.Errorf("privsep: sandboxed children need Linux: %w", errors.ErrUnsupported)
+}
+
+// ChildCommand builds a command with exactly env (nil means empty).
+func ChildCommand(ctx context.Context, env []string, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if env == nil {
+		env = []string{}
+	}
+	cmd.Env = env
+	return cmd
+}
+
+// Enter fails when a sandbox stage is requested, since none can be applied
+// here, and does nothing otherwise.
+func Enter() error {
+	if _, ok := os.LookupEnv(envStage); ok {
+		return fmt.Errorf("privsep: sandbox requested but not supported on this system: %w", errors.ErrUnsupported)
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+// Package personalities lists every personality of the capsem executable in
+// one place and dispatches to it, by argv[0] (symlink name) or by subcommand.
+package personalities
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/capsem/capsem/core/logs"
+	"github.com/capsem/capsem/core/privsep"
+	"github.com/capsem/capsem/core/version"
+	"github.com/capsem/capsem/personalities/aggregator"
+	"github.com/capsem/capsem/personalities/builtin"
+	"github.com/capsem/capsem/personalities/gateway"
+	"github.com/capsem/capsem/personalities/relay"
+)
+
+// CLI is the grammar shared by subcommands and symlink names.
+type CLI struct {
+	LogLevel string `name:"log-level" env:"CAPSEM_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+
+	Version       VersionCmd     `cmd:"" help:"Print the version."`
+	Gateway       gateway.Cmd    `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
+	MCPServer     relay.Cmd      `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
+	MCPAggregator aggregator.Cmd `cmd:"" name:"mcp-aggregator" hidden:"" help:"Internal: the sandboxed MCP aggregator."`
+	MCPBuiltin    builtin.Cmd    `cmd:"" name:"mcp-builtin" hidden:"" help:"Internal: the builtin MCP tool server."`
+}
+
+// VersionCmd prints the version.
+type VersionCmd struct{}
+
+// Run prints the version.
+func (VersionCmd) Run(context.Context) error {
+	fmt.Println("capsem", version.Version)
+	return nil
+}
+
+// aliases maps symlink names to the subcommand they run.
+var aliases = map[string]string{
+	"capsem-mcp-server": "mcp-server",
+}
+
+// RewriteArgs turns an alias invocation (argv[0] is a symlink name) into the
+// equivalent subcommand invocation, so both share one grammar.
+func RewriteArgs(args []string) []string {
+	if len(args) == 0 {
+		return []string{"capsem"}
+	}
+	if sub, ok := aliases[filepath.Base(args[0])]; ok {
+		return append([]string{args[0], sub}, args[1:]...)
+	}
+	return args
+}
+
+// Main runs capsem and returns the exit code.
+func Main(args []string) int {
+	// A sandboxed child restricts itself and re-executes before anything else.
+	if err := privsep.Enter(); err != nil {
+		fmt.Fprintln(os.Stderr, "capsem: sandbox setup failed:", err)
+		return 126
+	}
+	args = RewriteArgs(args)
+	var cli CLI
+	parser, err := kong.New(&cli,
+		kong.Name("capsem"),
+		kong.Description("Capsem: sandboxes for AI agents with an audited MCP gateway."),
+		kong.UsageOnError(),
+	)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "capsem:", err)
+		return 2
+	}
+	kctx, err := parser.Parse(args[1:])
+	if err != nil {
+		parser.FatalIfErrorf(err)
+		return 2
+	}
+	logger := logs.New(os.Stderr, cli.LogLevel)
+	slog.SetDefault(logger)
+	ctx := logs.WithLogger(context.Background(), logger)
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	if err := kctx.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "capsem:", err)
+		return 1
+	}
+	return 0
+}

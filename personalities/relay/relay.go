@@ -1,0 +1,349 @@
+// Package relay is capsem-mcp-server: the stdio MCP server an agent inside the
+// sandbox talks to. It forwards every JSON-RPC line as a frame to the host MCP
+// endpoint and writes every answer back as one line.
+package relay
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/capsem/capsem/core/jsonrpc"
+	"github.com/capsem/capsem/core/mcpframe"
+)
+
+// EndpointEnv overrides where the relay connects: "unix:PATH".
+const EndpointEnv = "CAPSEM_MCP_ENDPOINT"
+
+// CodeTransport is the local error for a call the transport could not finish.
+const CodeTransport = -32001
+
+// Cmd is the relay personality.
+type Cmd struct{}
+
+// Run relays stdin/stdout until stdin closes.
+func (c *Cmd) Run(ctx context.Context) error {
+	dial, err := DialerFromEnv(os.Getenv(EndpointEnv))
+	if err != nil {
+		return err
+	}
+	r := &Relay{Dial: dial, Name: ParentProcessName(os.Getppid()), Out: os.Stdout}
+	return r.Run(ctx, os.Stdin)
+}
+
+// Dialer opens a connection to the endpoint.
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// GuestChannelDialer dials logical port 5002 on the guest channel; it is set
+// by the guest agent's channel package when running inside a VM.
+var GuestChannelDialer Dialer
+
+// DialerFromEnv returns the dialer for an endpoint spec ("" = guest channel).
+func DialerFromEnv(spec string) (Dialer, error) {
+	if spec == "" {
+		if GuestChannelDialer == nil {
+			return nil, fmt.Errorf("no guest channel available and %s is not set (use unix:PATH)", EndpointEnv)
+		}
+		return GuestChannelDialer, nil
+	}
+	path, ok := strings.CutPrefix(spec, "unix:")
+	if !ok || path == "" {
+		return nil, fmt.Errorf("%s=%q: want unix:PATH", EndpointEnv, spec)
+	}
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}, nil
+}
+
+// ParentProcessName is the basename of the parent's argv[0], else its comm,
+// else "unknown", sanitized for a frame.
+func ParentProcessName(ppid int) string {
+	if b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(ppid), "cmdline")); err == nil {
+		if arg0, _, _ := strings.Cut(string(b), "\x00"); arg0 != "" {
+			return mcpframe.SanitizeName(filepath.Base(arg0))
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(ppid), "comm")); err == nil {
+		if s := strings.TrimSpace(string(b)); s != "" {
+			return mcpframe.SanitizeName(s)
+		}
+	}
+	return "unknown"
+}
+
+// Relay forwards JSON-RPC lines as frames.
+type Relay struct {
+	Dial Dialer
+	Name string
+	Out  io.Writer
+
+	outMu sync.Mutex // one line at a time on stdout
+
+	mu     sync.Mutex
+	conn   *relayConn
+	nextID uint32
+}
+
+type pendingCall struct {
+	id     json.RawMessage
+	method string
+}
+
+type relayConn struct {
+	c       net.Conn
+	wmu     sync.Mutex
+	mu      sync.Mutex
+	pending map[uint32]pendingCall
+	dead    bool
+	done    chan struct{}
+}
+
+// maxLine bounds a stdin line we will even try to read whole; longer lines
+// are consumed and answered with an error.
+const maxLine = mcpframe.MaxPayloadLen + 1
+
+// Run reads lines from in until EOF.
+func (r *Relay) Run(ctx context.Context, in io.Reader) error {
+	br := bufio.NewReaderSize(in, 64<<10)
+	for {
+		line, tooLong, err := readLine(br, maxLine)
+		if len(line) > 0 || tooLong {
+			r.handleLine(ctx, line, tooLong)
+		}
+		if err != nil {
+			r.finish()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("reading stdin: %w", err)
+		}
+	}
+}
+
+// readLine returns one line without its newline. If the line exceeds limit,
+// its first limit bytes are returned with tooLong set and the rest discarded.
+func readLine(br *bufio.Reader, limit int) ([]byte, bool, error) {
+	var line []byte
+	tooLong := false
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(line)+len(chunk) > limit {
+			tooLong = true
+			if room := limit - len(line); room > 0 {
+				line = append(line, chunk[:room]...)
+			}
+		} else {
+			line = append(line, chunk...)
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		line = []byte(strings.TrimRight(string(line), "\r\n"))
+		return line, tooLong, err
+	}
+}
+
+// classify sniffs the id and method: a JSON object without an id is a
+// notification; anything else (including invalid JSON, which the endpoint
+// answers with -32700) is a request.
+func classify(line []byte) (id json.RawMessage, method string, notification bool) {
+	var probe struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+	}
+	trimmed := strings.TrimSpace(string(line))
+	if !strings.HasPrefix(trimmed, "{") || json.Unmarshal(line, &probe) != nil {
+		return nil, "", false
+	}
+	if len(probe.ID) == 0 || string(probe.ID) == "null" {
+		return nil, probe.Method, true
+	}
+	return probe.ID, probe.Method, false
+}
+
+func (r *Relay) handleLine(ctx context.Context, line []byte, tooLong bool) {
+	if len(strings.TrimSpace(string(line))) == 0 && !tooLong {
+		return
+	}
+	id, method, notification := classify(line)
+	if tooLong || len(line)+len(r.Name) > mcpframe.MaxPayloadLen {
+		if tooLong {
+			id, method = sniffID(line)
+		}
+		if !notification || tooLong {
+			r.writeLine(jsonrpc.ErrorResponse(id, jsonrpc.NewError(jsonrpc.CodeInvalidRequest,
+				"request too large for an MCP frame (max %d bytes); not sent (method %q)", mcpframe.MaxPayloadLen-len(r.Name), method)))
+		}
+		return
+	}
+	rc, err := r.connection(ctx)
+	if err != nil {
+		if !notification {
+			r.writeLine(jsonrpc.ErrorResponse(id, &jsonrpc.Error{Code: CodeTransport, Message: fmt.Sprintf("MCP endpoint unreachable before %s: %v", method, err)}))
+		}
+		return
+	}
+	f := mcpframe.Frame{Name: r.Name, Payload: line}
+	if notification {
+		f.Flags = mcpframe.FlagNotification
+	} else {
+		r.mu.Lock()
+		r.nextID++
+		f.StreamID = r.nextID
+		r.mu.Unlock()
+		rc.mu.Lock()
+		dead := rc.dead
+		if !dead {
+			rc.pending[f.StreamID] = pendingCall{id: id, method: method}
+		}
+		rc.mu.Unlock()
+		if dead {
+			r.writeLine(jsonrpc.ErrorResponse(id, &jsonrpc.Error{Code: CodeTransport,
+				Message: fmt.Sprintf("MCP transport disconnected before %s response: connection closed", method)}))
+			return
+		}
+	}
+	buf, err := mcpframe.Encode(&f)
+	if err == nil {
+		rc.wmu.Lock()
+		_, err = rc.c.Write(buf)
+		rc.wmu.Unlock()
+	}
+	if err != nil {
+		rc.c.Close() // the reader then fails every pending call, this one included
+	}
+	if f.StreamID == ^uint32(0) {
+		// Stream ids must keep increasing: start a fresh connection next time.
+		r.retire(rc)
+	}
+}
+
+// sniffID pulls an id out of a truncated line, best effort, so an oversized
+// request can still be answered on its id.
+func sniffID(line []byte) (json.RawMessage, string) {
+	s := string(line)
+	var id json.RawMessage
+	if i := strings.Index(s, `"id"`); i >= 0 {
+		rest := strings.TrimLeft(s[i+4:], " \t:")
+		dec := json.NewDecoder(strings.NewReader(rest))
+		var v json.RawMessage
+		if dec.Decode(&v) == nil && len(v) > 0 && (v[0] == '"' || v[0] == '-' || (v[0] >= '0' && v[0] <= '9')) {
+			id = v
+		}
+	}
+	method := ""
+	if i := strings.Index(s, `"method"`); i >= 0 {
+		rest := strings.TrimLeft(s[i+8:], " \t:")
+		_ = json.NewDecoder(strings.NewReader(rest)).Decode(&method)
+	}
+	return id, method
+}
+
+func (r *Relay) connection(ctx context.Context) (*relayConn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rc := r.conn; rc != nil {
+		rc.mu.Lock()
+		dead := rc.dead
+		rc.mu.Unlock()
+		if !dead {
+			return rc, nil
+		}
+	}
+	c, err := r.Dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Write([]byte(MetaLine(r.Name))); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("sending metadata: %w", err)
+	}
+	rc := &relayConn{c: c, pending: map[uint32]pendingCall{}, done: make(chan struct{})}
+	r.conn = rc
+	r.nextID = 0
+	go r.readLoop(rc)
+	return rc, nil
+}
+
+// MetaLine is the first line the relay sends on a connection.
+func MetaLine(name string) string { return "\x00CAPSEM_META:" + name + "\n" }
+
+func (r *Relay) retire(rc *relayConn) {
+	r.mu.Lock()
+	if r.conn == rc {
+		r.conn = nil
+	}
+	r.mu.Unlock()
+	if cw, ok := rc.c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}
+
+func (r *Relay) readLoop(rc *relayConn) {
+	defer close(rc.done)
+	fr := mcpframe.NewReader(rc.c)
+	reason := "connection closed"
+	for {
+		f, err := fr.Read()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				reason = err.Error()
+			}
+			break
+		}
+		rc.mu.Lock()
+		delete(rc.pending, f.StreamID)
+		rc.mu.Unlock()
+		if len(f.Payload) > 0 {
+			r.writeLine(f.Payload)
+		}
+	}
+	rc.c.Close()
+	rc.mu.Lock()
+	rc.dead = true
+	pending := rc.pending
+	rc.pending = map[uint32]pendingCall{}
+	rc.mu.Unlock()
+	// Requests are not replayed: tools/call is not idempotent.
+	for _, p := range pending {
+		r.writeLine(jsonrpc.ErrorResponse(p.id, &jsonrpc.Error{Code: CodeTransport,
+			Message: fmt.Sprintf("MCP transport disconnected before %s response: %s", p.method, reason)}))
+	}
+}
+
+func (r *Relay) writeLine(payload []byte) {
+	r.outMu.Lock()
+	defer r.outMu.Unlock()
+	buf := make([]byte, 0, len(payload)+1)
+	buf = append(buf, payload...)
+	if len(buf) == 0 || buf[len(buf)-1] != '\n' {
+		buf = append(buf, '\n')
+	}
+	_, _ = r.Out.Write(buf)
+}
+
+// finish half-closes the connection and waits for every answer.
+func (r *Relay) finish() {
+	r.mu.Lock()
+	rc := r.conn
+	r.mu.Unlock()
+	if rc == nil {
+		return
+	}
+	if cw, ok := rc.c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	} else {
+		rc.c.Close()
+	}
+	<-rc.done
+}

@@ -1,0 +1,97 @@
+// Command mcpecho is a small stdio MCP server used by tests and benchmarks:
+// an `echo` tool, a `sleep` tool (cancellable), a `big` tool returning N
+// bytes, and a `probe` tool that reports the sandbox it runs in (its
+// /proc/self/status capability lines, its environment, and whether it can
+// open a given path).
+package main
+
+import (
+	"context"
+	"log"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+type echoArgs struct {
+	Text string `json:"text" jsonschema:"text to echo back"`
+}
+
+type sleepArgs struct {
+	MS int `json:"ms" jsonschema:"milliseconds to sleep"`
+}
+
+type bigArgs struct {
+	Bytes int `json:"bytes" jsonschema:"size of the text result"`
+}
+
+type probeArgs struct {
+	Path string `json:"path" jsonschema:"a path to try to open for reading"`
+}
+
+type probeResult struct {
+	Status  map[string]string `json:"status"`
+	Env     []string          `json:"env"`
+	OpenErr string            `json:"open_err"`
+	Opened  bool              `json:"opened"`
+	PGID    int               `json:"pgid"`
+	PID     int               `json:"pid"`
+}
+
+func main() {
+	s := mcp.NewServer(&mcp.Implementation{Name: "mcpecho", Version: "1"}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Echo the text back."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, a echoArgs) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.Text}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "sleep", Description: "Sleep, honouring cancellation."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, a sleepArgs) (*mcp.CallToolResult, any, error) {
+			select {
+			case <-time.After(time.Duration(a.MS) * time.Millisecond):
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "slept"}}}, nil, nil
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "big", Description: "Return a text result of the given size."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, a bigArgs) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("x", a.Bytes)}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "probe", Description: "Report this process's sandbox."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, a probeArgs) (*mcp.CallToolResult, probeResult, error) {
+			res := probeResult{Status: map[string]string{}, Env: os.Environ(), PID: os.Getpid()}
+			if b, err := os.ReadFile("/proc/self/status"); err == nil {
+				for _, line := range strings.Split(string(b), "\n") {
+					k, v, ok := strings.Cut(line, ":")
+					if ok && (strings.HasPrefix(k, "Cap") || k == "NoNewPrivs" || k == "Seccomp") {
+						res.Status[k] = strings.TrimSpace(v)
+					}
+				}
+			}
+			if b, err := os.ReadFile("/proc/self/stat"); err == nil {
+				f := strings.Fields(string(b))
+				if len(f) > 4 {
+					var n int
+					for _, c := range f[4] {
+						n = n*10 + int(c-'0')
+					}
+					res.PGID = n
+				}
+			}
+			if a.Path != "" {
+				f, err := os.Open(a.Path)
+				if err != nil {
+					res.OpenErr = err.Error()
+				} else {
+					res.Opened = true
+					f.Close()
+				}
+			}
+			return nil, res, nil
+		})
+	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+		log.Fatal(err)
+	}
+}
