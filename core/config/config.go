@@ -39,8 +39,9 @@ type Server struct {
 	Headers            map[string]string `toml:"headers"`
 	Enabled            *bool             `toml:"enabled"` // default true
 	ConnectTimeoutSecs int               `toml:"connect_timeout_secs"`
-	// Paths the server's sandbox may read (and execute) or also write; nothing
+	// Paths the server's sandbox may read and execute, or also write; nothing
 	// else outside the system directories and its scratch space is reachable.
+	// An absolute command is granted read and execute automatically.
 	ReadPaths  []string `toml:"read_paths"`
 	WritePaths []string `toml:"write_paths"`
 }
@@ -187,13 +188,16 @@ func (f *File) ServerDefs() []aggwire.ServerDef {
 	return defs
 }
 
-// SandboxPaths returns the union of the servers' read and write grants.
+// SandboxPaths returns the union of the servers' read+execute and write grants.
 func (f *File) SandboxPaths() (read, write []string) {
 	for _, s := range f.MCP.Servers {
 		if s.Enabled != nil && !*s.Enabled {
 			continue
 		}
 		read = append(read, s.ReadPaths...)
+		if filepath.IsAbs(s.Command) {
+			read = append(read, s.Command)
+		}
 		write = append(write, s.WritePaths...)
 	}
 	sort.Strings(read)

@@ -18,6 +18,10 @@ import (
 // MaxQueryBytes bounds the SQL text Query accepts.
 const MaxQueryBytes = 64 << 10
 
+// MaxQueryValueBytes bounds any string or blob a query may build (SQLite's
+// default is 1 GB, e.g. SELECT zeroblob(1e9)); stored values are far smaller.
+const MaxQueryValueBytes = 16 << 20
+
 // sqliteRecursive is SQLITE_RECURSIVE (a recursive CTE), which go-sqlite3
 // does not export.
 const sqliteRecursive = 33
@@ -116,6 +120,7 @@ func Query(ctx context.Context, path, query string, maxRows int, timeout time.Du
 		if !ok {
 			return fmt.Errorf("ledger: unexpected driver connection %T", dc)
 		}
+		c.SetLimit(sqlite3.SQLITE_LIMIT_LENGTH, MaxQueryValueBytes)
 		// The authorizer runs synchronously inside prepare (and any
 		// re-prepare during step) on this goroutine, so refused needs no lock.
 		var refused string

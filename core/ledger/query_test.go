@@ -67,6 +67,8 @@ func TestQueryRefusesWrites(t *testing.T) {
 		{"parameters", "SELECT * FROM mcp_calls WHERE id = ?", "bound parameter"},
 		{"syntax error", "SELECT FROM WHERE", "invalid SQL"},
 		{"no such table", "SELECT * FROM nope", "no such table"},
+		{"huge value", "SELECT zeroblob(100000000)", "too big"},
+		{"huge string", "SELECT printf('%.*c', 100000000, 'x')", "too big"},
 		{"too long", "SELECT " + strings.Repeat("1+", MaxQueryBytes) + "1", "over the"},
 	}
 	for _, tt := range tests {
@@ -345,5 +347,29 @@ func TestAllowedPragmasRun(t *testing.T) {
 		if _, _, _, err := Query(context.Background(), path, q, 1000, 5*time.Second); err != nil {
 			t.Errorf("%s: %v", q, err)
 		}
+	}
+}
+
+// TestReadOnlyConnectionCannotWrite checks the bottom layer alone: even a
+// statement that got past every check could not change the file.
+func TestReadOnlyConnectionCannotWrite(t *testing.T) {
+	path := seeded(t, 1)
+	db, conn, err := openReadOnly(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	defer conn.Close()
+	for _, q := range []string{
+		"DELETE FROM mcp_calls",
+		"CREATE TEMP TABLE x (a)",
+		"PRAGMA user_version = 7",
+	} {
+		if _, err := conn.ExecContext(context.Background(), q); err == nil {
+			t.Errorf("%s succeeded on the read-only connection", q)
+		}
+	}
+	if got := count(t, path, "mcp_calls"); got != 1 {
+		t.Errorf("rows = %d, want 1", got)
 	}
 }

@@ -147,8 +147,8 @@ func FuzzDecodePolicy(f *testing.F) {
 	}
 	f.Add(good)
 	f.Add("")
-	f.Add("e30")                     // {}
-	f.Add("eyJ2IjoxfQ")              // {"v":1}
+	f.Add("e30")                         // {}
+	f.Add("eyJ2IjoxfQ")                  // {"v":1}
 	f.Add("eyJ2IjoxLCJydWxlcyI6bnVsbH0") // {"v":1,"rules":null}
 	f.Add(good[:len(good)/2])
 	f.Fuzz(func(t *testing.T, s string) {

@@ -462,9 +462,9 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 		if !ok || serverName == "" || original == "" {
 			return invalid("name %q is not namespaced as <server>__<name>", req.Name)
 		}
-		s, err := a.ready(ctx, serverName)
-		if err != nil {
-			return err
+		s, notReady := a.ready(ctx, serverName)
+		if notReady != nil {
+			return notReady
 		}
 		var args map[string]any
 		if len(req.Arguments) > 0 {
@@ -476,7 +476,10 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 			if !hasTool(s, req.Name) {
 				return invalid("unknown tool %q", req.Name)
 			}
-			res, err := s.session.CallTool(ctx, &mcp.CallToolParams{Name: original, Arguments: req.Arguments})
+			if args == nil {
+				args = map[string]any{}
+			}
+			res, err := s.session.CallTool(ctx, &mcp.CallToolParams{Name: original, Arguments: args})
 			if err != nil {
 				return upstream("tool call", err)
 			}
@@ -510,9 +513,9 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 		if !ok || !ok2 || serverName == "" || original == "" {
 			return invalid("resource URI %q is not namespaced as capsem://<server>/<uri>", req.URI)
 		}
-		s, err := a.ready(ctx, serverName)
-		if err != nil {
-			return err
+		s, notReady := a.ready(ctx, serverName)
+		if notReady != nil {
+			return notReady
 		}
 		res, rerr := s.session.ReadResource(ctx, &mcp.ReadResourceParams{URI: original})
 		if rerr != nil {

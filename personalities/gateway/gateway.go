@@ -284,7 +284,7 @@ func AggregatorSpawner(sessionDir, socketPath string, cfg *config.File) (aggclie
 			PassEnv:    []string{"CAPSEM_LOG_LEVEL"},
 			Scratch:    scratch,
 			CacheDir:   cache,
-			ReadOnly:   read,
+			Exec:       read,
 			ReadWrite:  write,
 			Protect:    protect,
 		})
