@@ -288,6 +288,19 @@ func (c *Client) Refresh(ctx context.Context, servers []aggwire.ServerDef) error
 	return nil
 }
 
+// Restart replaces the server definitions and replaces the running
+// aggregator with a new one (needed when its sandbox must change: a Landlock
+// domain can only shrink). Calls in flight on the old one fail at once.
+func (c *Client) Restart(servers []aggwire.ServerDef) {
+	c.mu.Lock()
+	c.servers = servers
+	inst := c.cur
+	c.mu.Unlock()
+	if inst != nil {
+		c.stop(inst)
+	}
+}
+
 // PID returns the running aggregator's pid, or 0.
 func (c *Client) PID() int {
 	c.mu.Lock()

@@ -338,7 +338,54 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 		out.redactRes = true
 		result = respVerdict.Replace
 	}
+	if statelessRequest(msg.Params) {
+		result = e.decorateStateless(result)
+	}
 	out.result = result
+	return out
+}
+
+// Keys of the stateless protocol revision (SEP-2575).
+const (
+	metaProtocolVersion = "io.modelcontextprotocol/protocolVersion"
+	metaServerInfo      = "io.modelcontextprotocol/serverInfo"
+)
+
+// statelessRequest reports whether the request speaks the stateless revision,
+// whose results carry resultType and the server's identity in _meta.
+func statelessRequest(params json.RawMessage) bool {
+	if len(params) == 0 || params[0] != '{' {
+		return false
+	}
+	var p struct {
+		Meta map[string]json.RawMessage `json:"_meta"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return false
+	}
+	var v string
+	return json.Unmarshal(p.Meta[metaProtocolVersion], &v) == nil && v >= DiscoverVersion
+}
+
+func (e *Endpoint) decorateStateless(result json.RawMessage) json.RawMessage {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(result, &m) != nil || m == nil {
+		return result
+	}
+	if _, ok := m["resultType"]; !ok {
+		m["resultType"] = json.RawMessage(`"complete"`)
+	}
+	var meta map[string]any
+	_ = json.Unmarshal(m["_meta"], &meta)
+	if meta == nil {
+		meta = map[string]any{}
+	}
+	meta[metaServerInfo] = e.serverInfo()
+	m["_meta"], _ = json.Marshal(meta)
+	out, err := json.Marshal(m)
+	if err != nil {
+		return result
+	}
 	return out
 }
 
@@ -452,6 +499,8 @@ func (e *Endpoint) initialize(params json.RawMessage) json.RawMessage {
 
 func (e *Endpoint) discover() json.RawMessage {
 	b, _ := json.Marshal(map[string]any{
+		"_meta":             map[string]any{metaServerInfo: e.serverInfo()},
+		"ttlMs":             0,
 		"supportedVersions": append([]string{DiscoverVersion}, protocolVersions...),
 		"capabilities":      capabilities(),
 		"serverInfo":        e.serverInfo(),

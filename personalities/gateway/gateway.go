@@ -12,8 +12,10 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -97,6 +99,7 @@ type Gateway struct {
 	Aggregator *aggclient.Client
 	Ledger     *ledger.Ledger
 	ln         net.Listener
+	grants     *grants
 	scratch    string
 	cancel     context.CancelFunc
 	done       chan error
@@ -127,7 +130,9 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 			g.Close()
 		}
 	}()
-	spawn, scratch, err := AggregatorSpawner(sessionDir, opts.SocketPath, opts.Config)
+	g.grants = &grants{}
+	g.grants.set(opts.Config)
+	spawn, scratch, err := AggregatorSpawner(sessionDir, opts.SocketPath, g.grants.get)
 	if err != nil {
 		return nil, err
 	}
@@ -170,11 +175,57 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 // Done reports when serving stopped.
 func (g *Gateway) Done() <-chan error { return g.done }
 
-// Reload swaps in a new server list (and timeouts stay as started).
+// Reload swaps in a new server list. When the servers need different
+// sandbox grants the aggregator is restarted, since a Landlock domain cannot
+// be widened in place; otherwise it reconnects in place.
 func (g *Gateway) Reload(ctx context.Context, cfg *config.File) error {
+	if g.grants.set(cfg) {
+		g.Aggregator.Restart(cfg.ServerDefs())
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	return g.Aggregator.Refresh(ctx, cfg.ServerDefs())
+}
+
+// grants holds the sandbox paths the next aggregator is started with.
+type grants struct {
+	mu          sync.Mutex
+	read, write []string
+}
+
+// set records the grants of cfg and reports whether they changed.
+func (gr *grants) set(cfg *config.File) bool {
+	read, write := existingPaths(cfg.SandboxPaths())
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	changed := !slices.Equal(read, gr.read) || !slices.Equal(write, gr.write)
+	gr.read, gr.write = read, write
+	return changed
+}
+
+func (gr *grants) get() (read, write []string) {
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	return gr.read, gr.write
+}
+
+// existingPaths drops grants for paths that do not exist (a server whose
+// command is missing then fails alone, with its own clear error, instead of
+// keeping the whole aggregator from starting).
+func existingPaths(read, write []string) ([]string, []string) {
+	keep := func(in []string) []string {
+		var out []string
+		for _, p := range in {
+			if _, err := os.Stat(p); err != nil {
+				slog.Warn("sandbox grant skipped", "path", p, "err", err)
+				continue
+			}
+			out = append(out, p)
+		}
+		return out
+	}
+	return keep(read), keep(write)
 }
 
 // Close stops serving, the aggregator and the ledger.
@@ -248,7 +299,7 @@ func ApplyEnv(cfg *endpoint.Config, getenv func(string) string) error {
 
 // AggregatorSpawner returns a function that builds the sandboxed aggregator
 // command, and the scratch directory it uses (the caller removes it).
-func AggregatorSpawner(sessionDir, socketPath string, cfg *config.File) (aggclient.Spawner, string, error) {
+func AggregatorSpawner(sessionDir, socketPath string, grantsFn func() (read, write []string)) (aggclient.Spawner, string, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, "", fmt.Errorf("locating the capsem executable: %w", err)
@@ -271,13 +322,13 @@ func AggregatorSpawner(sessionDir, socketPath string, cfg *config.File) (aggclie
 	if err != nil {
 		return nil, "", err
 	}
-	read, write := cfg.SandboxPaths()
 	protect := []string{sessionDir, filepath.Join(sessionDir, "session.db"), socketPath}
 	if home, err := paths.Home(); err == nil {
 		protect = append(protect, filepath.Join(home, "run", "service.sock"))
 	}
 	logPath := filepath.Join(sessionDir, "mcp-aggregator.log")
 	spawn := func(ctx context.Context) (*exec.Cmd, error) {
+		read, write := grantsFn()
 		cmd, err := privsep.Command(ctx, privsep.Spec{
 			Executable: self,
 			Args:       []string{"mcp-aggregator"},
