@@ -115,20 +115,20 @@ type htmlRenderer struct {
 	limit    int
 
 	out           []byte
-	pendingBreaks int    // newlines owed before the next content (0–2)
+	pendingBreaks int // newlines owed before the next content (0–2)
 	// breakQuoteDepth is the shallowest quote depth at which the owed
 	// breaks were asked for: a blank line between a quote and the text
 	// around it is not part of the quote.
 	breakQuoteDepth int
-	pendingSpace  bool   // a collapsed run of whitespace is owed
-	suppressSpace bool   // just opened a marker: drop whitespace right after it
-	lineMarker    string // list bullet or heading hashes for the next fresh line
-	quoteDepth    int
-	lists         []listLevel
-	preDepth      int
-	preFresh      bool // the next pre text drops one leading newline, as HTML does
-	cellsInRow    int
-	spans         []inlineSpan
+	pendingSpace    bool   // a collapsed run of whitespace is owed
+	suppressSpace   bool   // just opened a marker: drop whitespace right after it
+	lineMarker      string // list bullet or heading hashes for the next fresh line
+	quoteDepth      int
+	lists           []listLevel
+	preDepth        int
+	preFresh        bool // the next pre text drops one leading newline, as HTML does
+	cellsInRow      int
+	spans           []inlineSpan
 
 	skipTag   string // element whose content is being skipped
 	skipDepth int

@@ -1,0 +1,334 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capsem/capsem/core/mcpframe"
+)
+
+// fakeEndpoint accepts relay connections and hands each received frame to
+// the test.
+type fakeEndpoint struct {
+	ln     net.Listener
+	conns  chan *fakeConn
+	closed sync.Once
+}
+
+type fakeConn struct {
+	c      net.Conn
+	meta   string
+	frames chan mcpframe.Frame
+}
+
+func newFakeEndpoint(t *testing.T) *fakeEndpoint {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ep.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeEndpoint{ln: ln, conns: make(chan *fakeConn, 8)}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fc := &fakeConn{c: c, frames: make(chan mcpframe.Frame, 64)}
+			go func() {
+				br := bufio.NewReader(c)
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				fc.meta = line
+				f.conns <- fc
+				r := mcpframe.NewReader(br)
+				for {
+					fr, err := r.Read()
+					if err != nil {
+						close(fc.frames)
+						return
+					}
+					fr.Payload = append([]byte(nil), fr.Payload...)
+					fc.frames <- fr
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return f
+}
+
+func (f *fakeEndpoint) dialer() Dialer {
+	addr := f.ln.Addr().String()
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", addr)
+	}
+}
+
+func (fc *fakeConn) next(t *testing.T) mcpframe.Frame {
+	t.Helper()
+	select {
+	case f, ok := <-fc.frames:
+		if !ok {
+			t.Fatal("connection closed")
+		}
+		return f
+	case <-time.After(5 * time.Second):
+		t.Fatal("no frame")
+	}
+	return mcpframe.Frame{}
+}
+
+func (fc *fakeConn) reply(t *testing.T, stream uint32, payload string) {
+	t.Helper()
+	b, err := mcpframe.Encode(&mcpframe.Frame{StreamID: stream, Name: "x", Payload: []byte(payload)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc.c.Write(b)
+}
+
+// relayUnderTest runs a Relay with stdin/stdout pipes.
+type relayUnderTest struct {
+	in   *io.PipeWriter
+	out  *bufio.Reader
+	done chan error
+}
+
+func startRelay(t *testing.T, dial Dialer) *relayUnderTest {
+	t.Helper()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	r := &Relay{Dial: dial, Name: "claude", Out: outW}
+	rt := &relayUnderTest{in: inW, out: bufio.NewReader(outR), done: make(chan error, 1)}
+	go func() { rt.done <- r.Run(context.Background(), inR); outW.Close() }()
+	t.Cleanup(func() { inW.Close() })
+	return rt
+}
+
+func (rt *relayUnderTest) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := rt.in.Write([]byte(line + "\n")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (rt *relayUnderTest) recv(t *testing.T) map[string]any {
+	t.Helper()
+	type res struct {
+		line string
+		err  error
+	}
+	ch := make(chan res, 1)
+	go func() { l, err := rt.out.ReadString('\n'); ch <- res{l, err} }()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("reading relay output: %v", r.err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(r.line), &m); err != nil {
+			t.Fatalf("relay wrote a non-JSON line %q", r.line)
+		}
+		return m
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay wrote nothing")
+	}
+	return nil
+}
+
+func TestRelayFramesRequestsAndNotifications(t *testing.T) {
+	ep := newFakeEndpoint(t)
+	rt := startRelay(t, ep.dialer())
+	rt.send(t, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
+	fc := <-ep.conns
+	if fc.meta != "\x00CAPSEM_META:claude\n" {
+		t.Fatalf("meta line %q", fc.meta)
+	}
+	f := fc.next(t)
+	if f.StreamID != 1 || f.Flags != 0 || f.Name != "claude" || !strings.Contains(string(f.Payload), `"initialize"`) {
+		t.Fatalf("first frame %+v", f)
+	}
+	rt.send(t, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	rt.send(t, `{"jsonrpc":"2.0","id":"b","method":"tools/list"}`)
+	rt.send(t, `not json at all`)
+	rt.send(t, ``) // blank lines are ignored
+	n := fc.next(t)
+	if n.StreamID != 0 || n.Flags != mcpframe.FlagNotification {
+		t.Fatalf("notification frame %+v", n)
+	}
+	if f := fc.next(t); f.StreamID != 2 {
+		t.Fatalf("second request on stream %d", f.StreamID)
+	}
+	if f := fc.next(t); f.StreamID != 3 || string(f.Payload) != "not json at all" {
+		t.Fatalf("invalid JSON must be forwarded as a request: %+v", f)
+	}
+	// Answers come back out of order, each as one line.
+	fc.reply(t, 2, `{"jsonrpc":"2.0","id":"b","result":{"tools":[]}}`)
+	fc.reply(t, 1, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	if m := rt.recv(t); m["id"] != "b" {
+		t.Fatalf("got %v", m)
+	}
+	if m := rt.recv(t); m["id"] != float64(1) {
+		t.Fatalf("got %v", m)
+	}
+}
+
+func TestRelayOversizedLineIsAnsweredLocally(t *testing.T) {
+	ep := newFakeEndpoint(t)
+	rt := startRelay(t, ep.dialer())
+	rt.send(t, `{"jsonrpc":"2.0","id":1,"method":"ping"}`)
+	fc := <-ep.conns
+	fc.next(t)
+	fc.reply(t, 1, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	rt.recv(t)
+	big := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"a__b","arguments":{"pad":"` + strings.Repeat("x", 1100*1024) + `"}}}`
+	rt.send(t, big)
+	m := rt.recv(t)
+	e, _ := m["error"].(map[string]any)
+	if m["id"] != float64(7) || e == nil || !strings.Contains(e["message"].(string), "too large") {
+		t.Fatalf("oversized: %v", m)
+	}
+	// Same connection, next request still works.
+	rt.send(t, `{"jsonrpc":"2.0","id":8,"method":"ping"}`)
+	if f := fc.next(t); f.StreamID != 2 {
+		t.Fatalf("stream %d", f.StreamID)
+	}
+	select {
+	case <-ep.conns:
+		t.Fatal("relay reconnected after a local error")
+	default:
+	}
+}
+
+func TestRelayDisconnectAnswersPendingAndReconnects(t *testing.T) {
+	ep := newFakeEndpoint(t)
+	rt := startRelay(t, ep.dialer())
+	rt.send(t, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__slow"}}`)
+	rt.send(t, `{"jsonrpc":"2.0","id":"two","method":"resources/read","params":{"uri":"capsem://a/b"}}`)
+	fc := <-ep.conns
+	fc.next(t)
+	fc.next(t)
+	fc.c.Close()
+	got := map[any]string{}
+	for i := 0; i < 2; i++ {
+		m := rt.recv(t)
+		e := m["error"].(map[string]any)
+		if e["code"] != float64(CodeTransport) {
+			t.Fatalf("code %v", e["code"])
+		}
+		got[m["id"]] = e["message"].(string)
+	}
+	if !strings.Contains(got[float64(1)], "before tools/call response") || !strings.Contains(got["two"], "before resources/read response") {
+		t.Fatalf("disconnect errors must name the method: %v", got)
+	}
+	// The next line reconnects, and stream ids start over.
+	rt.send(t, `{"jsonrpc":"2.0","id":3,"method":"ping"}`)
+	fc2 := <-ep.conns
+	if f := fc2.next(t); f.StreamID != 1 {
+		t.Fatalf("stream after reconnect %d", f.StreamID)
+	}
+}
+
+func TestRelayWaitsForSlowCalls(t *testing.T) {
+	ep := newFakeEndpoint(t)
+	rt := startRelay(t, ep.dialer())
+	rt.send(t, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__slow"}}`)
+	fc := <-ep.conns
+	fc.next(t)
+	// Nothing arrives for a while: no receive timeout may fire.
+	time.Sleep(2 * time.Second)
+	fc.reply(t, 1, `{"jsonrpc":"2.0","id":1,"result":{"content":[]}}`)
+	if m := rt.recv(t); m["error"] != nil {
+		t.Fatalf("slow call failed: %v", m)
+	}
+	// stdin EOF: the relay half-closes, waits for answers, then exits.
+	rt.send(t, `{"jsonrpc":"2.0","id":2,"method":"ping"}`)
+	fc.next(t)
+	rt.in.Close()
+	fc.reply(t, 2, `{"jsonrpc":"2.0","id":2,"result":{}}`)
+	if m := rt.recv(t); m["id"] != float64(2) {
+		t.Fatalf("answer after stdin EOF: %v", m)
+	}
+	fc.c.Close()
+	select {
+	case err := <-rt.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay did not exit")
+	}
+}
+
+func TestRelayUnreachableEndpoint(t *testing.T) {
+	dial, err := DialerFromEnv("unix:" + filepath.Join(t.TempDir(), "missing.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := startRelay(t, dial)
+	rt.send(t, `{"jsonrpc":"2.0","id":5,"method":"tools/list"}`)
+	m := rt.recv(t)
+	if m["id"] != float64(5) || !strings.Contains(m["error"].(map[string]any)["message"].(string), "unreachable") {
+		t.Fatalf("got %v", m)
+	}
+}
+
+func TestDialerFromEnv(t *testing.T) {
+	for _, bad := range []string{"tcp:1.2.3.4:5", "unix:", "/path"} {
+		if _, err := DialerFromEnv(bad); err == nil || !strings.Contains(err.Error(), EndpointEnv) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+	if _, err := DialerFromEnv(""); err == nil {
+		t.Error("no guest channel and no override must be an error")
+	}
+}
+
+func TestParentProcessName(t *testing.T) {
+	cmd := exec.Command("sleep", "5")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if got := ParentProcessName(cmd.Process.Pid); got != "sleep" {
+		t.Fatalf("got %q", got)
+	}
+	if got := ParentProcessName(1 << 30); got != "unknown" {
+		t.Fatalf("missing process: %q", got)
+	}
+}
+
+// TestGuestBuildIsCGOFree proves the relay (a guest personality) builds
+// without cgo and links no sqlite.
+func TestGuestBuildIsCGOFree(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", ".")
+	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, forbidden := range []string{"go-sqlite3", "core/ledger", "Code-Hex/vz"} {
+		if strings.Contains(string(out), forbidden) {
+			t.Errorf("relay depends on %s", forbidden)
+		}
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(t.TempDir(), "relay"), ".")
+	build.Env = append(build.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 build: %v\n%s", err, out)
+	}
+}
