@@ -58,6 +58,7 @@ type Aggregator struct {
 	log *slog.Logger
 	w   *aggwire.Writer
 
+	ctx      context.Context // lifetime of Serve; reconnects run under it
 	mu       sync.RWMutex
 	servers  map[string]*server
 	order    []string
@@ -69,6 +70,9 @@ type server struct {
 	ready chan struct{} // closed when connecting finished (ok or not)
 	// set before ready is closed:
 	session   *mcp.ClientSession
+	ended     chan struct{} // closed when the session ends (server exit, protocol error)
+	broken    chan struct{} // closed when a call saw the connection close
+	breakOnce sync.Once
 	err       error
 	tools     []aggwire.Tool
 	resources []aggwire.Resource
@@ -85,6 +89,7 @@ func New(log *slog.Logger) *Aggregator {
 func (a *Aggregator) Serve(ctx context.Context, r io.Reader, w io.Writer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	a.ctx = ctx
 	a.w = aggwire.NewWriter(w)
 	rd := aggwire.NewReader(r)
 	var wg sync.WaitGroup
@@ -265,6 +270,8 @@ func (a *Aggregator) connect(ctx context.Context, s *server) {
 		s.session = nil
 		return
 	}
+	s.ended, s.broken = make(chan struct{}), make(chan struct{})
+	go func() { _ = session.Wait(); close(s.ended) }()
 	a.log.Info("MCP server connected", "server", s.def.Name, "tools", len(s.tools), "resources", len(s.resources), "prompts", len(s.prompts))
 }
 
@@ -462,10 +469,6 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 		if !ok || serverName == "" || original == "" {
 			return invalid("name %q is not namespaced as <server>__<name>", req.Name)
 		}
-		s, notReady := a.ready(ctx, serverName)
-		if notReady != nil {
-			return notReady
-		}
 		var args map[string]any
 		if len(req.Arguments) > 0 {
 			if err := json.Unmarshal(req.Arguments, &args); err != nil {
@@ -473,13 +476,26 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 			}
 		}
 		if req.Method == aggwire.MethodCallTool {
-			if !hasTool(s, req.Name) {
-				return invalid("unknown tool %q", req.Name)
-			}
 			if args == nil {
 				args = map[string]any{}
 			}
-			res, err := s.session.CallTool(ctx, &mcp.CallToolParams{Name: original, Arguments: args})
+			if s := a.lookup(serverName); s != nil {
+				select {
+				case <-s.ready:
+					if s.session != nil && !hasTool(s, req.Name) {
+						return invalid("unknown tool %q", req.Name)
+					}
+				case <-ctx.Done():
+				}
+			}
+			var res *mcp.CallToolResult
+			s, notReady, err := a.call(ctx, serverName, func(cs *mcp.ClientSession) (err error) {
+				res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: original, Arguments: args})
+				return err
+			})
+			if notReady != nil {
+				return notReady
+			}
 			if err != nil {
 				return upstream("tool call", err)
 			}
@@ -501,7 +517,14 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 				return invalid("prompt argument %q must be a string", k)
 			}
 		}
-		res, err := s.session.GetPrompt(ctx, &mcp.GetPromptParams{Name: original, Arguments: strArgs})
+		var res *mcp.GetPromptResult
+		_, notReady, err := a.call(ctx, serverName, func(cs *mcp.ClientSession) (err error) {
+			res, err = cs.GetPrompt(ctx, &mcp.GetPromptParams{Name: original, Arguments: strArgs})
+			return err
+		})
+		if notReady != nil {
+			return notReady
+		}
 		if err != nil {
 			return upstream("prompt get", err)
 		}
@@ -513,13 +536,16 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 		if !ok || !ok2 || serverName == "" || original == "" {
 			return invalid("resource URI %q is not namespaced as capsem://<server>/<uri>", req.URI)
 		}
-		s, notReady := a.ready(ctx, serverName)
+		var res *mcp.ReadResourceResult
+		_, notReady, err := a.call(ctx, serverName, func(cs *mcp.ClientSession) (err error) {
+			res, err = cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: original})
+			return err
+		})
 		if notReady != nil {
 			return notReady
 		}
-		res, rerr := s.session.ReadResource(ctx, &mcp.ReadResourceParams{URI: original})
-		if rerr != nil {
-			return upstream("resource read", rerr)
+		if err != nil {
+			return upstream("resource read", err)
 		}
 		b, _ := json.Marshal(res)
 		return &aggwire.Response{Result: b}
@@ -541,15 +567,86 @@ func (a *Aggregator) ready(ctx context.Context, name string) (*server, *aggwire.
 	if s == nil {
 		return nil, invalid("unknown MCP server %q", name)
 	}
-	select {
-	case <-s.ready:
-	case <-ctx.Done():
-		return nil, upstream("waiting for server "+name, ctx.Err())
+	for attempt := 0; ; attempt++ {
+		select {
+		case <-s.ready:
+		case <-ctx.Done():
+			return nil, upstream("waiting for server "+name, ctx.Err())
+		}
+		if s.session == nil || attempt > 0 {
+			break
+		}
+		if s.dead() {
+			// The session died (the server exited or broke the protocol):
+			// connect again once, for this and later calls.
+			s = a.reconnect(s)
+			continue
+		}
+		break
 	}
 	if s.session == nil {
 		return nil, &aggwire.Response{Code: aggwire.CodeUpstream, Error: fmt.Sprintf("MCP server %q is not connected: %v", name, s.err)}
 	}
 	return s, nil
+}
+
+func (s *server) dead() bool {
+	select {
+	case <-s.ended:
+		return true
+	case <-s.broken:
+		return true
+	default:
+		return false
+	}
+}
+
+// sessionFailed notes a call that failed because the connection closed, and
+// reports whether the request was refused before it was sent (so retrying
+// it on a new connection cannot run it twice).
+func (s *server) sessionFailed(err error) (neverSent bool) {
+	if !errors.Is(err, mcp.ErrConnectionClosed) {
+		return false
+	}
+	s.breakOnce.Do(func() { close(s.broken) })
+	return strings.Contains(err.Error(), "client is closing")
+}
+
+// call runs fn against the named server, reconnecting once when the server's
+// connection had already closed before the request could be sent.
+func (a *Aggregator) call(ctx context.Context, name string, fn func(*mcp.ClientSession) error) (*server, *aggwire.Response, error) {
+	s, notReady := a.ready(ctx, name)
+	if notReady != nil {
+		return nil, notReady, nil
+	}
+	err := fn(s.session)
+	if err != nil && s.sessionFailed(err) {
+		if s, notReady = a.ready(ctx, name); notReady != nil {
+			return nil, notReady, nil
+		}
+		err = fn(s.session)
+		if err != nil {
+			s.sessionFailed(err)
+		}
+	}
+	return s, nil, err
+}
+
+// reconnect replaces a server whose session ended with a fresh connection,
+// unless another caller already did.
+func (a *Aggregator) reconnect(dead *server) *server {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cur := a.servers[dead.def.Name]
+	if cur != dead {
+		return cur
+	}
+	a.log.Warn("MCP server session ended; reconnecting", "server", dead.def.Name)
+	fresh := &server{def: dead.def, ready: make(chan struct{})}
+	a.servers[dead.def.Name] = fresh
+	go a.connect(a.ctx, fresh)
+	go a.closeServer(dead)
+	return fresh
 }
 
 func invalid(format string, args ...any) *aggwire.Response {
