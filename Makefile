@@ -15,7 +15,7 @@ export CAPSEM_EVERYTHING_PKG := @modelcontextprotocol/server-everything@$(EVERYT
 export CAPSEM_TEST_BIN := $(CURDIR)/bin/capsem
 FUZZTIME ?= 5s
 
-.PHONY: build test bench generate deps fuzz vet clean FORCE
+.PHONY: build run test bench generate deps fuzz vet clean FORCE
 
 build: bin/capsem
 
@@ -23,6 +23,23 @@ bin/capsem: FORCE
 	@mkdir -p bin
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/capsem .
 	@ln -sf capsem bin/capsem-mcp-server
+
+# run: the main job for now: a gateway with the builtin tools, driven through the
+# real relay (initialize, tools/list, one builtin call), then the ledger rows.
+run: build
+	@set -e; d=$$(mktemp -d); trap 'kill $$gw 2>/dev/null; wait $$gw 2>/dev/null; rm -rf $$d' EXIT; \
+	bin/capsem --log-level warn gateway --listen unix:$$d/gw.sock --session-dir $$d/session & gw=$$!; \
+	for i in $$(seq 100); do [ -S $$d/gw.sock ] && break; sleep 0.05; done; \
+	printf '%s\n' \
+	  '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"make-run","version":"1"}}}' \
+	  '{"jsonrpc":"2.0","method":"notifications/initialized"}' \
+	  '{"jsonrpc":"2.0","id":2,"method":"tools/list"}' \
+	  '{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"builtin__http_get","arguments":{"url":"http://localhost:1/"}}}' \
+	| CAPSEM_MCP_ENDPOINT=unix:$$d/gw.sock bin/capsem-mcp-server | cut -c1-300; \
+	echo "--- session.db mcp_calls:"; \
+	bin/capsem --log-level error version >/dev/null; \
+	sqlite3 $$d/session/session.db 'SELECT method, tool_name, decision, process_name FROM mcp_calls' 2>/dev/null || \
+	  echo "(install sqlite3 to print the ledger)"
 
 # deps installs what the tests need: Go modules, and the real MCP reference
 # server from npm, fetched once into the shared cache the sandbox may read.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 
 	"github.com/alecthomas/kong"
 
@@ -83,6 +84,14 @@ func Main(args []string) int {
 	logger := logs.New(os.Stderr, cli.LogLevel)
 	slog.SetDefault(logger)
 	ctx := logs.WithLogger(context.Background(), logger)
+	if path := os.Getenv("CAPSEM_CPUPROFILE"); path != "" {
+		// Developer aid: profile this process until it exits (see make bench).
+		if f, err := os.Create(path); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				defer pprof.StopCPUProfile()
+			}
+		}
+	}
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "capsem:", err)

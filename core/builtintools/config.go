@@ -25,10 +25,11 @@ const (
 
 // Environment variables read by ConfigFromEnv.
 const (
-	EnvDomainAllow     = "CAPSEM_DOMAIN_ALLOW"
-	EnvDomainBlock     = "CAPSEM_DOMAIN_BLOCK"
-	EnvHTTPMaxBody     = "CAPSEM_HTTP_MAX_BODY_BYTES"
-	EnvHTTPTimeoutSecs = "CAPSEM_HTTP_TIMEOUT_SECS"
+	EnvDomainAllow      = "CAPSEM_DOMAIN_ALLOW"
+	EnvDomainBlock      = "CAPSEM_DOMAIN_BLOCK"
+	EnvHTTPMaxBody      = "CAPSEM_HTTP_MAX_BODY_BYTES"
+	EnvHTTPTimeoutSecs  = "CAPSEM_HTTP_TIMEOUT_SECS"
+	EnvHTTPAllowPrivate = "CAPSEM_HTTP_ALLOW_PRIVATE"
 )
 
 // Config is the builtin HTTP tools' network policy and limits.
@@ -51,6 +52,15 @@ type Config struct {
 	// DefaultMaxRedirects and a negative value follows none (the 3xx
 	// response is returned as is).
 	MaxRedirects int
+	// AllowPrivateNetworks lets requests reach non-public addresses:
+	// loopback, private (RFC 1918, fc00::/7), link-local (including the
+	// 169.254.169.254 metadata service), carrier-grade NAT, unspecified,
+	// multicast and reserved ranges, and IPv4-mapped or embedded forms of
+	// them. It is false by default because the builtin runs on the host on
+	// behalf of a sandboxed agent. The check is made on the resolved
+	// address of every connection, redirect hops included; the domain
+	// policy cannot lift it.
+	AllowPrivateNetworks bool
 }
 
 // withDefaults fills zero fields.
@@ -84,8 +94,9 @@ func (c Config) Validate() error {
 
 // ConfigFromEnv builds a Config from CAPSEM_DOMAIN_ALLOW and
 // CAPSEM_DOMAIN_BLOCK (comma-separated patterns), CAPSEM_HTTP_MAX_BODY_BYTES
-// (positive integer) and CAPSEM_HTTP_TIMEOUT_SECS (positive number, fractions
-// allowed). Unset or empty variables keep the defaults.
+// (positive integer), CAPSEM_HTTP_TIMEOUT_SECS (positive number, fractions
+// allowed) and CAPSEM_HTTP_ALLOW_PRIVATE (1, true, 0 or false; any case).
+// Unset or empty variables keep the defaults.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	cfg := Config{
 		Allow: splitPatternList(getenv(EnvDomainAllow)),
@@ -112,6 +123,16 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		cfg.Timeout = time.Duration(secs * float64(time.Second))
 		if cfg.Timeout <= 0 {
 			return Config{}, errors.New(EnvHTTPTimeoutSecs + ": timeout rounds down to zero")
+		}
+	}
+	if raw := strings.TrimSpace(getenv(EnvHTTPAllowPrivate)); raw != "" {
+		switch strings.ToLower(raw) {
+		case "1", "true":
+			cfg.AllowPrivateNetworks = true
+		case "0", "false":
+			cfg.AllowPrivateNetworks = false
+		default:
+			return Config{}, fmt.Errorf("%s=%q: must be 1, true, 0 or false", EnvHTTPAllowPrivate, raw)
 		}
 	}
 	if err := cfg.Validate(); err != nil {

@@ -22,16 +22,24 @@ func TestConfigFromEnv(t *testing.T) {
 		{
 			name: "all set",
 			env: map[string]string{
-				EnvDomainAllow:     " *.github.com, pypi.org ,,",
-				EnvDomainBlock:     "evil.com",
-				EnvHTTPMaxBody:     "1024",
-				EnvHTTPTimeoutSecs: "2.5",
+				EnvDomainAllow:      " *.github.com, pypi.org ,,",
+				EnvDomainBlock:      "evil.com",
+				EnvHTTPMaxBody:      "1024",
+				EnvHTTPTimeoutSecs:  "2.5",
+				EnvHTTPAllowPrivate: "true",
 			},
 			want: Config{
 				Allow: []string{"*.github.com", "pypi.org"}, Block: []string{"evil.com"},
 				MaxBodyBytes: 1024, Timeout: 2500 * time.Millisecond, MaxRedirects: DefaultMaxRedirects,
+				AllowPrivateNetworks: true,
 			},
 		},
+		{name: "allow private 1", env: map[string]string{EnvHTTPAllowPrivate: "1"}, want: defaultsWith(Config{AllowPrivateNetworks: true})},
+		{name: "allow private TRUE", env: map[string]string{EnvHTTPAllowPrivate: " TRUE "}, want: defaultsWith(Config{AllowPrivateNetworks: true})},
+		{name: "allow private 0", env: map[string]string{EnvHTTPAllowPrivate: "0"}, want: defaultsWith(Config{})},
+		{name: "allow private false", env: map[string]string{EnvHTTPAllowPrivate: "false"}, want: defaultsWith(Config{})},
+		{name: "allow private yes", env: map[string]string{EnvHTTPAllowPrivate: "yes"}, wantErr: EnvHTTPAllowPrivate + `="yes": must be 1, true, 0 or false`},
+		{name: "allow private 2", env: map[string]string{EnvHTTPAllowPrivate: "2"}, wantErr: EnvHTTPAllowPrivate + `="2": must be 1, true, 0 or false`},
 		{name: "bad allow pattern", env: map[string]string{EnvDomainAllow: "good.com,*bad"}, wantErr: `allow list: domain pattern "*bad"`},
 		{name: "url in block list", env: map[string]string{EnvDomainBlock: "https://evil.com"}, wantErr: "not a URL"},
 		{name: "body not a number", env: map[string]string{EnvHTTPMaxBody: "10MB"}, wantErr: EnvHTTPMaxBody + `="10MB": not a whole number`},
@@ -55,11 +63,17 @@ func TestConfigFromEnv(t *testing.T) {
 				t.Fatalf("ConfigFromEnv: %v", err)
 			}
 			if !slices.Equal(got.Allow, test.want.Allow) || !slices.Equal(got.Block, test.want.Block) ||
-				got.MaxBodyBytes != test.want.MaxBodyBytes || got.Timeout != test.want.Timeout || got.MaxRedirects != test.want.MaxRedirects {
+				got.MaxBodyBytes != test.want.MaxBodyBytes || got.Timeout != test.want.Timeout || got.MaxRedirects != test.want.MaxRedirects ||
+				got.AllowPrivateNetworks != test.want.AllowPrivateNetworks {
 				t.Errorf("ConfigFromEnv = %+v, want %+v", got, test.want)
 			}
 		})
 	}
+}
+
+// defaultsWith is cfg with the limits ConfigFromEnv fills in.
+func defaultsWith(cfg Config) Config {
+	return cfg.withDefaults()
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -78,11 +78,12 @@ func portOf(u *url.URL) (int, error) {
 	return 0, fmt.Errorf("url %q has no port and an unknown scheme", u.String())
 }
 
-// BlockedError is a request refused by the domain policy, on the first URL
+// BlockedError is a request refused by the domain policy or, when private
+// networks are not allowed, by the address it resolved to; on the first URL
 // or on a redirect hop.
 type BlockedError struct {
 	Host         string
-	Reason       string // e.g. `domain blocked by "*.com"`
+	Reason       string // e.g. `domain blocked by "*.com"`, or "private or loopback address; …"
 	RedirectFrom string // the URL that redirected here, if any
 }
 
@@ -108,10 +109,9 @@ type httpFetcher struct {
 	userAgent string
 }
 
-// dialFunc lets tests route made-up host names to a loopback server.
-type dialFunc func(ctx context.Context, network, address string) (net.Conn, error)
-
-func newHTTPFetcher(cfg Config, version string, dial dialFunc) *httpFetcher {
+// newHTTPFetcher builds the fetcher; hooks nil means the system resolver
+// and dialer (tests pass their own, see netHooks).
+func newHTTPFetcher(cfg Config, version string, hooks *netHooks) *httpFetcher {
 	cfg = cfg.withDefaults()
 	policy, err := compileDomainPolicy(cfg.Allow, cfg.Block)
 	if err != nil {
@@ -122,14 +122,17 @@ func newHTTPFetcher(cfg Config, version string, dial dialFunc) *httpFetcher {
 	if cfg.MaxBodyBytes < 0 || cfg.Timeout < 0 {
 		policy = &domainPolicy{invalid: cfg.Validate()}
 	}
-	if dial == nil {
-		dial = (&net.Dialer{Timeout: 15 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	dialer := &guardedDialer{allowPrivate: cfg.AllowPrivateNetworks, hooks: systemNetHooks(cfg.AllowPrivateNetworks)}
+	if hooks != nil {
+		dialer.hooks = *hooks
 	}
 	transport := &http.Transport{
 		// No proxy: the builtin is the egress point and its policy is about
 		// the real destination.
-		Proxy:                  nil,
-		DialContext:            dial,
+		Proxy: nil,
+		// The only way the transport connects: the guard checks the
+		// resolved address of every connection, redirect hops included.
+		DialContext:            dialer.DialContext,
 		ForceAttemptHTTP2:      true,
 		MaxIdleConns:           16,
 		IdleConnTimeout:        90 * time.Second,
@@ -225,6 +228,8 @@ func (f *httpFetcher) fetch(ctx context.Context, log *eventLog, request fetchReq
 		httpRequest.Header.Set(name, value)
 	}
 
+	// redirectFrom is the URL that redirected to the hop in progress.
+	redirectFrom := ""
 	client := &http.Client{
 		Transport: f.transport,
 		CheckRedirect: func(next *http.Request, via []*http.Request) error {
@@ -239,6 +244,7 @@ func (f *httpFetcher) fetch(ctx context.Context, log *eventLog, request fetchReq
 			current.finish(DecisionAllowed, redirectStatus, 0, "")
 			from := via[len(via)-1].URL.Redacted()
 			current = startHop(log, next.Method, next.URL, max(next.ContentLength, 0))
+			redirectFrom = from
 
 			if len(via) > f.cfg.MaxRedirects {
 				err := fmt.Errorf("too many redirects: stopped after %d (limit %d), next was %s", len(via)-1, f.cfg.MaxRedirects, next.URL.Redacted())
@@ -266,6 +272,12 @@ func (f *httpFetcher) fetch(ctx context.Context, log *eventLog, request fetchReq
 		var refusal *redirectRefusal
 		if errors.As(err, &refusal) {
 			return nil, refusal.err
+		}
+		if refused, ok := asPrivateAddressError(err); ok {
+			blocked := &BlockedError{Host: refused.host, Reason: refused.reason(), RedirectFrom: redirectFrom}
+			current.matchedRule = MatchedRulePrivateNetwork
+			current.finish(DecisionDenied, 0, 0, blocked.Reason)
+			return nil, blocked
 		}
 		err = f.describeFailure(ctx, timeoutCtx, request.method, tgt.url, err)
 		current.finish(DecisionError, 0, 0, err.Error())

@@ -45,7 +45,9 @@ const errorBodyExcerptBytes = 500
 
 const serverInstructions = "HTTP tools of the Capsem sandbox. Every request, and every redirect it " +
 	"follows, is checked against the sandbox's domain allow/block policy and recorded in the " +
-	"session ledger. Bodies are capped and requests time out. Long output is paginated: " +
+	"session ledger. Unless the sandbox allows private networks, connections to loopback, private, " +
+	"link-local (including cloud metadata) and other non-public addresses are refused, whether named " +
+	"directly, through DNS or by a redirect. Bodies are capped and requests time out. Long output is paginated: " +
 	"start_index and max_length count bytes of the returned text (never splitting a character); " +
 	"each page says where the next one starts."
 
@@ -57,7 +59,7 @@ func NewServer(cfg Config, version string) *mcp.Server {
 	return newServer(cfg, version, nil)
 }
 
-func newServer(cfg Config, version string, dial dialFunc) *mcp.Server {
+func newServer(cfg Config, version string, hooks *netHooks) *mcp.Server {
 	server := mcp.NewServer(
 		&mcp.Implementation{Name: ServerName, Title: "Capsem builtin tools", Version: version},
 		&mcp.ServerOptions{
@@ -67,7 +69,7 @@ func newServer(cfg Config, version string, dial dialFunc) *mcp.Server {
 			Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 		},
 	)
-	tools := &httpTools{fetcher: newHTTPFetcher(cfg, version, dial)}
+	tools := &httpTools{fetcher: newHTTPFetcher(cfg, version, hooks)}
 	tools.register(server)
 	return server
 }
@@ -130,7 +132,7 @@ var (
 func boolPointer(b bool) *bool { return &b }
 
 const (
-	policyNote     = " The URL and every redirect are checked against the sandbox's domain policy."
+	policyNote     = " The URL and every redirect are checked against the sandbox's domain policy, and private or loopback addresses are refused unless allowed."
 	jsonOutputNote = " Returns a JSON object: url, final_url, method, status, status_text, headers, body, " +
 		"body_encoding (utf-8 or base64), start_index, end_index, total_length, next_start_index (when more " +
 		"remains), truncated (the body field is not the whole body), body_limit_reached (the response was " +

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -134,29 +135,62 @@ func (up *upstream) sawHost(prefix string) bool {
 	return false
 }
 
-// loopbackDial sends every connection to the upstream server, whatever the
-// host name, so policy can be tested with real names; names under .invalid
-// fail the way an unknown host does.
-func loopbackDial(up *upstream) dialFunc {
+// publicTestAddress is what made-up names resolve to in loopbackNet: a
+// documentation address (TEST-NET-3) that the guard treats as public and
+// that is never really dialed.
+var publicTestAddress = netip.MustParseAddr("203.0.113.7")
+
+// loopbackNet gives made-up host names addresses and sends every connection
+// to the upstream server, whatever the address, so the domain policy and the
+// private-network guard are tested with real names and addresses. Names
+// under .invalid fail the way an unknown host does; names in resolved get
+// those addresses; any other name gets publicTestAddress. dialed records
+// each address the guard let through.
+type loopbackNet struct {
+	up       *upstream
+	resolved map[string][]netip.Addr
+	mu       sync.Mutex
+	dialed   []string
+}
+
+func loopbackDial(up *upstream) *netHooks {
+	return (&loopbackNet{up: up}).hooks()
+}
+
+func (n *loopbackNet) hooks() *netHooks {
 	var dialer net.Dialer
-	return func(ctx context.Context, network, address string) (net.Conn, error) {
-		host, _, err := net.SplitHostPort(address)
-		if err != nil {
-			return nil, err
-		}
-		if strings.HasSuffix(host, ".invalid") {
-			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-		}
-		return dialer.DialContext(ctx, network, up.Listener.Addr().String())
+	return &netHooks{
+		lookup: func(ctx context.Context, host string) ([]netip.Addr, error) {
+			host = strings.ToLower(strings.TrimSuffix(host, "."))
+			if strings.HasSuffix(host, ".invalid") {
+				return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+			}
+			if addrs, ok := n.resolved[host]; ok {
+				return addrs, nil
+			}
+			return []netip.Addr{publicTestAddress}, nil
+		},
+		dial: func(ctx context.Context, network, address string) (net.Conn, error) {
+			n.mu.Lock()
+			n.dialed = append(n.dialed, address)
+			n.mu.Unlock()
+			return dialer.DialContext(ctx, network, n.up.Listener.Addr().String())
+		},
 	}
+}
+
+func (n *loopbackNet) dialedAddresses() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.dialed...)
 }
 
 // connect serves a builtin server over in-memory transports and returns a
 // real go-sdk client session to it.
-func connect(t *testing.T, cfg Config, dial dialFunc) *mcp.ClientSession {
+func connect(t *testing.T, cfg Config, hooks *netHooks) *mcp.ClientSession {
 	t.Helper()
 	ctx := context.Background()
-	server := newServer(cfg, "test", dial)
+	server := newServer(cfg, "test", hooks)
 	serverTransport, clientTransport := mcp.NewInMemoryTransports()
 	serverSession, err := server.Connect(ctx, serverTransport, nil)
 	if err != nil {
@@ -325,7 +359,7 @@ func TestToolsListAnnotationsAndSchemas(t *testing.T) {
 
 func TestFetchHTTPFormats(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	tests := []struct {
 		name        string
 		format      string
@@ -386,7 +420,7 @@ func TestFetchHTTPFormats(t *testing.T) {
 
 func TestFetchHTTPBinaryRefusedUnlessRaw(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	for _, path := range []string{"/png", "/untyped-binary"} {
 		t.Run(path, func(t *testing.T) {
 			refused := callTool(t, session, ToolFetchHTTP, map[string]any{"url": up.URL + path})
@@ -417,7 +451,7 @@ func TestFetchHTTPBinaryRefusedUnlessRaw(t *testing.T) {
 
 func TestFetchHTTPPaginationKeepsCharactersWhole(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	var joined strings.Builder
 	for start, pages := 0, 0; ; pages++ {
 		if pages > len(multibyteText) {
@@ -454,7 +488,7 @@ func TestFetchHTTPPaginationKeepsCharactersWhole(t *testing.T) {
 
 func TestFetchHTTPErrorStatus(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	result := callTool(t, session, ToolFetchHTTP, map[string]any{"url": up.URL + "/missing"})
 	text := errorText(t, result)
 	if !strings.Contains(text, "HTTP 404 Not Found from "+up.URL+"/missing") || !strings.Contains(text, "no such page here") {
@@ -467,7 +501,7 @@ func TestFetchHTTPErrorStatus(t *testing.T) {
 
 func TestGrepHTTP(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	tests := []struct {
 		name        string
 		arguments   map[string]any
@@ -541,7 +575,7 @@ func TestGrepHTTP(t *testing.T) {
 
 func TestGrepHTTPBadPatterns(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	tests := []struct {
 		pattern string
 		want    string
@@ -563,7 +597,7 @@ func TestGrepHTTPBadPatterns(t *testing.T) {
 
 func TestHTTPHeaders(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	for _, method := range []string{"", "HEAD", "GET"} {
 		t.Run("method="+method, func(t *testing.T) {
 			arguments := map[string]any{"url": up.URL + "/echo"}
@@ -596,7 +630,7 @@ func TestHTTPHeaders(t *testing.T) {
 
 func TestHTTPMethodTools(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	tests := []struct {
 		tool       string
 		method     string
@@ -649,7 +683,7 @@ func TestHTTPMethodTools(t *testing.T) {
 
 func TestHTTPToolsJSONPaginationAndBinary(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 
 	var joined strings.Builder
 	for start := 0; ; {
@@ -683,7 +717,7 @@ func TestHTTPToolsJSONPaginationAndBinary(t *testing.T) {
 
 func TestHTTPRequestHeaderValidation(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	tests := []struct {
 		headers map[string]any
 		want    string
@@ -806,7 +840,7 @@ func TestRedirectToBlockedHostIsRefusedAtTheHop(t *testing.T) {
 
 func TestRedirectsAllowedAreFollowedAndRecorded(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	result := callTool(t, session, ToolHTTPGet, map[string]any{"url": up.URL + "/redirect?to=/echo"})
 	output := decodeJSONOutput(t, successText(t, result))
 	if output.FinalURL != up.URL+"/echo" || output.URL != up.URL+"/redirect?to=/echo" || output.Status != 200 {
@@ -821,7 +855,7 @@ func TestRedirectsAllowedAreFollowedAndRecorded(t *testing.T) {
 func TestRedirectLimits(t *testing.T) {
 	up := newUpstream(t)
 	t.Run("limit reached", func(t *testing.T) {
-		session := connect(t, Config{MaxRedirects: 2}, nil)
+		session := connect(t, Config{MaxRedirects: 2, AllowPrivateNetworks: true}, nil)
 		result := callTool(t, session, ToolHTTPGet, map[string]any{"url": up.URL + "/loop"})
 		if text := errorText(t, result); !strings.Contains(text, "too many redirects: stopped after 2 (limit 2)") {
 			t.Errorf("error = %q", text)
@@ -832,7 +866,7 @@ func TestRedirectLimits(t *testing.T) {
 		}
 	})
 	t.Run("redirects off", func(t *testing.T) {
-		session := connect(t, Config{MaxRedirects: -1}, nil)
+		session := connect(t, Config{MaxRedirects: -1, AllowPrivateNetworks: true}, nil)
 		result := callTool(t, session, ToolHTTPGet, map[string]any{"url": up.URL + "/loop"})
 		output := decodeJSONOutput(t, successText(t, result))
 		if output.Status != http.StatusFound || output.Headers["Location"] != "/loop" {
@@ -843,7 +877,7 @@ func TestRedirectLimits(t *testing.T) {
 		}
 	})
 	t.Run("redirect to another scheme", func(t *testing.T) {
-		session := connect(t, Config{}, nil)
+		session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 		result := callTool(t, session, ToolHTTPGet, map[string]any{"url": up.URL + "/redirect?to=ftp://files.test/x"})
 		if text := errorText(t, result); !strings.Contains(text, `unsupported url scheme "ftp"`) {
 			t.Errorf("error = %q", text)
@@ -856,7 +890,7 @@ func TestRedirectLimits(t *testing.T) {
 
 func TestBodyCap(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{MaxBodyBytes: 100}, nil)
+	session := connect(t, Config{MaxBodyBytes: 100, AllowPrivateNetworks: true}, nil)
 
 	result := callTool(t, session, ToolHTTPGet, map[string]any{"url": up.URL + "/big", "max_length": 1000})
 	output := decodeJSONOutput(t, successText(t, result))
@@ -875,7 +909,7 @@ func TestBodyCap(t *testing.T) {
 
 func TestTimeout(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{Timeout: 200 * time.Millisecond}, nil)
+	session := connect(t, Config{Timeout: 200 * time.Millisecond, AllowPrivateNetworks: true}, nil)
 	tests := []struct {
 		path       string
 		wantStatus int
@@ -914,17 +948,17 @@ func TestConnectionFailuresAreRecorded(t *testing.T) {
 	up := newUpstream(t)
 	tests := []struct {
 		name     string
-		dial     dialFunc
+		hooks    *netHooks
 		url      string
 		wantText string
 		wantPort int
 	}{
 		{name: "connection refused", url: "http://" + closedAddress + "/x?y=1", wantText: "connection refused", wantPort: mustAtoi(t, closedPort)},
-		{name: "unknown host", dial: loopbackDial(up), url: "https://nowhere.invalid/x?y=1", wantText: `cannot resolve host "nowhere.invalid"`, wantPort: 443},
+		{name: "unknown host", hooks: loopbackDial(up), url: "https://nowhere.invalid/x?y=1", wantText: `cannot resolve host "nowhere.invalid"`, wantPort: 443},
 	}
 	for _, test := range tests {
 		t.Run(test.name, func(t *testing.T) {
-			session := connect(t, Config{}, test.dial)
+			session := connect(t, Config{AllowPrivateNetworks: true}, test.hooks)
 			for _, tool := range []string{ToolFetchHTTP, ToolGrepHTTP, ToolHTTPHeaders, ToolHTTPDelete} {
 				arguments := map[string]any{"url": test.url}
 				if tool == ToolGrepHTTP {
@@ -994,7 +1028,7 @@ func TestInvalidURLs(t *testing.T) {
 
 func TestInvalidArgumentsAreToolErrors(t *testing.T) {
 	up := newUpstream(t)
-	session := connect(t, Config{}, nil)
+	session := connect(t, Config{AllowPrivateNetworks: true}, nil)
 	tests := []struct {
 		tool      string
 		arguments map[string]any

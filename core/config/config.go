@@ -52,6 +52,9 @@ type Builtin struct {
 	DomainBlock  []string `toml:"domain_block"`
 	MaxBodyBytes int64    `toml:"max_body_bytes"`
 	TimeoutSecs  int      `toml:"timeout_secs"`
+	// AllowPrivateNetworks lets the builtin reach loopback, private and
+	// link-local addresses (off by default: it runs on the host).
+	AllowPrivateNetworks bool `toml:"allow_private_networks"`
 }
 
 // Timeouts configures the endpoint's deadlines.
@@ -178,6 +181,9 @@ func (f *File) ServerDefs() []aggwire.ServerDef {
 	}
 	if b.TimeoutSecs > 0 {
 		env["CAPSEM_HTTP_TIMEOUT_SECS"] = fmt.Sprint(b.TimeoutSecs)
+	}
+	if b.AllowPrivateNetworks {
+		env["CAPSEM_HTTP_ALLOW_PRIVATE"] = "1"
 	}
 	defs := []aggwire.ServerDef{{Name: "builtin", Builtin: true, Enabled: true, Env: env}}
 	for _, s := range f.MCP.Servers {

@@ -89,9 +89,11 @@ func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error 
 		cancel(fmt.Errorf("client connection failed: %w", err))
 	}
 	handlers.Wait()
-	cancel(errors.New("connection finished"))
+	// Every answer is queued: let the writer flush them before the context
+	// is cancelled (which closes the connection).
 	close(c.out)
 	werr := <-writerDone
+	cancel(errors.New("connection finished"))
 	rwc.Close()
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil && errors.Is(err, io.ErrUnexpectedEOF) {
 		err = nil
@@ -204,8 +206,10 @@ func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 }
 
 func (c *conn) readMeta(br *bufio.Reader) error {
-	first, err := br.Peek(1)
-	if err != nil || first[0] != 0 {
+	// A frame also starts with a NUL (the high byte of its length), so only
+	// the full prefix marks a metadata line.
+	head, err := br.Peek(len(MetaPrefix))
+	if err != nil || string(head) != MetaPrefix {
 		return nil // no metadata line; errors surface on the first frame read
 	}
 	line := make([]byte, 0, 64)
@@ -222,11 +226,7 @@ func (c *conn) readMeta(br *bufio.Reader) error {
 			return fmt.Errorf("metadata line exceeds %d bytes", maxMetaLine)
 		}
 	}
-	rest, ok := bytes.CutPrefix(line, []byte(MetaPrefix))
-	if !ok {
-		return fmt.Errorf("connection starts with NUL but not %q", MetaPrefix[1:])
-	}
-	c.metaName = mcpframe.SanitizeName(string(rest))
+	c.metaName = mcpframe.SanitizeName(string(line[len(MetaPrefix):]))
 	return nil
 }
 

@@ -459,3 +459,42 @@ func TestPipelinedOutOfOrderAndBackpressure(t *testing.T) {
 		t.Fatalf("got stream %d", r.stream)
 	}
 }
+
+// TestHalfCloseStillGetsAnswers: a client that sends its requests and then
+// closes its write side (as the relay does at stdin EOF) gets every answer.
+func TestHalfCloseStillGetsAnswers(t *testing.T) {
+	dir := t.TempDir()
+	led, err := ledger.Open(context.Background(), filepath.Join(dir, "session.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer led.Close()
+	ep := New(Config{Upstream: &fakeUpstream{}, Recorder: LedgerRecorder{Ledger: led}})
+	ln, err := net.Listen("unix", filepath.Join(dir, "ep.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go ep.Serve(ctx, ln)
+	for i := 0; i < 20; i++ { // the race this guards against was timing-dependent
+		c, err := net.Dial("unix", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf []byte
+		for id := uint32(1); id <= 3; id++ {
+			buf, _ = mcpframe.Append(buf, &mcpframe.Frame{StreamID: id, Name: "x", Payload: []byte(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"ping"}`, id))})
+		}
+		c.Write(buf)
+		c.(*net.UnixConn).CloseWrite()
+		r := mcpframe.NewReader(c)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for n := 0; n < 3; n++ {
+			if _, err := r.Read(); err != nil {
+				t.Fatalf("round %d: answer %d lost after half-close: %v", i, n+1, err)
+			}
+		}
+		c.Close()
+	}
+}

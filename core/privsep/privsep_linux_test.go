@@ -30,14 +30,18 @@ const (
 	modeProbe        = "__privsep_probe__"
 	modeIntermediate = "__privsep_intermediate__"
 	modeSleeper      = "__privsep_sleeper__"
-	enterFailed      = 3 // exit status when Enter fails
+	// modeSleeperOffMain is modeSleeper with Enter called off the main
+	// thread, as it may be in a program whose main goroutine moved.
+	modeSleeperOffMain = "__privsep_sleeper_off_main__"
+	enterFailed        = 3 // exit status when Enter fails
 )
 
 func TestMain(m *testing.M) {
-	runtime.LockOSThread()
-	errc := make(chan error)
-	go func() { errc <- Enter() }()
-	if err := <-errc; err != nil {
+	enter := Enter
+	if len(os.Args) >= 2 && os.Args[1] == modeSleeperOffMain {
+		enter = enterOffMainThread
+	}
+	if err := enter(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(enterFailed)
 	}
@@ -49,12 +53,24 @@ func TestMain(m *testing.M) {
 			os.Exit(runIntermediate(os.Args[2]))
 		}
 	}
-	if len(os.Args) >= 2 && os.Args[1] == modeSleeper {
+	if len(os.Args) >= 2 && (os.Args[1] == modeSleeper || os.Args[1] == modeSleeperOffMain) {
 		fmt.Printf("ready %d\n", os.Getpid())
 		time.Sleep(time.Hour)
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// enterOffMainThread runs Enter on a thread other than the one the main
+// goroutine holds. The parent-death signal armed at fork belongs to the
+// thread that was forked; this is the case where the first stage must arm
+// it again for the thread that execs.
+func enterOffMainThread() error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	errc := make(chan error, 1)
+	go func() { errc <- Enter() }()
+	return <-errc
 }
 
 type probeParams struct {
@@ -434,10 +450,14 @@ func TestParentDeathKillsChild(t *testing.T) {
 		t.Fatalf("become subreaper: %v", err)
 	}
 	defer unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+	t.Run("enter on main thread", func(t *testing.T) { testParentDeath(t, modeSleeper) })
+	t.Run("enter off main thread", func(t *testing.T) { testParentDeath(t, modeSleeperOffMain) })
+}
 
+func testParentDeath(t *testing.T, mode string) {
 	params, err := json.Marshal(Spec{
 		Executable: testExecutable(t),
-		Args:       []string{modeSleeper},
+		Args:       []string{mode},
 		Scratch:    t.TempDir(),
 	})
 	if err != nil {
@@ -446,6 +466,8 @@ func TestParentDeathKillsChild(t *testing.T) {
 	mid := exec.Command(testExecutable(t), modeIntermediate, string(params))
 	var stderr bytes.Buffer
 	mid.Stderr = &stderr
+	// A surviving child holds the stderr pipe; do not let Wait hang on it.
+	mid.WaitDelay = 5 * time.Second
 	out, err := mid.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -12,11 +12,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime/debug"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/builtintools"
+	"github.com/capsem/capsem/core/version"
 )
 
 // Cmd runs the builtin MCP server on stdin/stdout until stdin closes.
@@ -36,16 +36,16 @@ func serve(ctx context.Context, getenv func(string) string, transport mcp.Transp
 		logger.Error("invalid configuration", "error", err)
 		return fmt.Errorf("mcp-builtin: %w", err)
 	}
-	version := buildVersion()
 	logger.Info("mcp-builtin starting",
-		"version", version,
+		"version", version.Version,
 		"allow", cfg.Allow,
 		"block", cfg.Block,
 		"max_body_bytes", cfg.MaxBodyBytes,
 		"timeout", cfg.Timeout.String(),
 		"max_redirects", cfg.MaxRedirects,
+		"allow_private_networks", cfg.AllowPrivateNetworks,
 	)
-	server := builtintools.NewServer(cfg, version)
+	server := builtintools.NewServer(cfg, version.Version)
 	err = server.Run(ctx, transport)
 	if isCleanShutdown(err) {
 		logger.Info("mcp-builtin stopped: input closed")
@@ -63,12 +63,4 @@ func serve(ctx context.Context, getenv func(string) string, transport mcp.Transp
 // closed its end, which is how the aggregator stops this process.
 func isCleanShutdown(err error) bool {
 	return err == nil || errors.Is(err, io.EOF) || errors.Is(err, mcp.ErrConnectionClosed)
-}
-
-// buildVersion is the module version stamped into the binary, or "dev".
-func buildVersion() string {
-	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
-		return info.Main.Version
-	}
-	return "dev"
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/builtintools"
+	"github.com/capsem/capsem/core/version"
 )
 
 // childProcessEnv makes the test binary act as the mcp-builtin process, so
@@ -106,8 +107,9 @@ func TestServeUntilInputCloses(t *testing.T) {
 	defer upstream.Close()
 
 	env := map[string]string{
-		builtintools.EnvDomainBlock:     "*.blocked.test",
-		builtintools.EnvHTTPTimeoutSecs: "5",
+		builtintools.EnvDomainBlock:      "*.blocked.test",
+		builtintools.EnvHTTPTimeoutSecs:  "5",
+		builtintools.EnvHTTPAllowPrivate: "1", // the upstream is on loopback
 	}
 	logs := &syncBuffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, nil))
@@ -124,8 +126,8 @@ func TestServeUntilInputCloses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	if info := session.InitializeResult().ServerInfo; info.Name != builtintools.ServerName {
-		t.Errorf("server name = %q, want %q", info.Name, builtintools.ServerName)
+	if info := session.InitializeResult().ServerInfo; info.Name != builtintools.ServerName || info.Version != version.Version {
+		t.Errorf("server info = %+v, want name %q and version %q", info, builtintools.ServerName, version.Version)
 	}
 	tools, err := session.ListTools(ctx, nil)
 	if err != nil || len(tools.Tools) != 9 {
@@ -162,8 +164,44 @@ func TestServeUntilInputCloses(t *testing.T) {
 			t.Errorf("log line is not JSON: %q", line)
 		}
 	}
-	if !strings.Contains(logs.String(), `"*.blocked.test"`) || !strings.Contains(logs.String(), "input closed") {
+	if !strings.Contains(logs.String(), `"*.blocked.test"`) || !strings.Contains(logs.String(), `"allow_private_networks":true`) ||
+		!strings.Contains(logs.String(), `"version":"`+version.Version+`"`) || !strings.Contains(logs.String(), "input closed") {
 		t.Errorf("logs lack the configuration or the shutdown reason:\n%s", logs.String())
+	}
+}
+
+func TestServeBlocksPrivateNetworksByDefault(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("the loopback server was reached: %s %s", r.Method, r.URL)
+	}))
+	defer upstream.Close()
+
+	serverTransport, clientTransport := pipeTransports()
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(context.Background(), func(string) string { return "" }, serverTransport, slog.New(slog.DiscardHandler))
+	}()
+	ctx := context.Background()
+	client := mcp.NewClient(&mcp.Implementation{Name: "personality-test", Version: "1"}, nil)
+	session, err := client.Connect(ctx, clientTransport, nil)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer func() {
+		session.Close()
+		<-served
+	}()
+	result, err := session.CallTool(ctx, &mcp.CallToolParams{Name: builtintools.ToolFetchHTTP, Arguments: map[string]any{"url": upstream.URL}})
+	if err != nil || !result.IsError {
+		t.Fatalf("fetch of a loopback URL = %+v, err %v; want a tool error", result, err)
+	}
+	want := "HTTP request blocked: 127.0.0.1 (private or loopback address; set allow_private_networks to permit)"
+	if text := result.Content[0].(*mcp.TextContent).Text; text != want {
+		t.Errorf("error = %q, want %q", text, want)
+	}
+	events, err := builtintools.NetEventsFromMeta(result.Meta)
+	if err != nil || len(events) != 1 || events[0].Decision != builtintools.DecisionDenied || events[0].MatchedRule != builtintools.MatchedRulePrivateNetwork {
+		t.Errorf("events = %+v, err %v", events, err)
 	}
 }
 
@@ -193,6 +231,7 @@ func TestServeRejectsBadEnvironment(t *testing.T) {
 		{map[string]string{builtintools.EnvDomainAllow: "https://not-a-host.example/"}, "not a URL"},
 		{map[string]string{builtintools.EnvHTTPMaxBody: "lots"}, builtintools.EnvHTTPMaxBody},
 		{map[string]string{builtintools.EnvHTTPTimeoutSecs: "0"}, builtintools.EnvHTTPTimeoutSecs},
+		{map[string]string{builtintools.EnvHTTPAllowPrivate: "yes"}, builtintools.EnvHTTPAllowPrivate + `="yes": must be 1, true, 0 or false`},
 	}
 	for _, test := range tests {
 		logs := &syncBuffer{}

@@ -179,6 +179,9 @@ headers = { "X-Capsem-Test" = "header-ok" }
 name = "dead"
 command = "/nonexistent/mcp-server"
 
+[mcp.builtin]
+allow_private_networks = true   # the test web server is on loopback
+
 [mcp.timeouts]
 tools = { "echo__sleep" = 600 }
 `, cmd, strings.Join(quoted, ", "), testkit.EchoServer(t), remoteServer(t)+"/mcp")

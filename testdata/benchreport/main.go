@@ -1,0 +1,176 @@
+// Command benchreport measures the guest MCP path end to end and prints each
+// figure beside its baseline from the same run:
+//
+//	gateway: go-sdk client → capsem-mcp-server (relay) → frames → endpoint
+//	         → policy → aggregator → stdio echo server, every call a ledger row
+//	direct:  go-sdk client → the same stdio echo server
+//
+// at concurrency 1, 16 and 64 (p50, p99, calls/s).
+package main
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+type result struct {
+	calls    int
+	p50, p99 time.Duration
+	perSec   float64
+}
+
+func main() {
+	duration := flag.Duration("duration", 3*time.Second, "measuring time per concurrency level")
+	flag.Parse()
+	if err := run(*duration); err != nil {
+		fmt.Fprintln(os.Stderr, "benchreport:", err)
+		os.Exit(1)
+	}
+}
+
+func run(d time.Duration) error {
+	capsem := os.Getenv("CAPSEM_TEST_BIN")
+	if capsem == "" {
+		return fmt.Errorf("CAPSEM_TEST_BIN is not set (run via make bench)")
+	}
+	dir, err := os.MkdirTemp("", "capsem-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	echo := filepath.Join(dir, "mcpecho")
+	if out, err := exec.Command("go", "build", "-o", echo, "./testdata/mcpecho").CombinedOutput(); err != nil {
+		return fmt.Errorf("building mcpecho: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "gw.sock")
+	session := filepath.Join(dir, "session")
+	cfg := filepath.Join(dir, "capsem.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("[[mcp.servers]]\nname = \"echo\"\ncommand = %q\n", echo)), 0o600)
+	gw := exec.Command(capsem, "--log-level", "warn", "gateway", "--listen", "unix:"+sock, "--session-dir", session, "--config", cfg)
+	gw.Env = append(os.Environ(), "CAPSEM_HOME="+filepath.Join(dir, "home"))
+	if p := os.Getenv("CAPSEM_BENCH_GATEWAY_PROFILE"); p != "" {
+		gw.Env = append(gw.Env, "CAPSEM_CPUPROFILE="+p)
+	}
+	gw.Stderr = os.Stderr
+	if err := gw.Start(); err != nil {
+		return err
+	}
+	defer func() { gw.Process.Signal(syscall.SIGTERM); gw.Wait() }()
+	for i := 0; ; i++ {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			break
+		}
+		if i > 300 {
+			return fmt.Errorf("gateway did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	relay := exec.Command(filepath.Join(filepath.Dir(capsem), "capsem-mcp-server"))
+	relay.Env = append(os.Environ(), "CAPSEM_MCP_ENDPOINT=unix:"+sock)
+	if p := os.Getenv("CAPSEM_BENCH_RELAY_PROFILE"); p != "" {
+		relay.Env = append(relay.Env, "CAPSEM_CPUPROFILE="+p)
+	}
+	gwSession, err := connect(relay)
+	if err != nil {
+		return fmt.Errorf("gateway session: %w", err)
+	}
+	defer gwSession.Close()
+	direct, err := connect(exec.Command(echo))
+	if err != nil {
+		return fmt.Errorf("direct session: %w", err)
+	}
+	defer direct.Close()
+
+	fmt.Printf("MCP echo round trip, %s per level (go-sdk client; 2-core machine, TCG-free host path)\n", d)
+	fmt.Printf("%-4s | %-28s | %-28s | %-16s | %s\n", "c", "direct p50 / p99 / calls/s", "gateway p50 / p99 / calls/s", "added p50", "gateway/direct calls/s")
+	total := 0
+	for _, c := range []int{1, 16, 64} {
+		base := measure(direct, "echo", c, d)
+		gwr := measure(gwSession, "echo__echo", c, d)
+		total += gwr.calls
+		fmt.Printf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %16s | %.0f%%\n", c,
+			us(base.p50), us(base.p99), base.perSec, us(gwr.p50), us(gwr.p99), gwr.perSec,
+			us(gwr.p50-base.p50), 100*gwr.perSec/base.perSec)
+	}
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(session, "session.db")+"?mode=ro")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var rows int
+	// Rows commit before their answer leaves, so every call is already there.
+	if err := db.QueryRow(`SELECT COUNT(*) FROM mcp_calls WHERE tool_name='echo__echo' AND decision='allowed'`).Scan(&rows); err != nil {
+		return err
+	}
+	fmt.Printf("ledger: %d gateway calls answered, %d mcp_calls rows (+%d warm-up)\n", total, rows, rows-total)
+	if rows < total {
+		return fmt.Errorf("%d calls have no ledger row", total-rows)
+	}
+	return nil
+}
+
+func connect(cmd *exec.Cmd) (*mcp.ClientSession, error) {
+	client := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+}
+
+func measure(s *mcp.ClientSession, tool string, concurrency int, d time.Duration) result {
+	ctx := context.Background()
+	// Warm up.
+	for i := 0; i < 50; i++ {
+		s.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: map[string]any{"text": "ping"}})
+	}
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	start := time.Now()
+	stop := start.Add(d)
+	for w := 0; w < concurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for time.Now().Before(stop) {
+				t0 := time.Now()
+				res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: map[string]any{"text": "ping"}})
+				if err != nil || res.IsError {
+					fmt.Fprintln(os.Stderr, "call failed:", err)
+					return
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	slices.Sort(lat)
+	if len(lat) == 0 {
+		return result{}
+	}
+	return result{calls: len(lat), p50: lat[len(lat)/2], p99: lat[len(lat)*99/100], perSec: float64(len(lat)) / elapsed.Seconds()}
+}
+
+func us(d time.Duration) string {
+	return strings.TrimSuffix(fmt.Sprintf("%.0fµs", float64(d.Microseconds())), "")
+}
