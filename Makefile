@@ -69,6 +69,7 @@ fuzz:
 	done
 
 bench: deps build
+	$(GO) test -run '^$$' -bench . -benchmem ./core/mcpframe/ ./core/ledger/
 	$(GO) run ./testdata/benchreport
 
 generate:

@@ -6,7 +6,7 @@
 // The msgp code in aggwire_gen.go is generated (make generate) and committed.
 package aggwire
 
-//go:generate go run github.com/tinylib/msgp -file aggwire.go -o aggwire_gen.go -tests=false
+//go:generate go tool msgp -file aggwire.go -o aggwire_gen.go -tests=false
 
 // ProtocolVersion is bumped on any incompatible change to these messages.
 const ProtocolVersion = 1

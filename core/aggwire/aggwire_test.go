@@ -129,7 +129,7 @@ func TestGeneratedCodeIsFresh(t *testing.T) {
 	dir := t.TempDir()
 	src, _ := os.ReadFile("aggwire.go")
 	os.WriteFile(filepath.Join(dir, "aggwire.go"), src, 0o644)
-	cmd := exec.Command("go", "run", "github.com/tinylib/msgp", "-file", filepath.Join(dir, "aggwire.go"), "-o", filepath.Join(dir, "aggwire_gen.go"), "-tests=false")
+	cmd := exec.Command("go", "tool", "msgp", "-file", filepath.Join(dir, "aggwire.go"), "-o", filepath.Join(dir, "aggwire_gen.go"), "-tests=false")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("msgp: %v\n%s", err, out)
 	}

@@ -58,7 +58,7 @@ func enterSandbox(stage string) error {
 	// but the kernel does not copy it to new threads, and the exec below
 	// may run on one of them; arm it for this thread so the second stage
 	// keeps it.
-	if err := error(nil); err != nil {
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 		return fmt.Errorf("set parent-death signal: %w", err)
 	}
 	if err := checkParent(want); err != nil {

@@ -373,6 +373,21 @@ func TestSandboxFromTheChildsView(t *testing.T) {
 	if probe.Opened {
 		t.Errorf("session directory opened from the sandbox")
 	}
+	// The aggregator itself, as the kernel sees it.
+	agg := aggregatorPID(t, g.cmd.Process.Pid)
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", agg))
+	for _, want := range []string{"NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("aggregator /proc status lacks %q", want)
+		}
+	}
+	environ, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", agg))
+	for _, kv := range strings.Split(string(environ), "\x00") {
+		k, _, _ := strings.Cut(kv, "=")
+		if kv != "" && !allowed[k] && !strings.HasPrefix(k, "LC_") {
+			t.Errorf("aggregator environment has %q", k)
+		}
+	}
 	// It runs in the aggregator's process group, not the gateway's.
 	if probe.PGID == syscall.Getpgrp() || probe.PGID == g.cmd.Process.Pid {
 		t.Errorf("sandboxed server shares a process group with its owner (pgid %d)", probe.PGID)
