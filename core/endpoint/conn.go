@@ -54,7 +54,10 @@ type conn struct {
 	e        *Endpoint
 	c        io.ReadWriteCloser
 	metaName string
-	out      chan mcpframe.Frame
+
+	wmu  sync.Mutex // serializes answer frames
+	wbuf []byte
+	werr error
 
 	mu       sync.Mutex
 	inflight map[uint32]struct{}
@@ -73,12 +76,9 @@ func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error 
 	c := &conn{
 		e:        e,
 		c:        rwc,
-		out:      make(chan mcpframe.Frame, 256),
 		inflight: map[uint32]struct{}{},
 		cancels:  map[string]context.CancelFunc{},
 	}
-	writerDone := make(chan error, 1)
-	go func() { writerDone <- c.writeLoop() }()
 
 	var handlers sync.WaitGroup
 	err := c.readLoop(ctx, &handlers)
@@ -88,12 +88,13 @@ func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error 
 		// client still waits for its answers, so let them finish.
 		cancel(fmt.Errorf("client connection failed: %w", err))
 	}
+	// Every answer is written by its handler before it finishes; only then
+	// may the context be cancelled (which closes the connection).
 	handlers.Wait()
-	// Every answer is queued: let the writer flush them before the context
-	// is cancelled (which closes the connection).
-	close(c.out)
-	werr := <-writerDone
 	cancel(errors.New("connection finished"))
+	c.wmu.Lock()
+	werr := c.werr
+	c.wmu.Unlock()
 	rwc.Close()
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil && errors.Is(err, io.ErrUnexpectedEOF) {
 		err = nil
@@ -104,35 +105,28 @@ func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error 
 	return err
 }
 
-func (c *conn) writeLoop() error {
-	w := bufio.NewWriterSize(c.c, 64<<10)
-	var buf []byte
-	var failed error
-	for f := range c.out {
-		if failed != nil {
-			continue // drain so handlers never block
-		}
-		var err error
-		buf, err = mcpframe.Append(buf[:0], &f)
-		if err == nil {
-			_, err = w.Write(buf)
-		}
-		if err == nil && len(c.out) == 0 {
-			err = w.Flush()
-		}
-		if err != nil {
-			failed = err
-			c.c.Close()
-		}
-	}
-	if failed == nil {
-		failed = w.Flush()
-	}
-	return failed
-}
-
+// send writes one answer frame. Handlers write directly (serialized by a
+// mutex) rather than through a writer goroutine: one fewer wakeup per call.
+// After a write failure the connection is closed and later answers are
+// dropped (the reader then ends the connection).
 func (c *conn) send(streamID uint32, name string, payload []byte) {
-	c.out <- mcpframe.Frame{StreamID: streamID, Name: name, Payload: payload}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return
+	}
+	var err error
+	c.wbuf, err = mcpframe.Append(c.wbuf[:0], &mcpframe.Frame{StreamID: streamID, Name: name, Payload: payload})
+	if err == nil {
+		_, err = c.c.Write(c.wbuf)
+	}
+	if cap(c.wbuf) > 64<<10 {
+		c.wbuf = nil // do not pin a large buffer after a big answer
+	}
+	if err != nil {
+		c.werr = err
+		c.c.Close()
+	}
 }
 
 func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
