@@ -48,8 +48,12 @@ deps:
 	@command -v node >/dev/null || (apt-get update && apt-get install -y nodejs npm)
 	$(GO) mod download
 	@mkdir -p $(CAPSEM_CACHE_DIR)
-	npm_config_cache=$(CAPSEM_CACHE_DIR)/npm npx -y $(CAPSEM_EVERYTHING_PKG) --help </dev/null >/dev/null 2>&1 || \
+	@# The launcher prints its usage (and exits 1) for an unknown transport:
+	@# that proves the package is fetched into the cache and runs.
+	npm_config_cache=$(CAPSEM_CACHE_DIR)/npm npx -y $(CAPSEM_EVERYTHING_PKG) --help </dev/null 2>&1 | grep -q "Everything Server" || \
 	  (echo "fetching $(CAPSEM_EVERYTHING_PKG) failed" >&2; exit 1)
+	@# The official TypeScript SDK client, pinned by package-lock.json.
+	npm ci --prefix testdata/tsclient --no-audit --no-fund >/dev/null
 
 vet:
 	$(GO) vet ./...

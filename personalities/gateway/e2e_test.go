@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -516,4 +515,73 @@ type bytes []byte
 
 func (b bytes) contains(s string) bool { return strings.Contains(string(b), s) }
 
-var _ = bufio.NewReader
+// TestTypeScriptSDKClient drives the relay with the official TypeScript MCP
+// SDK client (what Claude Code is built on): initialize, lists, a call to the
+// reference server, a resource read, and an error for an unknown tool.
+func TestTypeScriptSDKClient(t *testing.T) {
+	root := testkit.ModuleRoot(t)
+	dir := filepath.Join(root, "testdata", "tsclient")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk")); err != nil {
+		t.Fatalf("the TypeScript SDK is not installed (make deps runs npm ci in %s): %v", dir, err)
+	}
+	cmd, args := testkit.EverythingServer(t)
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = strconv.Quote(a)
+	}
+	g := startGateway(t, fmt.Sprintf("[[mcp.servers]]\nname = \"everything\"\ncommand = %q\nargs = [%s]\nconnect_timeout_secs = 120\n", cmd, strings.Join(quoted, ", ")))
+	node := exec.Command("node", filepath.Join(dir, "client.mjs"), testkit.RelayBinary(t))
+	node.Dir = dir
+	node.Env = append(os.Environ(), "CAPSEM_MCP_ENDPOINT=unix:"+g.socket)
+	node.Stderr = os.Stderr
+	out, err := node.Output()
+	if err != nil {
+		t.Fatalf("TypeScript client: %v\n%s", err, out)
+	}
+	var report struct {
+		ServerVersion struct{ Name string } `json:"serverVersion"`
+		Instructions  string                `json:"instructions"`
+		Tools         []string              `json:"tools"`
+		Echo          string                `json:"echo"`
+		Prompts       []string              `json:"prompts"`
+		ResourceCount int                   `json:"resourceCount"`
+		ReadContents  int                   `json:"readContents"`
+		UnknownTool   string                `json:"unknownTool"`
+	}
+	if err := json.Unmarshal(out, &report); err != nil {
+		t.Fatalf("report %q: %v", out, err)
+	}
+	if report.ServerVersion.Name != "capsem-gateway" || !strings.Contains(report.Instructions, "namespaced") {
+		t.Errorf("initialize: %+v", report)
+	}
+	if !slicesContains(report.Tools, "everything__echo") || !slicesContains(report.Tools, "builtin__fetch_http") {
+		t.Errorf("tools: %v", report.Tools)
+	}
+	if report.Echo != "Echo: from typescript" {
+		t.Errorf("echo: %q", report.Echo)
+	}
+	if !slicesContains(report.Prompts, "everything__simple-prompt") || report.ResourceCount == 0 || report.ReadContents == 0 {
+		t.Errorf("prompts/resources: %+v", report)
+	}
+	if !strings.Contains(report.UnknownTool, "unknown tool") {
+		t.Errorf("unknown tool: %q", report.UnknownTool)
+	}
+	// The TypeScript client uses the initialize handshake (the Go SDK uses
+	// server/discover): both are in the ledger with the client's process name.
+	db := g.db(t)
+	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE method='initialize' AND process_name='node'`); n != 1 {
+		t.Errorf("initialize rows attributed to node: %d", n)
+	}
+	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE method='notifications/initialized'`); n != 1 {
+		t.Errorf("initialized notification rows: %d", n)
+	}
+}
+
+func slicesContains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
