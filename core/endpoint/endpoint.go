@@ -5,6 +5,7 @@
 package endpoint
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -354,7 +355,8 @@ const (
 // statelessRequest reports whether the request speaks the stateless revision,
 // whose results carry resultType and the server's identity in _meta.
 func statelessRequest(params json.RawMessage) bool {
-	if len(params) == 0 || params[0] != '{' {
+	// Most requests never mention the key: skip the parse for them.
+	if len(params) == 0 || params[0] != '{' || !bytes.Contains(params, []byte(metaProtocolVersion)) {
 		return false
 	}
 	var p struct {

@@ -8,6 +8,7 @@ package jsonrpc
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -63,21 +64,26 @@ func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 	if len(trimmed) == 0 {
 		return nil, NewError(CodeParseError, "parse error: empty message"), nil
 	}
-	if !json.Valid(trimmed) {
-		var v any
-		err := json.Unmarshal(trimmed, &v)
-		return nil, NewError(CodeParseError, "parse error: %v", err), nil
-	}
-	switch trimmed[0] {
-	case '{':
-	case '[':
-		return nil, NewError(CodeInvalidRequest, "batch requests are not supported"), nil
-	default:
-		return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: not an object"), nil
-	}
 	var w wire
-	if err := json.Unmarshal(trimmed, &w); err != nil {
-		return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: %v", err), nil
+	if trimmed[0] == '{' {
+		// One pass: a syntax error is -32700, a shape error -32600.
+		if err := json.Unmarshal(trimmed, &w); err != nil {
+			var syntax *json.SyntaxError
+			if errors.As(err, &syntax) || !json.Valid(trimmed) {
+				return nil, NewError(CodeParseError, "parse error: %v", err), nil
+			}
+			return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: %v", err), nil
+		}
+	} else {
+		if !json.Valid(trimmed) {
+			var v any
+			err := json.Unmarshal(trimmed, &v)
+			return nil, NewError(CodeParseError, "parse error: %v", err), nil
+		}
+		if trimmed[0] == '[' {
+			return nil, NewError(CodeInvalidRequest, "batch requests are not supported"), nil
+		}
+		return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: not an object"), nil
 	}
 	id, idErr := normalizeID(w.ID)
 	if idErr != nil {

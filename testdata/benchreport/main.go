@@ -100,13 +100,26 @@ func run(d time.Duration) error {
 	fmt.Printf("MCP echo round trip, %s per level (go-sdk client; 2-core machine, TCG-free host path)\n", d)
 	fmt.Printf("%-4s | %-28s | %-28s | %-16s | %s\n", "c", "direct p50 / p99 / calls/s", "gateway p50 / p99 / calls/s", "added p50", "gateway/direct calls/s")
 	total := 0
+	procs := processes(gw.Process.Pid, relay.Process.Pid)
+	var cpuLines []string
 	for _, c := range []int{1, 16, 64} {
 		base := measure(direct, "echo", c, d)
+		before := cpuTimes(procs)
 		gwr := measure(gwSession, "echo__echo", c, d)
+		after := cpuTimes(procs)
 		total += gwr.calls
 		fmt.Printf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %16s | %.0f%%\n", c,
 			us(base.p50), us(base.p99), base.perSec, us(gwr.p50), us(gwr.p99), gwr.perSec,
 			us(gwr.p50-base.p50), 100*gwr.perSec/base.perSec)
+		line := fmt.Sprintf("c=%-3d", c)
+		for _, p := range procs {
+			line += fmt.Sprintf("  %s %.0fµs", p.name, float64((after[p.pid]-before[p.pid]).Microseconds())/float64(gwr.calls))
+		}
+		cpuLines = append(cpuLines, line)
+	}
+	fmt.Println("CPU time per gateway call, by process (user+system):")
+	for _, l := range cpuLines {
+		fmt.Println("  " + l)
 	}
 	db, err := sql.Open("sqlite3", "file:"+filepath.Join(session, "session.db")+"?mode=ro")
 	if err != nil {
@@ -123,6 +136,64 @@ func run(d time.Duration) error {
 		return fmt.Errorf("%d calls have no ledger row", total-rows)
 	}
 	return nil
+}
+
+type proc struct {
+	name string
+	pid  int
+}
+
+// processes names the gateway path's processes: relay, gateway, aggregator
+// and the echo server under it.
+func processes(gateway, relay int) []proc {
+	out := []proc{{"relay", relay}, {"gateway", gateway}}
+	for _, agg := range children(gateway) {
+		out = append(out, proc{"aggregator", agg})
+		for _, srv := range children(agg) {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", srv))
+			if strings.Contains(string(cmd), "mcpecho") {
+				out = append(out, proc{"echo-server", srv})
+			}
+		}
+	}
+	return out
+}
+
+func children(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		var child int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &child); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 1 && f[1] == fmt.Sprint(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
+// cpuTimes reads utime+stime of each process (clock ticks of 10 ms).
+func cpuTimes(procs []proc) map[int]time.Duration {
+	out := map[int]time.Duration{}
+	for _, p := range procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		var ut, st int64
+		fmt.Sscanf(f[11], "%d", &ut)
+		fmt.Sscanf(f[12], "%d", &st)
+		out[p.pid] = time.Duration(ut+st) * 10 * time.Millisecond
+	}
+	return out
 }
 
 func connect(cmd *exec.Cmd) (*mcp.ClientSession, error) {
