@@ -1,0 +1,3 @@
+// Package guestfs builds the guest boot assets (kernel, initramfs) from
+// Debian packages and the capsem binary itself, and caches them.
+package guestfs
