@@ -1,0 +1,284 @@
+// Package mcpgw assembles the MCP gateway the way both `capsem gateway` and
+// the per-VM process run it: the session ledger, the sandboxed aggregator
+// (with the builtin server) and the endpoint that records and routes calls.
+package mcpgw
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capsem/capsem/core/aggclient"
+	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/endpoint"
+	"github.com/capsem/capsem/core/ledger"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/privsep"
+	"github.com/capsem/capsem/core/version"
+)
+
+// Options configures a Gateway.
+type Options struct {
+	SessionDir string
+	Config     *config.File
+	// Ledger is the session ledger to record into; nil opens
+	// <SessionDir>/session.db (and Close closes it).
+	Ledger *ledger.Ledger
+	// Protect lists further paths the sandboxed aggregator must never reach
+	// (the listening socket, the process API socket).
+	Protect []string
+	Logger  *slog.Logger
+}
+
+// Gateway is an MCP endpoint with its ledger and sandboxed aggregator; the
+// caller serves it on listeners (a Unix socket, a guest channel port).
+type Gateway struct {
+	Endpoint   *endpoint.Endpoint
+	Aggregator *aggclient.Client
+	Ledger     *ledger.Ledger
+	ownsLedger bool
+	grants     *grants
+	scratch    string
+}
+
+// Start opens the ledger (unless given) and starts the aggregator.
+func Start(ctx context.Context, opts Options) (*Gateway, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := os.MkdirAll(opts.SessionDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating session directory: %w", err)
+	}
+	sessionDir, err := filepath.Abs(opts.SessionDir)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{Ledger: opts.Ledger}
+	if g.Ledger == nil {
+		led, err := ledger.Open(ctx, filepath.Join(sessionDir, "session.db"), ledger.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("opening session ledger: %w", err)
+		}
+		g.Ledger, g.ownsLedger = led, true
+	}
+	led := g.Ledger
+	ok := false
+	defer func() {
+		if !ok {
+			g.Close()
+		}
+	}()
+	g.grants = &grants{}
+	g.grants.set(opts.Config)
+	spawn, scratch, err := AggregatorSpawner(sessionDir, opts.Protect, g.grants.get)
+	if err != nil {
+		return nil, err
+	}
+	g.scratch = scratch
+	g.Aggregator = aggclient.Start(ctx, spawn, opts.Config.ServerDefs(), log)
+
+	timeouts := opts.Config.MCP.Timeouts
+	epCfg := endpoint.Config{
+		Upstream:       g.Aggregator,
+		Recorder:       endpoint.LedgerRecorder{Ledger: led},
+		Version:        version.Version,
+		Logger:         log,
+		DefaultTimeout: time.Duration(timeouts.DefaultSecs) * time.Second,
+		ToolTimeout:    time.Duration(timeouts.ToolCallSecs) * time.Second,
+		ToolTimeouts:   opts.Config.ToolTimeouts(),
+	}
+	if err := ApplyEnv(&epCfg, os.Getenv); err != nil {
+		return nil, err
+	}
+	g.Endpoint = endpoint.New(epCfg)
+	ok = true
+	return g, nil
+}
+
+// Serve answers framed MCP connections from ln until ctx is done.
+func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
+	return g.Endpoint.Serve(ctx, ln)
+}
+
+// Reload swaps in a new server list. When the servers need different
+// sandbox grants the aggregator is restarted, since a Landlock domain cannot
+// be widened in place; otherwise it reconnects in place.
+func (g *Gateway) Reload(ctx context.Context, cfg *config.File) error {
+	if g.grants.set(cfg) {
+		g.Aggregator.Restart(cfg.ServerDefs())
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return g.Aggregator.Refresh(ctx, cfg.ServerDefs())
+}
+
+// grants holds the sandbox paths the next aggregator is started with.
+type grants struct {
+	mu          sync.Mutex
+	read, write []string
+}
+
+// set records the grants of cfg and reports whether they changed.
+func (gr *grants) set(cfg *config.File) bool {
+	read, write := existingPaths(cfg.SandboxPaths())
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	changed := !slices.Equal(read, gr.read) || !slices.Equal(write, gr.write)
+	gr.read, gr.write = read, write
+	return changed
+}
+
+func (gr *grants) get() (read, write []string) {
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	return gr.read, gr.write
+}
+
+// existingPaths drops grants for paths that do not exist (a server whose
+// command is missing then fails alone, with its own clear error, instead of
+// keeping the whole aggregator from starting).
+func existingPaths(read, write []string) ([]string, []string) {
+	keep := func(in []string) []string {
+		var out []string
+		for _, p := range in {
+			if _, err := os.Stat(p); err != nil {
+				slog.Warn("sandbox grant skipped", "path", p, "err", err)
+				continue
+			}
+			out = append(out, p)
+		}
+		return out
+	}
+	return keep(read), keep(write)
+}
+
+// Close stops the aggregator and, if it opened it, the ledger.
+func (g *Gateway) Close() error {
+	if g.Aggregator != nil {
+		g.Aggregator.Close()
+	}
+	var err error
+	if g.Ledger != nil && g.ownsLedger {
+		err = g.Ledger.Close()
+	}
+	if g.scratch != "" {
+		os.RemoveAll(g.scratch)
+	}
+	return err
+}
+
+// ApplyEnv lets the environment override the endpoint's limits:
+// CAPSEM_MCP_DEFAULT_TIMEOUT_SECS, CAPSEM_MCP_TOOL_CALL_TIMEOUT_SECS,
+// CAPSEM_MCP_INFLIGHT and CAPSEM_MCP_TOOL_TIMEOUTS ("server__tool=secs,...").
+func ApplyEnv(cfg *endpoint.Config, getenv func(string) string) error {
+	positive := func(name string) (int, bool, error) {
+		v := getenv(name)
+		if v == "" {
+			return 0, false, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return 0, false, fmt.Errorf("%s=%q: want a positive integer", name, v)
+		}
+		return n, true, nil
+	}
+	if n, ok, err := positive("CAPSEM_MCP_DEFAULT_TIMEOUT_SECS"); err != nil {
+		return err
+	} else if ok {
+		cfg.DefaultTimeout = time.Duration(n) * time.Second
+	}
+	if n, ok, err := positive("CAPSEM_MCP_TOOL_CALL_TIMEOUT_SECS"); err != nil {
+		return err
+	} else if ok {
+		cfg.ToolTimeout = time.Duration(n) * time.Second
+	}
+	if n, ok, err := positive("CAPSEM_MCP_INFLIGHT"); err != nil {
+		return err
+	} else if ok {
+		cfg.InFlight = n
+	}
+	if v := getenv("CAPSEM_MCP_TOOL_TIMEOUTS"); v != "" {
+		if cfg.ToolTimeouts == nil {
+			cfg.ToolTimeouts = map[string]time.Duration{}
+		}
+		for _, item := range strings.Split(v, ",") {
+			name, secs, ok := strings.Cut(strings.TrimSpace(item), "=")
+			n, err := strconv.Atoi(secs)
+			if !ok || !strings.Contains(name, "__") || err != nil || n <= 0 {
+				return fmt.Errorf("CAPSEM_MCP_TOOL_TIMEOUTS: %q: want server__tool=positive-seconds", item)
+			}
+			cfg.ToolTimeouts[name] = time.Duration(n) * time.Second
+		}
+	}
+	return nil
+}
+
+// AggregatorSpawner returns a function that builds the sandboxed aggregator
+// command, and the scratch directory it uses (the caller removes it).
+func AggregatorSpawner(sessionDir string, protectPaths []string, grantsFn func() (read, write []string)) (aggclient.Spawner, string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, "", fmt.Errorf("locating the capsem executable: %w", err)
+	}
+	if self, err = filepath.EvalSymlinks(self); err != nil {
+		return nil, "", fmt.Errorf("locating the capsem executable: %w", err)
+	}
+	root, err := paths.ScratchRoot()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, "", fmt.Errorf("creating scratch root: %w", err)
+	}
+	scratch, err := os.MkdirTemp(root, "aggregator-")
+	if err != nil {
+		return nil, "", fmt.Errorf("creating scratch directory: %w", err)
+	}
+	cache, err := paths.CacheDir()
+	if err != nil {
+		return nil, "", err
+	}
+	protect := append([]string{sessionDir, filepath.Join(sessionDir, "session.db")}, protectPaths...)
+	if home, err := paths.Home(); err == nil {
+		protect = append(protect, filepath.Join(home, "run", "service.sock"))
+	}
+	logPath := filepath.Join(sessionDir, "mcp-aggregator.log")
+	spawn := func(ctx context.Context) (*exec.Cmd, error) {
+		read, write := grantsFn()
+		cmd, err := privsep.Command(ctx, privsep.Spec{
+			Executable: self,
+			Args:       []string{"mcp-aggregator"},
+			PassEnv:    []string{"CAPSEM_LOG_LEVEL"},
+			Scratch:    scratch,
+			CacheDir:   cache,
+			Exec:       read,
+			ReadWrite:  write,
+			Protect:    protect,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("sandboxing the aggregator: %w", err)
+		}
+		// The log file is opened here, in the parent: the child writes to the
+		// inherited descriptor and cannot open anything in the session dir.
+		logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("opening aggregator log: %w", err)
+		}
+		cmd.Stderr = logFile
+		cmd.Cancel = func() error { return cmd.Process.Kill() }
+		go func() { <-ctx.Done(); logFile.Close() }()
+		return cmd, nil
+	}
+	return spawn, scratch, nil
+}
