@@ -43,21 +43,29 @@ func (c *Cmd) Run(ctx context.Context) error {
 // Dialer opens a connection to the endpoint.
 type Dialer func(ctx context.Context) (net.Conn, error)
 
-// GuestChannelDialer dials logical port 5002 on the guest channel; it is set
-// by the guest agent's channel package when running inside a VM.
-var GuestChannelDialer Dialer
+// GuestSocket is where the guest agent (PID 1, the only owner of the guest
+// channel) bridges connections to logical port 5002 on the host.
+const GuestSocket = "/run/capsem/mcp.sock"
 
-// DialerFromEnv returns the dialer for an endpoint spec ("" = guest channel).
+// DialerFromEnv returns the dialer for an endpoint spec; "" means the guest
+// channel, through the agent's bridge socket.
 func DialerFromEnv(spec string) (Dialer, error) {
 	if spec == "" {
-		if GuestChannelDialer == nil {
-			return nil, fmt.Errorf("no guest channel available and %s is not set (use unix:PATH)", EndpointEnv)
-		}
-		return GuestChannelDialer, nil
+		return guestDialer(GuestSocket)
 	}
 	path, ok := strings.CutPrefix(spec, "unix:")
 	if !ok || path == "" {
 		return nil, fmt.Errorf("%s=%q: want unix:PATH", EndpointEnv, spec)
+	}
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}, nil
+}
+
+func guestDialer(path string) (Dialer, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("no guest channel (%s: %v) and %s is not set (use unix:PATH)", path, err, EndpointEnv)
 	}
 	return func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer

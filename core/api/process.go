@@ -1,0 +1,214 @@
+// Package api holds the HTTP types and clients of Capsem's local APIs. The
+// per-VM process serves its API on a 0600 Unix socket in the session dir.
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+)
+
+// ExecRequest runs a command in the guest. Exactly one of Argv and Command is
+// set; Command runs under /bin/sh -c.
+type ExecRequest struct {
+	Argv      []string          `json:"argv,omitempty"`
+	Command   string            `json:"command,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	TimeoutMS int64             `json:"timeout_ms,omitempty"` // 0: no timeout
+}
+
+// ExecEvent is one line of the streamed /exec response: output chunks, then
+// exactly one final event with Done set (or Error).
+type ExecEvent struct {
+	Stream string `json:"stream,omitempty"` // "stdout" | "stderr"
+	Data   []byte `json:"data,omitempty"`   // base64 in JSON
+
+	Done            bool   `json:"done,omitempty"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          int    `json:"signal,omitempty"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	StdoutBytes     int64  `json:"stdout_bytes,omitempty"`
+	StderrBytes     int64  `json:"stderr_bytes,omitempty"`
+	DurationMS      int64  `json:"duration_ms,omitempty"`
+	ExecID          string `json:"exec_id,omitempty"`
+	Error           string `json:"error,omitempty"`
+}
+
+// FileRequest reads, writes, stats or creates a directory in the guest.
+type FileRequest struct {
+	Path string `json:"path"`
+	Data []byte `json:"data,omitempty"` // write: base64 in JSON
+	Mode uint32 `json:"mode,omitempty"`
+}
+
+// FileResponse answers a FileRequest.
+type FileResponse struct {
+	Data    []byte `json:"data,omitempty"`
+	Size    int64  `json:"size,omitempty"`
+	Mode    uint32 `json:"mode,omitempty"`
+	IsDir   bool   `json:"is_dir,omitempty"`
+	ModTime int64  `json:"mod_time_unix,omitempty"`
+}
+
+// Info describes a running VM.
+type Info struct {
+	Name        string           `json:"name"`
+	PID         int              `json:"pid"`
+	QEMUPID     int              `json:"qemu_pid"`
+	SessionDir  string           `json:"session_dir"`
+	Accel       string           `json:"accel"`
+	BootTimings map[string]int64 `json:"boot_timings_ms,omitempty"`
+	State       string           `json:"state"`
+}
+
+// Error is the body of a non-2xx response.
+type Error struct {
+	Error string `json:"error"`
+}
+
+// ProcessClient talks to one per-VM process over its Unix socket.
+type ProcessClient struct {
+	http *http.Client
+}
+
+// NewProcessClient returns a client for the socket at path.
+func NewProcessClient(path string) *ProcessClient {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}
+	return &ProcessClient{http: &http.Client{Transport: tr}}
+}
+
+func (c *ProcessClient) post(ctx context.Context, route string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://capsem"+route, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %w", route, err)
+	}
+	defer resp.Body.Close()
+	return decode(route, resp, out)
+}
+
+func decode(route string, resp *http.Response, out any) error {
+	if resp.StatusCode/100 != 2 {
+		var e Error
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return fmt.Errorf("%s: %s", route, e.Error)
+		}
+		return fmt.Errorf("%s: HTTP %d: %s", route, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s: decoding response: %w", route, err)
+	}
+	return nil
+}
+
+// Info returns the VM's description.
+func (c *ProcessClient) Info(ctx context.Context) (*Info, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://capsem/info", nil)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("/info: %w", err)
+	}
+	defer resp.Body.Close()
+	var info Info
+	return &info, decode("/info", resp, &info)
+}
+
+// WaitReady polls /info until the process answers or ctx ends.
+func (c *ProcessClient) WaitReady(ctx context.Context) (*Info, error) {
+	for {
+		info, err := c.Info(ctx)
+		if err == nil && info.State == "running" {
+			return info, nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = fmt.Errorf("state %q", info.State)
+			}
+			return nil, fmt.Errorf("waiting for the VM process: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Exec runs a command, streaming output to stdout and stderr, and returns
+// the final event.
+func (c *ProcessClient) Exec(ctx context.Context, r *ExecRequest, stdout, stderr io.Writer) (*ExecEvent, error) {
+	body, _ := json.Marshal(r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://capsem/exec", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("/exec: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, decode("/exec", resp, nil)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		var ev ExecEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return nil, fmt.Errorf("/exec: bad event: %w", err)
+		}
+		switch {
+		case ev.Error != "":
+			return &ev, errors.New(ev.Error)
+		case ev.Done:
+			return &ev, nil
+		case ev.Stream == "stdout" && stdout != nil:
+			stdout.Write(ev.Data)
+		case ev.Stream == "stderr" && stderr != nil:
+			stderr.Write(ev.Data)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("/exec: %w", err)
+	}
+	return nil, errors.New("/exec: the VM process ended the stream without a result")
+}
+
+// ReadFile reads a guest file.
+func (c *ProcessClient) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	var out FileResponse
+	err := c.post(ctx, "/files/read", &FileRequest{Path: path}, &out)
+	return out.Data, err
+}
+
+// WriteFile writes a guest file.
+func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte, mode uint32) error {
+	return c.post(ctx, "/files/write", &FileRequest{Path: path, Data: data, Mode: mode}, nil)
+}
+
+// Stop shuts the VM down (cleanly if the guest answers).
+func (c *ProcessClient) Stop(ctx context.Context) error {
+	return c.post(ctx, "/stop", struct{}{}, nil)
+}
