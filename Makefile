@@ -19,9 +19,12 @@ FUZZTIME ?= 5s
 
 build: bin/capsem
 
+# bin/capsem is the host binary (cgo, for SQLite); bin/capsem-guest is the same
+# program built without cgo: it becomes /init inside the guest.
 bin/capsem: FORCE
 	@mkdir -p bin
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/capsem .
+	CGO_ENABLED=0 $(GO) build -ldflags "-s -w $(LDFLAGS)" -o bin/capsem-guest .
 	@ln -sf capsem bin/capsem-mcp-server
 
 # run: the main job for now: a gateway with the builtin tools, driven through the

@@ -4,6 +4,7 @@ package personalities
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/version"
@@ -94,6 +96,10 @@ func Main(args []string) int {
 	}
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(); err != nil {
+		var exit api.ExitError
+		if errors.As(err, &exit) {
+			return exit.Code
+		}
 		fmt.Fprintln(os.Stderr, "capsem:", err)
 		return 1
 	}

@@ -109,3 +109,26 @@ func CacheDir(t testing.TB) string {
 	}
 	return filepath.Join(ModuleRoot(t), ".tools", "cache")
 }
+
+// GuestBinary returns the CGO-free capsem build that runs inside the guest:
+// bin/capsem-guest next to CapsemBinary, else a fresh CGO_ENABLED=0 build.
+func GuestBinary(t testing.TB) string {
+	t.Helper()
+	next := filepath.Join(filepath.Dir(CapsemBinary(t)), "capsem-guest")
+	if _, err := os.Stat(next); err == nil {
+		return next
+	}
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := built["guest"]; ok {
+		return p
+	}
+	cmd := exec.Command("go", "build", "-o", next, ".")
+	cmd.Dir = ModuleRoot(t)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the guest binary: %v\n%s", err, b)
+	}
+	built["guest"] = next
+	return next
+}

@@ -1,0 +1,141 @@
+// Package run is `capsem run`: boot an ephemeral VM, run one command in it,
+// stream its output, exit with its exit code, and remove the VM.
+package run
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/paths"
+)
+
+// Cmd is `capsem run [--name N] [--env K=V]... -- CMD...`.
+type Cmd struct {
+	Name      string        `help:"A name for the VM (shown in logs); the VM is removed when the command ends."`
+	Env       []string      `short:"e" help:"Environment variable for the command, K=V (repeatable)."`
+	Timeout   time.Duration `help:"Kill the command after this long (default: no timeout)."`
+	BootLimit time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
+	Command   []string      `arg:"" passthrough:"" help:"The command and its arguments."`
+}
+
+// Run boots, executes and cleans up.
+func (c *Cmd) Run(ctx context.Context) error {
+	if len(c.Command) > 0 && c.Command[0] == "--" {
+		c.Command = c.Command[1:]
+	}
+	if len(c.Command) == 0 {
+		return fmt.Errorf("no command given: capsem run -- CMD [ARGS...]")
+	}
+	env := map[string]string{}
+	for _, kv := range c.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("--env %q: want KEY=VALUE", kv)
+		}
+		env[k] = v
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	home, err := paths.Home()
+	if err != nil {
+		return err
+	}
+	runDir := filepath.Join(home, "run", "sessions")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", runDir, err)
+	}
+	sessionDir, err := os.MkdirTemp(runDir, "run-")
+	if err != nil {
+		return fmt.Errorf("creating the session directory: %w", err)
+	}
+	defer os.RemoveAll(sessionDir) // ephemeral: nothing of the VM remains
+
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("locating the capsem executable: %w", err)
+	}
+	sock := filepath.Join(sessionDir, "process.sock")
+	args := []string{"process", "--session-dir", sessionDir, "--socket", sock}
+	if c.Name != "" {
+		args = append(args, "--name", c.Name)
+	}
+	proc := exec.Command(self, args...)
+	logFile, err := os.OpenFile(filepath.Join(sessionDir, "process.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	proc.Stdout, proc.Stderr = logFile, logFile
+	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := proc.Start(); err != nil {
+		return fmt.Errorf("starting the VM process: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- proc.Wait() }()
+	defer func() {
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			proc.Process.Kill()
+			<-exited
+		}
+	}()
+
+	client := api.NewProcessClient(sock)
+	bootCtx, cancelBoot := context.WithTimeout(ctx, c.BootLimit)
+	defer cancelBoot()
+	readyCh := make(chan error, 1)
+	go func() { _, err := client.WaitReady(bootCtx); readyCh <- err }()
+	select {
+	case err := <-readyCh:
+		if err != nil {
+			proc.Process.Kill()
+			return fmt.Errorf("the VM did not become ready: %w (log: %s)", err, tail(filepath.Join(sessionDir, "process.log")))
+		}
+	case err := <-exited:
+		exited <- err
+		return fmt.Errorf("the VM process exited during boot: %v (log: %s)", err, tail(filepath.Join(sessionDir, "process.log")))
+	}
+
+	ev, execErr := client.Exec(ctx, &api.ExecRequest{Argv: c.Command, Env: env, TimeoutMS: c.Timeout.Milliseconds()}, os.Stdout, os.Stderr)
+	stopCtx, cancelStop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancelStop()
+	if err := client.Stop(stopCtx); err != nil {
+		slog.Warn("stopping the VM", "err", err)
+		proc.Process.Signal(syscall.SIGTERM)
+	}
+	if execErr != nil {
+		return execErr
+	}
+	if ev.TimedOut {
+		fmt.Fprintf(os.Stderr, "capsem: command timed out after %s\n", c.Timeout)
+		return api.ExitError{Code: 124}
+	}
+	if ev.ExitCode != 0 {
+		return api.ExitError{Code: ev.ExitCode}
+	}
+	return nil
+}
+
+// tail returns the last lines of a log for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 8 {
+		lines = lines[len(lines)-8:]
+	}
+	return strings.Join(lines, "\n")
+}
