@@ -17,10 +17,14 @@ import (
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/version"
+	"github.com/capsem/capsem/personalities/agent"
 	"github.com/capsem/capsem/personalities/aggregator"
 	"github.com/capsem/capsem/personalities/builtin"
 	"github.com/capsem/capsem/personalities/gateway"
+	"github.com/capsem/capsem/personalities/image"
+	"github.com/capsem/capsem/personalities/process"
 	"github.com/capsem/capsem/personalities/relay"
+	"github.com/capsem/capsem/personalities/run"
 )
 
 // CLI is the grammar shared by subcommands and symlink names.
@@ -28,10 +32,14 @@ type CLI struct {
 	LogLevel string `name:"log-level" env:"CAPSEM_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`
 
 	Version       VersionCmd     `cmd:"" help:"Print the version."`
+	Run           run.Cmd        `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`
+	Image         image.Cmd      `cmd:"" help:"Build the guest boot assets."`
 	Gateway       gateway.Cmd    `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
 	MCPServer     relay.Cmd      `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
 	MCPAggregator aggregator.Cmd `cmd:"" name:"mcp-aggregator" hidden:"" help:"Internal: the sandboxed MCP aggregator."`
 	MCPBuiltin    builtin.Cmd    `cmd:"" name:"mcp-builtin" hidden:"" help:"Internal: the builtin MCP tool server."`
+	Process       process.Cmd    `cmd:"" hidden:"" help:"Internal: the per-VM process."`
+	Agent         agent.Cmd      `cmd:"" hidden:"" help:"Internal: the guest agent (PID 1 in the VM, installed as /init)."`
 }
 
 // VersionCmd prints the version.
@@ -46,6 +54,7 @@ func (VersionCmd) Run(context.Context) error {
 // aliases maps symlink names to the subcommand they run.
 var aliases = map[string]string{
 	"capsem-mcp-server": "mcp-server",
+	"init":              "agent", // /init in the guest initramfs
 }
 
 // RewriteArgs turns an alias invocation (argv[0] is a symlink name) into the
@@ -55,6 +64,11 @@ func RewriteArgs(args []string) []string {
 		return []string{"capsem"}
 	}
 	if sub, ok := aliases[filepath.Base(args[0])]; ok {
+		if sub == "agent" {
+			// The kernel hands unrecognised command-line words to init as
+			// arguments; PID 1 must not die parsing them.
+			return []string{args[0], sub}
+		}
 		return append([]string{args[0], sub}, args[1:]...)
 	}
 	return args

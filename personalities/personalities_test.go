@@ -13,6 +13,7 @@ func TestRewriteArgs(t *testing.T) {
 		{[]string{"capsem-mcp-server", "--log-level", "debug"}, []string{"capsem-mcp-server", "mcp-server", "--log-level", "debug"}},
 		{[]string{"capsem", "version"}, []string{"capsem", "version"}},
 		{nil, []string{"capsem"}},
+		{[]string{"/init", "splash", "foo"}, []string{"/init", "agent"}},
 	}
 	for _, tc := range cases {
 		if got := RewriteArgs(tc.in); !reflect.DeepEqual(got, tc.want) {

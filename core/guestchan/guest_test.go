@@ -1,0 +1,123 @@
+package guestchan
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFromCmdline(t *testing.T) {
+	for cmdline, want := range map[string]Kind{
+		"":                           KindSerial,
+		"console=ttyS0 panic=-1":     KindSerial,
+		"capsem.channel=vsock quiet": KindVsock,
+		"capsem.channel=serial":      KindSerial,
+		"capsem.channel=vsock capsem.channel=serial": KindSerial,
+		"xcapsem.channel=vsock":                      KindSerial,
+	} {
+		got, err := FromCmdline(cmdline)
+		if err != nil || got != want {
+			t.Errorf("FromCmdline(%q) = %q, %v; want %q", cmdline, got, err, want)
+		}
+	}
+	for _, bad := range []string{"capsem.channel=", "capsem.channel=virtio", "capsem.channel=VSOCK"} {
+		if _, err := FromCmdline(bad); err == nil || !strings.Contains(err.Error(), "capsem.channel") {
+			t.Errorf("FromCmdline(%q): %v, want an error naming the parameter", bad, err)
+		}
+	}
+}
+
+// fakePorts lays out a sysfs-like virtio-ports directory and a dev dir.
+func fakePorts(t *testing.T) (sysDir, devDir string) {
+	d := t.TempDir()
+	sysDir, devDir = filepath.Join(d, "sys"), filepath.Join(d, "dev")
+	os.MkdirAll(sysDir, 0o755)
+	os.MkdirAll(devDir, 0o755)
+	addPort(t, sysDir, devDir, "vport0p0", "org.qemu.guest_agent.0")
+	return
+}
+
+func addPort(t *testing.T, sysDir, devDir, node, name string) {
+	os.MkdirAll(filepath.Join(sysDir, node), 0o755)
+	// Device node first, then the name: the order the driver publishes in.
+	if err := os.WriteFile(filepath.Join(devDir, node), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sysDir, node, "name"), []byte(name+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOpenVirtioPortWaitsForThePort(t *testing.T) {
+	sysDir, devDir := fakePorts(t)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		addPort(t, sysDir, devDir, "vport0p1", VirtioPortName)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f, err := openVirtioPort(ctx, sysDir, devDir, VirtioPortName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if f.Name() != filepath.Join(devDir, "vport0p1") {
+		t.Fatalf("opened %s", f.Name())
+	}
+}
+
+func TestOpenVirtioPortGivesUp(t *testing.T) {
+	sysDir, devDir := fakePorts(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := openVirtioPort(ctx, sysDir, devDir, VirtioPortName)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errPortNotFound) ||
+		!strings.Contains(err.Error(), VirtioPortName) {
+		t.Fatalf("err = %v; want the deadline, the last cause and the port name", err)
+	}
+	// A name without its device node reports the open failure.
+	os.MkdirAll(filepath.Join(sysDir, "vport1p1"), 0o755)
+	os.WriteFile(filepath.Join(sysDir, "vport1p1", "name"), []byte(VirtioPortName), 0o644)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	if _, err := openVirtioPort(ctx2, sysDir, devDir, VirtioPortName); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing device node: %v", err)
+	}
+	t.Log(err)
+}
+
+func TestOpenGuestUnknownKind(t *testing.T) {
+	if _, err := OpenGuest(context.Background(), "carrier-pigeon", nil); err == nil {
+		t.Fatal("unknown kind accepted")
+	}
+	ch, err := OpenGuest(context.Background(), KindVsock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+}
+
+// TestCGOFree proves the package builds for the guest: static, no cgo.
+func TestCGOFree(t *testing.T) {
+	cmd := exec.Command("go", "build", "-o", os.DevNull, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
+	}
+	list := exec.Command("go", "list", "-deps", ".")
+	list.Env = cmd.Env
+	out, err := list.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if dep == "runtime/cgo" || strings.Contains(dep, "sqlite") || strings.Contains(dep, "Code-Hex/vz") {
+			t.Errorf("guest-side package depends on %s", dep)
+		}
+	}
+}

@@ -1,0 +1,252 @@
+// Package guestwire holds the messages of the guest control protocol: the
+// host (per-VM process) and the guest agent (PID 1 in the VM) exchange them
+// on logical port 5000 as frames of [u32 BE length][msgpack]. Exec output
+// travels on port 5005, one stream per output (stdout or stderr), each
+// starting with a StreamHeader frame followed by raw bytes until EOF.
+//
+// Requests carry an ID chosen by their sender; the answer echoes it and may
+// arrive out of order, so many requests (several execs at once) share one
+// control stream. The guest speaks first: Hello, as soon as it connects.
+//
+// The msgp code in guestwire_gen.go is generated (make generate) and committed.
+package guestwire
+
+//go:generate go tool msgp -file guestwire.go -o guestwire_gen.go -tests=false
+
+// ProtocolVersion is bumped on any incompatible change to these messages.
+// The host refuses a guest whose Hello carries another version.
+const ProtocolVersion = 1
+
+// Message types (Message.Type). Host → guest requests: BootConfig, Exec,
+// Cancel, FileRead, FileWrite, FileStat, Mkdir, Shutdown, Ping. Guest → host:
+// Hello (unsolicited, first), and the answers OK, ExecResult, FileResult,
+// Pong, Error.
+const (
+	TypeHello      = "hello"
+	TypeBootConfig = "boot_config" // -> ok
+	TypeExec       = "exec"        // -> exec_result (after both output streams closed)
+	TypeCancel     = "cancel"      // Target: kill a running exec's process group -> ok
+	TypeFileRead   = "file_read"   // -> file_result{data, info}
+	TypeFileWrite  = "file_write"  // -> file_result{info}
+	TypeFileStat   = "file_stat"   // -> file_result{info}
+	TypeMkdir      = "mkdir"       // -> file_result{info}
+	TypeShutdown   = "shutdown"    // -> ok, then sync, unmount, power off
+	TypePing       = "ping"        // -> pong
+	TypeOK         = "ok"
+	TypeExecResult = "exec_result"
+	TypeFileResult = "file_result"
+	TypePong       = "pong"
+	TypeError      = "error"
+)
+
+// Bounds shared by both ends. Each side checks them: the host to fail early
+// with a clear error, the guest because it trusts nothing it is sent.
+const (
+	// MaxFileSize bounds one file read or write (64 MiB).
+	MaxFileSize = 64 << 20
+	// MaxFrame bounds one control message: a whole file plus room for the
+	// rest of the message.
+	MaxFrame = MaxFileSize + 1<<20
+	// MinOutputCap is the default and the minimum of Exec.StdoutCap and
+	// Exec.StderrCap (10 MiB each): a smaller value is raised to it.
+	MinOutputCap = 10 << 20
+	// MaxOutputCap bounds what a caller may ask to be forwarded per output.
+	MaxOutputCap = 1 << 30
+	// MaxEnvVars, MaxEnvKey and MaxEnvValue bound an environment (boot config
+	// or exec).
+	MaxEnvVars  = 256
+	MaxEnvKey   = 256
+	MaxEnvValue = 128 << 10
+	// MaxBootFiles bounds BootConfig.Files (their bytes are bounded by MaxFrame).
+	MaxBootFiles = 64
+	// MaxPath bounds a path (Linux PATH_MAX).
+	MaxPath = 4096
+	// MaxArgv bounds Exec.Argv entries; their bytes are bounded by MaxFrame.
+	MaxArgv = 4096
+	// MaxHostname is the Linux limit (HOST_NAME_MAX).
+	MaxHostname = 64
+)
+
+// Error codes (Error.Code). Callers can branch on them; Message says what
+// went wrong in words that name the problem (the path, the key, the limit).
+const (
+	CodeInvalid    = "invalid"     // malformed request: bad path, blocked env key, bad argv
+	CodeNotFound   = "not_found"   // no such file, directory or executable
+	CodeExists     = "exists"      // already exists (mkdir without parents on a file, …)
+	CodeSymlink    = "symlink"     // a symbolic link where following one is refused
+	CodeTooLarge   = "too_large"   // a size bound was exceeded
+	CodePermission = "permission"  // EACCES / EPERM / read-only file system
+	CodeNotDir     = "not_dir"     // a path component is not a directory
+	CodeIsDir      = "is_dir"      // a file operation on a directory
+	CodeNotRegular = "not_regular" // a read of a device, FIFO or socket
+	CodeBusy       = "busy"        // too many requests in flight, or a duplicate exec id
+	CodeIO         = "io"          // any other I/O failure
+	CodeUnknown    = "unknown"     // unknown message type
+	CodeDecode     = "decode"      // the frame did not decode
+)
+
+// Message is one control frame. Type says which payload field is set.
+type Message struct {
+	Type string `msg:"type"`
+	// ID is chosen by the requester (unique among its requests in flight)
+	// and echoed by the answer. Hello uses 0; an Error with ID 0 answers a
+	// frame whose ID could not be read.
+	ID uint64 `msg:"id"`
+
+	Hello      *Hello       `msg:"hello,omitempty"`
+	BootConfig *BootConfig  `msg:"boot_config,omitempty"`
+	Exec       *Exec        `msg:"exec,omitempty"`
+	ExecResult *ExecResult  `msg:"exec_result,omitempty"`
+	File       *FileRequest `msg:"file,omitempty"` // file_read, file_write, file_stat, mkdir
+	FileResult *FileResult  `msg:"file_result,omitempty"`
+	Error      *Error       `msg:"error,omitempty"`
+	// Target is the exec ID (Exec.StreamID) a Cancel applies to.
+	Target uint64 `msg:"target,omitempty"`
+}
+
+// Hello is the guest's first message on a new control connection.
+type Hello struct {
+	ProtocolVersion int    `msg:"protocol_version"`
+	AgentVersion    string `msg:"agent_version"`
+	KernelRelease   string `msg:"kernel_release,omitempty"`
+	// Boot-stage timings in milliseconds.
+	Boot BootTimings `msg:"boot"`
+}
+
+// BootTimings are the guest's boot stages, in milliseconds. KernelToInit is
+// the kernel's uptime when the agent started; the others are the agent's
+// own stages, in the order it runs them.
+type BootTimings struct {
+	KernelToInitMS int64 `msg:"kernel_to_init_ms"`
+	MountsMS       int64 `msg:"mounts_ms"`
+	ModulesMS      int64 `msg:"modules_ms"`
+	ChannelMS      int64 `msg:"channel_ms"`
+}
+
+// BootConfig is sent by the host once after Hello, before any exec.
+type BootConfig struct {
+	// Env is added to every exec's environment (an exec's own Env wins).
+	// Keys are checked with ValidateEnv.
+	Env   map[string]string `msg:"env,omitempty"`
+	Files []BootFile        `msg:"files,omitempty"`
+	// ClockUnixNano sets the guest's wall clock (0 = leave it alone).
+	ClockUnixNano int64 `msg:"clock_unix_nano,omitempty"`
+	// Hostname sets the guest's host name ("" = leave it alone).
+	Hostname string `msg:"hostname,omitempty"`
+}
+
+// BootFile is a file the guest writes at boot (parents created, symlinks refused).
+type BootFile struct {
+	Path string `msg:"path"`
+	Mode uint32 `msg:"mode"` // permission bits; 0 = 0644
+	Data []byte `msg:"data"`
+}
+
+// Exec runs a command. Exactly one of Argv and Shell is set.
+type Exec struct {
+	// Argv is run directly; Argv[0] is looked up in the exec's PATH when it
+	// has no slash.
+	Argv []string `msg:"argv,omitempty"`
+	// Shell is run as /bin/sh -c Shell.
+	Shell string            `msg:"shell,omitempty"`
+	Env   map[string]string `msg:"env,omitempty"`
+	// Cwd is absolute; "" = the guest's default (/root when it exists).
+	Cwd string `msg:"cwd,omitempty"`
+	// TimeoutMS kills the whole process group when it expires (0 = none).
+	TimeoutMS int64 `msg:"timeout_ms,omitempty"`
+	// StdoutCap and StderrCap bound the bytes forwarded per output; past
+	// them bytes are counted and dropped. 0 or less than MinOutputCap means
+	// MinOutputCap; at most MaxOutputCap.
+	StdoutCap int64 `msg:"stdout_cap,omitempty"`
+	StderrCap int64 `msg:"stderr_cap,omitempty"`
+	// StreamID names this exec in its output streams' headers and in a
+	// Cancel (0 = the request ID). It must be unique among running execs.
+	StreamID uint64 `msg:"stream_id,omitempty"`
+}
+
+// ExecResult answers an Exec once the process has exited and both of its
+// output streams are closed.
+type ExecResult struct {
+	// ExitCode is the exit status, or 128+Signal when a signal ended it.
+	ExitCode int `msg:"exit_code"`
+	// Signal is the signal that ended the process (0 = it exited).
+	Signal   int  `msg:"signal,omitempty"`
+	TimedOut bool `msg:"timed_out,omitempty"`
+	// Truncated flags an output that went past its cap.
+	StdoutTruncated bool `msg:"stdout_truncated,omitempty"`
+	StderrTruncated bool `msg:"stderr_truncated,omitempty"`
+	// StdoutBytes and StderrBytes count everything the process wrote,
+	// forwarded or not.
+	StdoutBytes int64 `msg:"stdout_bytes"`
+	StderrBytes int64 `msg:"stderr_bytes"`
+	// StdoutSent and StderrSent count the bytes forwarded on the streams, so
+	// the host can tell a complete stream from a cut one.
+	StdoutSent int64 `msg:"stdout_sent"`
+	StderrSent int64 `msg:"stderr_sent"`
+	DurationMS int64 `msg:"duration_ms"`
+	// Detached is set when the process exited but something it started kept
+	// its output open past the guest's grace period; that output is then
+	// drained and dropped in the guest.
+	Detached bool `msg:"detached,omitempty"`
+}
+
+// FileRequest is the payload of file_read, file_write, file_stat and mkdir.
+// Paths are absolute and may not contain "..".
+type FileRequest struct {
+	Path string `msg:"path"`
+	// Data is the whole new content (file_write).
+	Data []byte `msg:"data,omitempty"`
+	// Mode is the permission bits for a created file or directory (0 = 0644
+	// for files, 0755 for directories); for file_write it is also applied to
+	// an existing file when non-zero.
+	Mode uint32 `msg:"mode,omitempty"`
+	// MaxSize bounds a read (0 = MaxFileSize; at most MaxFileSize).
+	MaxSize int64 `msg:"max_size,omitempty"`
+	// Parents creates missing parent directories (file_write, mkdir) and
+	// makes mkdir of an existing directory succeed.
+	Parents bool `msg:"parents,omitempty"`
+	// FollowSymlink lets file_read follow a symbolic link in the last path
+	// component (refused by default). Writes never follow links anywhere.
+	FollowSymlink bool `msg:"follow_symlink,omitempty"`
+}
+
+// FileResult answers a file request.
+type FileResult struct {
+	Data []byte    `msg:"data,omitempty"`
+	Info *FileInfo `msg:"info,omitempty"`
+}
+
+// FileInfo describes a file without following a final symbolic link.
+type FileInfo struct {
+	// Mode is the Linux st_mode: type bits and permission bits.
+	Mode          uint32 `msg:"mode"`
+	Size          int64  `msg:"size"`
+	ModTimeUnixNs int64  `msg:"mtime_unix_ns"`
+	// LinkTarget is set for a symbolic link.
+	LinkTarget string `msg:"link_target,omitempty"`
+}
+
+// Error answers any request that failed.
+type Error struct {
+	Code    string `msg:"code"`
+	Message string `msg:"message"`
+}
+
+// StreamHeader opens every exec output stream on port 5005.
+type StreamHeader struct {
+	ExecID uint64 `msg:"exec_id"`
+	Which  string `msg:"which"` // StreamStdout or StreamStderr
+}
+
+// Which output a stream carries.
+const (
+	StreamStdout = "stdout"
+	StreamStderr = "stderr"
+)
+
+// Header is the routing part of any Message. Reader decodes it alone from a
+// frame whose full decode failed, so the answer can still reach its caller.
+type Header struct {
+	Type string `msg:"type"`
+	ID   uint64 `msg:"id"`
+}

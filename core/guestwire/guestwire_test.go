@@ -1,0 +1,378 @@
+package guestwire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// samples are the golden messages, one per payload kind.
+func samples() map[string]*Message {
+	return map[string]*Message{
+		"hello": {Type: TypeHello, Hello: &Hello{ProtocolVersion: ProtocolVersion, AgentVersion: "0.1.0", KernelRelease: "6.1.0-57-amd64",
+			Boot: BootTimings{KernelToInitMS: 812, MountsMS: 3, ModulesMS: 41, ChannelMS: 7}}},
+		"boot_config": {Type: TypeBootConfig, ID: 1, BootConfig: &BootConfig{Env: map[string]string{"CAPSEM_VM_ID": "vm1", "PATH": "/usr/bin:/bin"},
+			Files: []BootFile{{Path: "/etc/capsem/x", Mode: 0o600, Data: []byte{0, 1, 2, 0xff}}}, ClockUnixNano: 1796000000000000000, Hostname: "vm1"}},
+		"exec": {Type: TypeExec, ID: 2, Exec: &Exec{Argv: []string{"sh", "-c", "echo hi"}, Env: map[string]string{"A": "1"}, Cwd: "/root",
+			TimeoutMS: 5000, StdoutCap: 20 << 20, StreamID: 2}},
+		"exec_result": {Type: TypeExecResult, ID: 2, ExecResult: &ExecResult{ExitCode: 137, Signal: 9, TimedOut: true, StdoutTruncated: true,
+			StdoutBytes: 20 << 20, StderrBytes: 5, StdoutSent: 10 << 20, StderrSent: 5, DurationMS: 5001}},
+		"file_write": {Type: TypeFileWrite, ID: 3, File: &FileRequest{Path: "/root/a.bin", Data: []byte("\x00binary\xff"), Mode: 0o644, Parents: true}},
+		"file_result": {Type: TypeFileResult, ID: 4, FileResult: &FileResult{Data: []byte("hello"),
+			Info: &FileInfo{Mode: 0o100644, Size: 5, ModTimeUnixNs: 1796000000000000000}}},
+		"cancel": {Type: TypeCancel, ID: 5, Target: 2},
+		"error":  {Type: TypeError, ID: 6, Error: &Error{Code: CodeSymlink, Message: "/root/link: path component \"link\" is a symbolic link"}},
+		"ping":   {Type: TypePing, ID: 7},
+	}
+}
+
+func TestGolden(t *testing.T) {
+	for name, msg := range samples() {
+		t.Run(name, func(t *testing.T) {
+			got, err := msg.MarshalMsg(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("..", "..", "testdata", "guestwire", name+".hex")
+			if *update {
+				os.MkdirAll(filepath.Dir(path), 0o755)
+				if err := os.WriteFile(path, []byte(hex.EncodeToString(got)+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("golden missing (run with -update): %v", err)
+			}
+			want, err := hex.DecodeString(strings.TrimSpace(string(raw)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Maps encode in iteration order, so messages with an env map
+			// are compared decoded; the others byte for byte.
+			var back Message
+			if _, err := back.UnmarshalMsg(want); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(&back, msg) {
+				t.Fatalf("golden decodes to %+v, want %+v", back, msg)
+			}
+			hasMap := (msg.BootConfig != nil && len(msg.BootConfig.Env) > 1) || (msg.Exec != nil && len(msg.Exec.Env) > 1)
+			if !hasMap && !bytes.Equal(got, want) {
+				t.Fatalf("encoding changed:\n got %x\nwant %x", got, want)
+			}
+		})
+	}
+	t.Run("stream_header", func(t *testing.T) {
+		var buf bytes.Buffer
+		if err := WriteStreamHeader(&buf, StreamHeader{ExecID: 42, Which: StreamStderr}); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join("..", "..", "testdata", "guestwire", "stream_header.hex")
+		if *update {
+			os.WriteFile(path, []byte(hex.EncodeToString(buf.Bytes())+"\n"), 0o644)
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("golden missing (run with -update): %v", err)
+		}
+		if got := hex.EncodeToString(buf.Bytes()); got != strings.TrimSpace(string(raw)) {
+			t.Fatalf("encoding changed:\n got %s\nwant %s", got, raw)
+		}
+	})
+}
+
+func TestFrameRoundTripAndResync(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	for _, m := range []*Message{samples()["exec"], samples()["file_result"]} {
+		if err := w.Write(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := buf.Bytes()
+	// An oversized length prefix: the reader skips its payload and stays in sync.
+	over := make([]byte, 4+MaxFrame+1)
+	binary.BigEndian.PutUint32(over, MaxFrame+1)
+	stream = append(stream, over...)
+	var tail bytes.Buffer
+	NewWriter(&tail).Write(&Message{Type: TypePing, ID: 9})
+	stream = append(stream, tail.Bytes()...)
+	// A frame that is a map with an id but a field of the wrong type: the
+	// decode fails, the id is still recovered.
+	bad := []byte{0x82, 0xa2, 'i', 'd', 0x0b, 0xa4, 'e', 'x', 'e', 'c', 0xa3, 'b', 'a', 'd'}
+	stream = binary.BigEndian.AppendUint32(stream, uint32(len(bad)))
+	stream = append(stream, bad...)
+	// Garbage msgpack.
+	stream = append(stream, 0, 0, 0, 2, 0xc1, 0xc1)
+	tail.Reset()
+	NewWriter(&tail).Write(&Message{Type: TypePing, ID: 10})
+	stream = append(stream, tail.Bytes()...)
+
+	r := NewReader(bytes.NewReader(stream))
+	var m Message
+	if err := r.Read(&m); err != nil || !reflect.DeepEqual(&m, samples()["exec"]) {
+		t.Fatalf("exec: %v %+v", err, m)
+	}
+	if err := r.Read(&m); err != nil || !reflect.DeepEqual(&m, samples()["file_result"]) {
+		t.Fatalf("file_result: %v %+v", err, m)
+	}
+	if err := r.Read(&m); !errors.Is(err, ErrFrameTooLarge) || !IsRecoverable(err) {
+		t.Fatalf("oversized: %v", err)
+	}
+	if err := r.Read(&m); err != nil || m.ID != 9 {
+		t.Fatalf("after oversized: %v %+v", err, m)
+	}
+	var de *DecodeError
+	if err := r.Read(&m); !errors.As(err, &de) || de.ID != 11 || !IsRecoverable(err) {
+		t.Fatalf("wrong field type: want a DecodeError with id 11, got %v", err)
+	}
+	if err := r.Read(&m); !errors.As(err, &de) || de.ID != 0 {
+		t.Fatalf("garbage: want a DecodeError with id 0, got %v", err)
+	}
+	if err := r.Read(&m); err != nil || m.ID != 10 || m.Type != TypePing {
+		t.Fatalf("after garbage: %v %+v", err, m)
+	}
+	if err := r.Read(&m); err != io.EOF {
+		t.Fatalf("want EOF, got %v", err)
+	}
+	// A cut stream is not a clean EOF.
+	r = NewReader(bytes.NewReader(stream[:6]))
+	if err := r.Read(&m); err == nil || err == io.EOF || IsRecoverable(err) {
+		t.Fatalf("cut frame: %v", err)
+	}
+}
+
+func TestWriterRejectsOversized(t *testing.T) {
+	err := NewWriter(io.Discard).Write(&Message{Type: TypeFileWrite, File: &FileRequest{Path: "/x", Data: make([]byte, MaxFrame)}})
+	if !errors.Is(err, ErrFrameTooLarge) || !strings.Contains(err.Error(), "file_write") {
+		t.Fatalf("got %v", err)
+	}
+	// A whole MaxFileSize file fits in a frame.
+	if err := NewWriter(io.Discard).Write(&Message{Type: TypeFileWrite, File: &FileRequest{Path: "/x", Data: make([]byte, MaxFileSize)}}); err != nil {
+		t.Fatalf("a MaxFileSize write must fit: %v", err)
+	}
+}
+
+func TestStreamHeader(t *testing.T) {
+	var buf bytes.Buffer
+	WriteStreamHeader(&buf, StreamHeader{ExecID: 7, Which: StreamStdout})
+	buf.WriteString("raw output")
+	h, err := ReadStreamHeader(&buf)
+	if err != nil || h.ExecID != 7 || h.Which != StreamStdout {
+		t.Fatalf("%v %+v", err, h)
+	}
+	if buf.String() != "raw output" {
+		t.Fatalf("the header reader consumed output: %q", buf.String())
+	}
+	for name, b := range map[string][]byte{
+		"too long":  {0, 0, 1, 0},
+		"short":     {0, 0, 0, 9, 0x80},
+		"bad which": append([]byte{0, 0, 0, 17}, mustMarshal(t, StreamHeader{ExecID: 1, Which: "stdin"})...),
+		"empty":     {},
+	} {
+		if _, err := ReadStreamHeader(bytes.NewReader(b)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func mustMarshal(t *testing.T, h StreamHeader) []byte {
+	b, err := h.MarshalMsg(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestValidateEnv(t *testing.T) {
+	for _, k := range []string{"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_", "BASH_ENV", "ENV", "IFS", "PS4", "PROMPT_COMMAND",
+		"SHELLOPTS", "BASHOPTS", "GLOBIGNORE", "CDPATH", "BASH_FUNC_x%%", "", "A=B", "A\x00", strings.Repeat("K", MaxEnvKey+1)} {
+		err := ValidateEnv(map[string]string{k: "v"})
+		var we *Error
+		if !errors.As(err, &we) || we.Code != CodeInvalid {
+			t.Errorf("%q: want an invalid error, got %v", k, err)
+			continue
+		}
+		if k != "" && len(k) < 64 && !strings.Contains(err.Error(), strings.TrimRight(k, "\x00")) {
+			t.Errorf("%q: error does not name the key: %v", k, err)
+		}
+	}
+	for _, k := range []string{"PATH", "HOME", "LANG", "ld_preload", "MY_LD_THING", "ENVIRONMENT", "A"} {
+		if err := ValidateEnv(map[string]string{k: "v"}); err != nil {
+			t.Errorf("%q refused: %v", k, err)
+		}
+	}
+	if err := ValidateEnv(map[string]string{"A": "x\x00y"}); err == nil {
+		t.Error("NUL in a value accepted")
+	}
+	if err := ValidateEnv(map[string]string{"A": strings.Repeat("v", MaxEnvValue+1)}); err == nil {
+		t.Error("oversized value accepted")
+	}
+	many := map[string]string{}
+	for i := range MaxEnvVars + 1 {
+		many["K"+strings.Repeat("x", i)] = ""
+	}
+	if err := ValidateEnv(many); err == nil {
+		t.Error("too many variables accepted")
+	}
+}
+
+func TestValidatePathAndExec(t *testing.T) {
+	for _, p := range []string{"", "rel/path", "/a/../b", "/..", "/a\x00b", "/" + strings.Repeat("a", MaxPath)} {
+		if ValidatePath(p) == nil {
+			t.Errorf("path %q accepted", p)
+		}
+	}
+	for _, p := range []string{"/", "/root/a.txt", "/a/./b", "//a//b/", "/a/..b/c..", "/weird name/ü"} {
+		if err := ValidatePath(p); err != nil {
+			t.Errorf("path %q refused: %v", p, err)
+		}
+	}
+	bad := []*Exec{nil, {}, {Argv: []string{"a"}, Shell: "b"}, {Argv: []string{""}}, {Argv: []string{"a\x00"}},
+		{Shell: "x", TimeoutMS: -1}, {Shell: "x", StdoutCap: MaxOutputCap + 1}, {Shell: "x", StderrCap: -1},
+		{Shell: "x", Cwd: "tmp"}, {Shell: "x", Env: map[string]string{"LD_PRELOAD": "/x.so"}}}
+	for i, e := range bad {
+		if ValidateExec(e) == nil {
+			t.Errorf("bad exec %d accepted: %+v", i, e)
+		}
+	}
+	if err := ValidateExec(&Exec{Argv: []string{"true"}, Cwd: "/tmp", Env: map[string]string{"PATH": "/bin"}}); err != nil {
+		t.Fatal(err)
+	}
+	if OutputCap(0) != MinOutputCap || OutputCap(1) != MinOutputCap || OutputCap(20<<20) != 20<<20 || OutputCap(MaxOutputCap*2) != MaxOutputCap {
+		t.Fatal("OutputCap")
+	}
+	if err := ValidateBootConfig(&BootConfig{Hostname: "a b"}); err == nil {
+		t.Fatal("hostname with a space accepted")
+	}
+	if err := ValidateBootConfig(&BootConfig{Files: []BootFile{{Path: "/x", Mode: 0o170000}}}); err == nil {
+		t.Fatal("file type bits in a boot file mode accepted")
+	}
+}
+
+func TestErrorIs(t *testing.T) {
+	var err error = Errorf(CodeNotFound, "open /x: no such file")
+	if !errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrExist) || err.Error() != "open /x: no such file" {
+		t.Fatal(err)
+	}
+	if !errors.Is(Errorf(CodePermission, "p"), fs.ErrPermission) || !errors.Is(Errorf(CodeExists, "e"), fs.ErrExist) {
+		t.Fatal("code mapping")
+	}
+}
+
+// TestGeneratedCodeIsFresh regenerates the msgp code and compares it with
+// the committed file, so a stale guestwire_gen.go fails the build.
+func TestGeneratedCodeIsFresh(t *testing.T) {
+	dir := t.TempDir()
+	src, err := os.ReadFile("guestwire.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "guestwire.go"), src, 0o644)
+	cmd := exec.Command("go", "tool", "msgp", "-file", filepath.Join(dir, "guestwire.go"), "-o", filepath.Join(dir, "guestwire_gen.go"), "-tests=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("msgp: %v\n%s", err, out)
+	}
+	fresh, _ := os.ReadFile(filepath.Join(dir, "guestwire_gen.go"))
+	committed, _ := os.ReadFile("guestwire_gen.go")
+	if !bytes.Equal(fresh, committed) {
+		t.Fatal("guestwire_gen.go is stale: run `go generate ./core/guestwire/` and commit the result")
+	}
+}
+
+// TestGuestBuildIsCGOFree proves the package builds without cgo and links
+// no sqlite: the guest agent imports it.
+func TestGuestBuildIsCGOFree(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", ".")
+	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, forbidden := range []string{"go-sqlite3", "core/ledger", "Code-Hex/vz"} {
+		if strings.Contains(string(out), forbidden) {
+			t.Errorf("guestwire depends on %s", forbidden)
+		}
+	}
+}
+
+func FuzzUnmarshalMessage(f *testing.F) {
+	for _, m := range samples() {
+		b, _ := m.MarshalMsg(nil)
+		f.Add(b)
+	}
+	f.Add([]byte{0x80})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var m Message
+		if _, err := m.UnmarshalMsg(data); err != nil {
+			return
+		}
+		// Whatever decodes must encode and decode back to the same value.
+		b, err := m.MarshalMsg(nil)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		var back Message
+		if _, err := back.UnmarshalMsg(b); err != nil {
+			t.Fatalf("re-decode: %v", err)
+		}
+		if !reflect.DeepEqual(normalize(&m), normalize(&back)) {
+			t.Fatalf("round trip changed the message:\n%+v\n%+v", m, back)
+		}
+	})
+}
+
+// normalize maps empty and nil slices and maps to one form: msgp decodes
+// both to whatever its encoding said, and omitempty drops empty ones.
+func normalize(m *Message) string {
+	b, _ := m.MarshalMsg(nil)
+	var back Message
+	back.UnmarshalMsg(b)
+	b2, _ := back.MarshalMsg(nil)
+	return string(b2)
+}
+
+func FuzzReader(f *testing.F) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	for _, m := range samples() {
+		w.Write(m)
+	}
+	f.Add(buf.Bytes())
+	f.Add([]byte{0, 0, 0, 1, 0xc1, 0, 0, 0, 1, 0x80})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := NewReader(bytes.NewReader(data))
+		for range 64 {
+			var m Message
+			if err := r.Read(&m); err != nil && !IsRecoverable(err) {
+				return
+			}
+		}
+	})
+}
+
+func FuzzStreamHeader(f *testing.F) {
+	var buf bytes.Buffer
+	WriteStreamHeader(&buf, StreamHeader{ExecID: 1, Which: StreamStdout})
+	f.Add(buf.Bytes())
+	f.Add([]byte{0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := ReadStreamHeader(bytes.NewReader(data))
+		if err == nil && h.Which != StreamStdout && h.Which != StreamStderr {
+			t.Fatalf("accepted output %q", h.Which)
+		}
+	})
+}

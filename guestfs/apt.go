@@ -1,0 +1,416 @@
+package guestfs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Package names: the generic kernel's metapackage (its Depends names the
+// current ABI package, linux-image-6.1.0-NN-amd64) and the static busybox.
+// The -cloud- flavour would be smaller but has no 9p.
+const (
+	kernelMetaPackage = "linux-image-amd64"
+	busyboxPackage    = "busybox-static"
+)
+
+// pkgInfo is one package version as apt's lists describe it.
+type pkgInfo struct {
+	Name     string `json:"name"`
+	Version  string `json:"version"`
+	SHA256   string `json:"sha256"`
+	Size     int64  `json:"size"`
+	Filename string `json:"filename"` // pool path; its base names the cached .deb
+}
+
+// resolution is what apt says the build should use.
+type resolution struct {
+	Kernel  pkgInfo `json:"kernel"`
+	Busybox pkgInfo `json:"busybox"`
+}
+
+// aptMemo caches a resolution against the state of apt's lists, because
+// apt-cache takes about a second per call where its binary cache is off
+// (Debian container images), which would dominate every boot's asset check.
+type aptMemo struct {
+	Fingerprint string     `json:"fingerprint"`
+	Resolution  resolution `json:"resolution"`
+}
+
+// parseStanzas parses apt-cache show output: RFC 822-style records
+// separated by blank lines; continuation lines start with a space.
+func parseStanzas(r io.Reader) ([]map[string]string, error) {
+	var out []map[string]string
+	cur := map[string]string{}
+	last := ""
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.TrimSpace(line) == "":
+			if len(cur) > 0 {
+				out = append(out, cur)
+				cur = map[string]string{}
+			}
+			last = ""
+		case line[0] == ' ' || line[0] == '\t':
+			if last != "" {
+				cur[last] += "\n" + strings.TrimSpace(line)
+			}
+		default:
+			k, v, ok := strings.Cut(line, ":")
+			if !ok {
+				return nil, fmt.Errorf("apt record line without a colon: %q", line)
+			}
+			last = k
+			cur[k] = strings.TrimSpace(v)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading apt records: %w", err)
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out, nil
+}
+
+func stanzaPkg(s map[string]string) (pkgInfo, error) {
+	p := pkgInfo{
+		Name:     s["Package"],
+		Version:  s["Version"],
+		SHA256:   strings.ToLower(s["SHA256"]),
+		Filename: s["Filename"],
+	}
+	if p.Name == "" || p.Version == "" {
+		return p, errors.New("apt record lacks Package or Version")
+	}
+	if len(p.SHA256) != 64 {
+		return p, fmt.Errorf("apt record for %s %s has no SHA256", p.Name, p.Version)
+	}
+	if p.Filename == "" || strings.Contains(path.Base(p.Filename), "..") || !strings.HasSuffix(p.Filename, ".deb") {
+		return p, fmt.Errorf("apt record for %s %s has no usable Filename", p.Name, p.Version)
+	}
+	size, err := strconv.ParseInt(s["Size"], 10, 64)
+	if err != nil {
+		return p, fmt.Errorf("apt record for %s %s: bad Size: %w", p.Name, p.Version, err)
+	}
+	p.Size = size
+	return p, nil
+}
+
+// kernelDependency returns the ABI kernel package and exact version the
+// metapackage depends on: "linux-image-6.1.0-48-amd64 (= 6.1.172-1)".
+func kernelDependency(depends string) (name, version string, err error) {
+	for dep := range strings.SplitSeq(depends, ",") {
+		// Take the first alternative of each dependency.
+		alt, _, _ := strings.Cut(dep, "|")
+		alt = strings.TrimSpace(alt)
+		n, rest, _ := strings.Cut(alt, " ")
+		n, _, _ = strings.Cut(n, ":") // drop an arch qualifier
+		if !strings.HasPrefix(n, "linux-image-") {
+			continue
+		}
+		rest = strings.TrimSpace(rest)
+		if v, ok := strings.CutPrefix(rest, "(="); ok {
+			version = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), ")"))
+		}
+		return n, version, nil
+	}
+	return "", "", fmt.Errorf("no linux-image-* package in Depends %q", depends)
+}
+
+// kernelRelease turns linux-image-6.1.0-48-amd64 into 6.1.0-48-amd64 (uname -r).
+func kernelRelease(pkg string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(pkg, "linux-image-"), "-unsigned")
+}
+
+// aptFingerprint summarizes what apt's candidate choice depends on: the
+// package lists and the sources/preferences, by name, size and mtime.
+func aptFingerprint() (string, error) {
+	h := sha256.New()
+	found := false
+	for _, dir := range []string{"/var/lib/apt/lists", "/etc/apt/sources.list.d", "/etc/apt/preferences.d"} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			info, err := e.Info()
+			if err != nil || !info.Mode().IsRegular() {
+				continue
+			}
+			found = true
+			fmt.Fprintf(h, "%s/%s %d %d\n", dir, e.Name(), info.Size(), info.ModTime().UnixNano())
+		}
+	}
+	for _, f := range []string{"/etc/apt/sources.list", "/etc/apt/preferences"} {
+		if info, err := os.Stat(f); err == nil {
+			fmt.Fprintf(h, "%s %d %d\n", f, info.Size(), info.ModTime().UnixNano())
+		}
+	}
+	if !found {
+		return "", errors.New("no apt package lists found (is this a Debian host with apt?)")
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// aptCommand runs an apt tool with a stable locale and returns stdout; the
+// error carries the tail of stderr, which is where apt explains itself.
+func (b *builder) aptCommand(ctx context.Context, dir, name string, args ...string) ([]byte, error) {
+	if os.Geteuid() == 0 && name == "apt-get" {
+		// As root, apt drops to _apt for downloads and warns when that user
+		// cannot write the target directory; downloading as root is fine.
+		args = append([]string{"-o", "APT::Sandbox::User=root"}, args...)
+	}
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	b.log.Debug("running", "cmd", name, "args", args)
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 2000 {
+			msg = "…" + msg[len(msg)-2000:]
+		}
+		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// resolveFresh asks apt for the current kernel and busybox versions.
+func (b *builder) resolveFresh(ctx context.Context) (resolution, error) {
+	var res resolution
+	out, err := b.aptCommand(ctx, "", "apt-cache", "show", "--no-all-versions", kernelMetaPackage, busyboxPackage)
+	if err != nil {
+		return res, fmt.Errorf("looking up %s and %s: %w", kernelMetaPackage, busyboxPackage, err)
+	}
+	recs, err := parseStanzas(bytes.NewReader(out))
+	if err != nil {
+		return res, err
+	}
+	var meta map[string]string
+	for _, r := range recs {
+		switch r["Package"] {
+		case kernelMetaPackage:
+			meta = r
+		case busyboxPackage:
+			if res.Busybox, err = stanzaPkg(r); err != nil {
+				return res, err
+			}
+		}
+	}
+	if meta == nil || res.Busybox.Name == "" {
+		return res, fmt.Errorf("apt knows no %s or %s", kernelMetaPackage, busyboxPackage)
+	}
+	kpkg, kver, err := kernelDependency(meta["Depends"])
+	if err != nil {
+		return res, fmt.Errorf("%s %s: %w", kernelMetaPackage, meta["Version"], err)
+	}
+	query := kpkg
+	if kver != "" {
+		query += "=" + kver
+	}
+	out, err = b.aptCommand(ctx, "", "apt-cache", "show", "--no-all-versions", query)
+	if err != nil {
+		return res, fmt.Errorf("looking up %s: %w", query, err)
+	}
+	recs, err = parseStanzas(bytes.NewReader(out))
+	if err != nil {
+		return res, err
+	}
+	if len(recs) == 0 {
+		return res, fmt.Errorf("apt knows no %s", query)
+	}
+	if res.Kernel, err = stanzaPkg(recs[0]); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// resolve returns the packages to build from, reusing the memo while
+// apt's lists are unchanged. fresh forces a new apt query.
+func (b *builder) resolve(ctx context.Context, fresh bool) (resolution, error) {
+	memoPath := filepath.Join(b.opts.Dir, "apt-resolution.json")
+	fp, fpErr := aptFingerprint()
+	if fpErr == nil && !fresh {
+		if data, err := os.ReadFile(memoPath); err == nil {
+			var m aptMemo
+			if json.Unmarshal(data, &m) == nil && m.Fingerprint == fp && m.Resolution.Kernel.Name != "" {
+				return m.Resolution, nil
+			}
+		}
+	}
+	res, err := b.resolveFresh(ctx)
+	if err != nil && !b.updated {
+		// Not found: the lists may be missing or stale. Refresh them once.
+		b.log.Info("apt lookup failed; running apt-get update once", "err", err)
+		if uerr := b.aptUpdate(ctx); uerr != nil {
+			return res, fmt.Errorf("%w (and apt-get update failed: %v)", err, uerr)
+		}
+		fp, fpErr = aptFingerprint()
+		res, err = b.resolveFresh(ctx)
+	}
+	if err != nil {
+		return res, err
+	}
+	if fpErr == nil {
+		if data, err := json.MarshalIndent(aptMemo{Fingerprint: fp, Resolution: res}, "", "  "); err == nil {
+			if err := writeFileAtomic(memoPath, data, 0o644); err != nil {
+				b.log.Warn("could not save the apt resolution", "err", err)
+			}
+		}
+	}
+	return res, nil
+}
+
+func (b *builder) aptUpdate(ctx context.Context) error {
+	b.updated = true
+	b.progress("updating apt package lists (apt-get update)…")
+	_, err := b.aptCommand(ctx, "", "apt-get", "update", "-q")
+	return err
+}
+
+// debPath is where a package's .deb is cached.
+func (b *builder) debPath(p pkgInfo) string {
+	return filepath.Join(b.opts.Dir, "debs", path.Base(p.Filename))
+}
+
+// fetchDeb returns the cached .deb for p, downloading it with apt-get
+// download when missing or not matching apt's SHA256. Nothing is installed.
+func (b *builder) fetchDeb(ctx context.Context, p pkgInfo) (string, error) {
+	dst := b.debPath(p)
+	if sum, err := fileSHA256(dst); err == nil {
+		if sum == p.SHA256 {
+			b.progress("using cached %s %s", p.Name, p.Version)
+			return dst, nil
+		}
+		b.log.Warn("cached package does not match apt's hash; fetching it again", "deb", dst)
+	}
+	debs := filepath.Dir(dst)
+	if err := os.MkdirAll(debs, 0o755); err != nil {
+		return "", fmt.Errorf("creating the package cache: %w", err)
+	}
+	tmp, err := os.MkdirTemp(debs, ".download-")
+	if err != nil {
+		return "", fmt.Errorf("creating a download directory: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	b.progress("fetching %s %s (%s)…", p.Name, p.Version, humanBytes(p.Size))
+	if _, err := b.aptCommand(ctx, tmp, "apt-get", "download", "-q", p.Name+"="+p.Version); err != nil {
+		return "", fmt.Errorf("downloading %s: %w", p.Name, err)
+	}
+	ents, err := os.ReadDir(tmp)
+	if err != nil {
+		return "", fmt.Errorf("reading the download directory: %w", err)
+	}
+	var got string
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".deb") {
+			got = filepath.Join(tmp, e.Name())
+		}
+	}
+	if got == "" {
+		return "", fmt.Errorf("apt-get download %s left no .deb", p.Name)
+	}
+	sum, err := fileSHA256(got)
+	if err != nil {
+		return "", err
+	}
+	if sum != p.SHA256 {
+		return "", fmt.Errorf("downloaded %s has sha256 %s, apt's lists say %s", p.Name, sum, p.SHA256)
+	}
+	if err := os.Rename(got, dst); err != nil {
+		return "", fmt.Errorf("caching %s: %w", p.Name, err)
+	}
+	return dst, nil
+}
+
+// pruneDebs removes cached .debs other than keep (older kernels and
+// busyboxes), so the cache holds one kernel package, not one per update.
+func (b *builder) pruneDebs(keep ...string) {
+	dir := filepath.Join(b.opts.Dir, "debs")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		if !strings.HasSuffix(e.Name(), ".deb") || containsString(keep, p) {
+			continue
+		}
+		if err := os.Remove(p); err == nil {
+			b.log.Info("removed an outdated cached package", "deb", p)
+		}
+	}
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// unpackDeb extracts a .deb into dir with dpkg-deb -x (files only; no
+// maintainer scripts run, nothing is installed).
+func (b *builder) unpackDeb(ctx context.Context, deb, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	if _, err := b.aptCommand(ctx, "", "dpkg-deb", "-x", deb, dir); err != nil {
+		return fmt.Errorf("unpacking %s: %w", filepath.Base(deb), err)
+	}
+	return nil
+}
+
+// fallbackApplets are linked when the busybox binary cannot run on this
+// host to list its applets (it is a static x86-64 binary).
+var fallbackApplets = []string{
+	"bin/cat", "bin/chmod", "bin/cp", "bin/date", "bin/dd", "bin/df", "bin/dmesg", "bin/echo",
+	"bin/false", "bin/grep", "bin/hostname", "bin/kill", "bin/ln", "bin/ls", "bin/mkdir", "bin/mknod",
+	"bin/mount", "bin/mv", "bin/ps", "bin/pwd", "bin/rm", "bin/rmdir", "bin/sed", "bin/sh", "bin/sleep",
+	"bin/stat", "bin/sync", "bin/tar", "bin/touch", "bin/true", "bin/umount", "bin/uname",
+	"sbin/insmod", "sbin/lsmod", "sbin/mke2fs", "sbin/poweroff", "sbin/reboot",
+	"usr/bin/env", "usr/bin/find", "usr/bin/head", "usr/bin/tail", "usr/bin/tee", "usr/bin/wc",
+	"usr/bin/xargs", "usr/bin/id", "usr/bin/du", "usr/bin/sort", "usr/bin/uniq", "usr/bin/test",
+}
+
+// busyboxApplets returns where busybox's applets belong (bin/sh,
+// sbin/mke2fs, usr/bin/head, …), from the binary's own --list-full.
+func (b *builder) busyboxApplets(ctx context.Context, bin string) []string {
+	out, err := exec.CommandContext(ctx, bin, "--list-full").Output()
+	if err != nil {
+		b.log.Warn("cannot run busybox to list its applets; linking a fixed set", "err", err)
+		return fallbackApplets
+	}
+	var applets []string
+	for l := range strings.SplitSeq(string(out), "\n") {
+		l = strings.TrimSpace(l)
+		// Root-level entries (linuxrc) and busybox itself are skipped;
+		// /init is ours.
+		if !strings.Contains(l, "/") || l == "bin/busybox" || strings.Contains(l, "..") {
+			continue
+		}
+		applets = append(applets, l)
+	}
+	sort.Strings(applets)
+	return applets
+}

@@ -1,0 +1,206 @@
+package guestfs
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testGuestInit is the integration test's /init: instead of the capsem
+// agent it loads every module in load-order with busybox insmod, reports,
+// and powers off. Its content is fixed so reruns hit the cache.
+const testGuestInit = `#!/bin/sh
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+n=0
+while read -r m; do insmod "$m" || echo "CAPSEM-MODFAIL $m"; n=$((n+1)); done < /lib/modules/load-order
+echo "CAPSEM-LOADED $n"
+grep -q ext4 /proc/filesystems && echo CAPSEM-FS-ext4
+grep -q 9p /proc/filesystems && echo CAPSEM-FS-9p
+cat /sys/class/virtio-ports/*/name 2>/dev/null
+echo CAPSEM-BOOT-OK
+poweroff -f
+`
+
+// assetTestDir is a stable cache under the repository's .tools, so the
+// 70 MB kernel package is fetched once, not on every run.
+func assetTestDir(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", ".tools", "assets-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestRealAssets builds the assets from the real Debian packages (cached
+// under .tools/assets-test), checks them, and, where QEMU is installed,
+// boots them under TCG and loads every module in order.
+func TestRealAssets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("downloads and unpacks the kernel package")
+	}
+	for _, tool := range []string{"apt-get", "apt-cache", "dpkg-deb"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found: not a Debian host", tool)
+		}
+	}
+	dir := assetTestDir(t)
+	guest := filepath.Join(dir, "guest-init.sh")
+	if cur, err := os.ReadFile(guest); err != nil || string(cur) != testGuestInit {
+		if err := os.WriteFile(guest, []byte(testGuestInit), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	opts := Options{Dir: dir, GuestBinary: guest, Progress: &progress}
+
+	start := time.Now()
+	a, err := Ensure(ctx, opts)
+	if err != nil {
+		t.Fatalf("Ensure: %v\nprogress:\n%s", err, progress.String())
+	}
+	t.Logf("first Ensure: %v\n%s", time.Since(start), progress.String())
+
+	// Warm: nothing changed, so the same build comes back, verified.
+	progress.Reset()
+	start = time.Now()
+	again, err := Ensure(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("warm Ensure: %v", time.Since(start))
+	if again.Dir != a.Dir || !again.BuiltAt.Equal(a.BuiltAt) || progress.Len() != 0 {
+		t.Fatalf("warm Ensure rebuilt: %s (built %v) vs %s (built %v); progress %q", again.Dir, again.BuiltAt, a.Dir, a.BuiltAt, progress.String())
+	}
+
+	// Kernel: the uncompressed ELF with the PVH note; the bzImage beside it.
+	if a.Kernel != filepath.Join(a.Dir, FileVmlinux) || !a.PVH {
+		t.Fatalf("kernel %s (PVH %v), want the vmlinux", a.Kernel, a.PVH)
+	}
+	f, err := os.Open(a.Kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if ok, err := HasPVHNote(f); err != nil || !ok {
+		t.Fatalf("vmlinux PVH note: %v, %v", ok, err)
+	}
+	bz, err := os.ReadFile(a.KernelCompressed)
+	if err != nil || len(bz) < 0x210 || string(bz[0x202:0x206]) != "HdrS" {
+		t.Fatalf("vmlinuz is not a bzImage (%v)", err)
+	}
+	if !strings.HasPrefix(a.KernelVersion, "6.") && !strings.Contains(a.KernelVersion, "amd64") {
+		t.Fatalf("kernel version %q", a.KernelVersion)
+	}
+
+	// Initramfs: /init, busybox, load-order in dependency order.
+	cpio, err := os.ReadFile(a.Initramfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, entries := readCpio(t, cpio)
+	if string(entries["init"].data) != testGuestInit || entries["init"].hdr.Mode.Perm() != 0o755 {
+		t.Fatal("/init is not the guest binary with mode 0755")
+	}
+	if entries["bin/sh"].hdr == nil || entries["bin/sh"].hdr.Linkname != "/bin/busybox" || len(entries["bin/busybox"].data) < 100000 {
+		t.Fatal("busybox or its sh link is missing")
+	}
+	for _, l := range []string{"usr/bin/capsem-mcp-server", "usr/bin/capsem-doctor"} {
+		if entries[l].hdr == nil || entries[l].hdr.Linkname != "/init" {
+			t.Fatalf("%s is not a link to /init", l)
+		}
+	}
+	order := strings.Fields(string(entries["lib/modules/load-order"].data))
+	if !slices.Equal(order, a.Modules) {
+		t.Fatalf("load-order %v differs from the manifest %v", order, a.Modules)
+	}
+	pos := map[string]int{}
+	for i, p := range order {
+		e, ok := entries[strings.TrimPrefix(p, "/")]
+		if !ok || !bytes.HasPrefix(e.data, elfMagic) {
+			t.Fatalf("module %s missing or not a plain ELF .ko", p)
+		}
+		pos[strings.TrimSuffix(path.Base(p), ".ko")] = i
+	}
+	for _, need := range []string{"virtio_console", "9p", "9pnet_virtio", "vmw_vsock_virtio_transport", "overlay", "ext4", "virtio_pci"} {
+		if _, ok := pos[need]; !ok && !slices.Contains(a.BuiltIn, need) {
+			t.Errorf("%s is neither in load-order nor built in", need)
+		}
+	}
+	for _, dep := range [][2]string{
+		{"virtio_ring", "virtio_console"}, {"virtio", "virtio_console"}, {"9pnet", "9p"}, {"netfs", "9p"},
+		{"9pnet", "9pnet_virtio"}, {"vsock", "vmw_vsock_virtio_transport"}, {"jbd2", "ext4"},
+		{"mbcache", "ext4"}, {"crc32c_generic", "jbd2"},
+	} {
+		before, okB := pos[dep[0]]
+		after, okA := pos[dep[1]]
+		if okB && okA && before > after {
+			t.Errorf("%s loads after %s, which needs it", dep[0], dep[1])
+		}
+	}
+	vmlinuxSize := a.Files[FileVmlinux].Size
+	t.Logf("kernel %s: vmlinux %.1f MB, vmlinuz %.1f MB, initramfs %.1f MB (%d entries), %d modules, build took %.1f s",
+		a.KernelVersion, float64(vmlinuxSize)/1e6, float64(a.Files[FileVmlinuz].Size)/1e6,
+		float64(len(cpio))/1e6, len(names), len(order), a.BuildSeconds)
+
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Log("qemu-system-x86_64 not installed: boot check skipped")
+		return
+	}
+	for _, kernel := range []string{a.Kernel, a.KernelCompressed} {
+		t.Run("boot "+filepath.Base(kernel), func(t *testing.T) {
+			bootCheck(t, ctx, qemu, kernel, a.Initramfs, len(order))
+		})
+	}
+}
+
+// bootCheck boots kernel+initramfs under QEMU (TCG unless KVM is usable)
+// and expects every module to load and the guest to power off.
+func bootCheck(t *testing.T, ctx context.Context, qemu, kernel, initrd string, modules int) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, qemu,
+		"-machine", "q35,accel=kvm:tcg", "-m", "512", "-smp", "2",
+		"-nodefaults", "-display", "none", "-serial", "stdio", "-no-reboot",
+		"-kernel", kernel, "-initrd", initrd,
+		"-append", "console=ttyS0 quiet panic=-1",
+		"-device", "virtio-serial-pci",
+		"-device", "virtserialport,name=org.capsem.channel,chardev=ch0",
+		"-chardev", "null,id=ch0",
+	)
+	out, err := cmd.CombinedOutput()
+	elapsed := time.Since(start)
+	text := string(out)
+	if err != nil || !strings.Contains(text, "CAPSEM-BOOT-OK") {
+		t.Fatalf("boot failed (%v) after %v:\n%s", err, elapsed, text)
+	}
+	if strings.Contains(text, "CAPSEM-MODFAIL") {
+		t.Fatalf("a module failed to load:\n%s", text)
+	}
+	if !strings.Contains(text, "CAPSEM-LOADED "+strconv.Itoa(modules)) {
+		t.Fatalf("want %d modules loaded:\n%s", modules, text)
+	}
+	for _, want := range []string{"CAPSEM-FS-ext4", "CAPSEM-FS-9p", "org.capsem.channel"} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("guest output lacks %q:\n%s", want, text)
+		}
+	}
+	t.Logf("booted %s, loaded %d modules, powered off: %v wall", filepath.Base(kernel), modules, elapsed)
+}

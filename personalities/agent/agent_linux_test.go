@@ -1,0 +1,798 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/guestctl"
+	"github.com/capsem/capsem/core/guestctl/memchan"
+	"github.com/capsem/capsem/core/guestwire"
+)
+
+func testLog(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// harness is a guest agent Server and a host guestctl Client joined by an
+// in-memory channel, in this process.
+type harness struct {
+	client *guestctl.Client
+	srv    *Server
+	host   *memchan.End
+	served chan error // Serve's result
+}
+
+func start(t *testing.T, tune func(*Server)) *harness {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	host, guest := memchan.Pair()
+	reaper := NewReaper(testLog(t), false)
+	srv := &Server{Log: testLog(t), Dial: guest.Dial, Reaper: reaper,
+		Hello: guestwire.Hello{AgentVersion: "test", Boot: guestwire.BootTimings{ChannelMS: 1}}}
+	if tune != nil {
+		tune(srv)
+	}
+	h := &harness{srv: srv, host: host, served: make(chan error, 1)}
+	go func() {
+		// The host may not listen yet, as in a real boot.
+		var conn net.Conn
+		var err error
+		for range 500 {
+			if conn, err = guest.Dial(ctx, guestctl.PortControl); err == nil {
+				break
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		if err != nil {
+			h.served <- err
+			return
+		}
+		h.served <- srv.Serve(ctx, conn)
+	}()
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	defer acancel()
+	c, err := guestctl.Accept(actx, host, guestctl.Options{Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.client = c
+	t.Cleanup(func() {
+		c.Close()
+		cancel()
+		host.Close()
+		select {
+		case <-h.served:
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return")
+		}
+		reaper.Close()
+	})
+	return h
+}
+
+type execOut struct {
+	res            *guestwire.ExecResult
+	stdout, stderr bytes.Buffer
+}
+
+func (h *harness) exec(t *testing.T, req *guestwire.Exec) *execOut {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var o execOut
+	res, err := h.client.Exec(ctx, req, &o.stdout, &o.stderr)
+	if err != nil {
+		t.Fatalf("exec %+v: %v", req, err)
+	}
+	o.res = res
+	return &o
+}
+
+func TestHello(t *testing.T) {
+	h := start(t, nil)
+	hello := h.client.Hello()
+	if hello.ProtocolVersion != guestwire.ProtocolVersion || hello.AgentVersion != "test" || hello.Boot.ChannelMS != 1 {
+		t.Fatalf("hello %+v", hello)
+	}
+}
+
+func TestExecEcho(t *testing.T) {
+	h := start(t, nil)
+	o := h.exec(t, &guestwire.Exec{Argv: []string{"echo", "hello", "world"}})
+	if o.stdout.String() != "hello world\n" || o.stderr.Len() != 0 || o.res.ExitCode != 0 || o.res.Signal != 0 {
+		t.Fatalf("stdout %q stderr %q result %+v", o.stdout.String(), o.stderr.String(), o.res)
+	}
+	if o.res.StdoutBytes != 12 || o.res.StdoutSent != 12 || o.res.StdoutTruncated {
+		t.Fatalf("counts %+v", o.res)
+	}
+}
+
+func TestExecStderrOnlyAndKeptApart(t *testing.T) {
+	h := start(t, nil)
+	o := h.exec(t, &guestwire.Exec{Shell: "echo oops >&2"})
+	if o.stdout.Len() != 0 || o.stderr.String() != "oops\n" || o.res.StderrBytes != 5 || o.res.StdoutBytes != 0 {
+		t.Fatalf("stdout %q stderr %q result %+v", o.stdout.String(), o.stderr.String(), o.res)
+	}
+	o = h.exec(t, &guestwire.Exec{Shell: "for i in 1 2 3; do echo o$i; echo e$i >&2; done"})
+	if o.stdout.String() != "o1\no2\no3\n" || o.stderr.String() != "e1\ne2\ne3\n" {
+		t.Fatalf("stdout %q stderr %q", o.stdout.String(), o.stderr.String())
+	}
+}
+
+func TestExecNonZeroExit(t *testing.T) {
+	h := start(t, nil)
+	o := h.exec(t, &guestwire.Exec{Shell: "echo partial; exit 3"})
+	if o.res.ExitCode != 3 || o.res.Signal != 0 || o.res.TimedOut || o.stdout.String() != "partial\n" {
+		t.Fatalf("result %+v stdout %q", o.res, o.stdout.String())
+	}
+	o = h.exec(t, &guestwire.Exec{Shell: "kill -TERM $$"})
+	if o.res.Signal != int(unix.SIGTERM) || o.res.ExitCode != 128+int(unix.SIGTERM) {
+		t.Fatalf("signal result %+v", o.res)
+	}
+}
+
+func TestExecTruncatesAtCap(t *testing.T) {
+	h := start(t, nil)
+	const produced = 20 << 20
+	o := h.exec(t, &guestwire.Exec{Shell: fmt.Sprintf("head -c %d /dev/zero; echo small >&2", produced)})
+	r := o.res
+	if !r.StdoutTruncated || r.StdoutBytes != produced || r.StdoutSent != guestwire.MinOutputCap || o.stdout.Len() != guestwire.MinOutputCap {
+		t.Fatalf("stdout: got %d bytes, result %+v", o.stdout.Len(), r)
+	}
+	if r.StderrTruncated || o.stderr.String() != "small\n" || r.ExitCode != 0 {
+		t.Fatalf("stderr %q result %+v", o.stderr.String(), r)
+	}
+	// A cap below the minimum is raised to it; a larger one is honoured.
+	o = h.exec(t, &guestwire.Exec{Shell: fmt.Sprintf("head -c %d /dev/zero >&2", produced), StderrCap: 12 << 20, StdoutCap: 1})
+	if o.stderr.Len() != 12<<20 || !o.res.StderrTruncated || o.res.StderrBytes != produced {
+		t.Fatalf("stderr cap: got %d, result %+v", o.stderr.Len(), o.res)
+	}
+}
+
+func TestConcurrentExecs(t *testing.T) {
+	h := start(t, nil)
+	dir := t.TempDir()
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each exec waits until all eight have started: they can only
+			// finish if they run at the same time.
+			script := `touch "$DIR/$N"; i=0; while [ "$(ls "$DIR" | wc -l)" -lt 8 ]; do i=$((i+1)); [ $i -gt 2000 ] && exit 99; sleep 0.01; done; echo "out$N"; echo "err$N" >&2`
+			var out, errb bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			res, err := h.client.Exec(ctx, &guestwire.Exec{Shell: script, Env: map[string]string{"DIR": dir, "N": strconv.Itoa(i)}}, &out, &errb)
+			switch {
+			case err != nil:
+				errs <- err
+			case res.ExitCode != 0:
+				errs <- fmt.Errorf("exec %d: exit %d (the execs did not run at once)", i, res.ExitCode)
+			case out.String() != fmt.Sprintf("out%d\n", i) || errb.String() != fmt.Sprintf("err%d\n", i):
+				errs <- fmt.Errorf("exec %d: stdout %q stderr %q", i, out.String(), errb.String())
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// gone reports whether pid has exited (no process, or a zombie waiting for
+// whoever reaps it).
+func gone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] == 'Z' || s[i+2] == 'X'
+	}
+	return false
+}
+
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !gone(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d is still running", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestExecTimeoutKillsProcessGroup(t *testing.T) {
+	h := start(t, nil)
+	begin := time.Now()
+	o := h.exec(t, &guestwire.Exec{Shell: "sleep 1000 & echo $!; echo $$; sleep 1000", TimeoutMS: 300})
+	if !o.res.TimedOut || o.res.Signal != int(unix.SIGKILL) || o.res.ExitCode != 137 {
+		t.Fatalf("result %+v", o.res)
+	}
+	if d := time.Since(begin); d > 20*time.Second {
+		t.Fatalf("the timeout took %v", d)
+	}
+	fields := strings.Fields(o.stdout.String())
+	if len(fields) != 2 {
+		t.Fatalf("stdout %q", o.stdout.String())
+	}
+	for _, f := range fields {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, pid) // the background child too: the whole group died
+	}
+}
+
+func TestExecCancelKillsTheCommand(t *testing.T) {
+	h := start(t, nil)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.client.Exec(ctx, &guestwire.Exec{Shell: "echo $$ > " + pidFile + "; exec sleep 1000"}, nil, nil)
+		done <- err
+	}()
+	var pid int
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if b, err := os.ReadFile(pidFile); err == nil && strings.HasSuffix(string(b), "\n") {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("Exec did not return at once on cancel")
+	}
+	waitGone(t, pid)
+}
+
+func TestExecChannelDeathFailsAtOnce(t *testing.T) {
+	h := start(t, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.client.Exec(context.Background(), &guestwire.Exec{Shell: "sleep 1000"}, nil, nil)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	h.host.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, guestctl.ErrClosed) {
+			t.Fatalf("got %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("Exec did not fail within a second of the channel's death")
+	}
+	if _, err := h.client.Ping(context.Background()); !errors.Is(err, guestctl.ErrClosed) {
+		t.Fatalf("ping after death: %v", err)
+	}
+}
+
+func TestExecDetachesFromBackgroundOutput(t *testing.T) {
+	h := start(t, func(s *Server) { s.OutputGrace = 200 * time.Millisecond })
+	o := h.exec(t, &guestwire.Exec{Shell: "sleep 30 & echo $!"})
+	if !o.res.Detached || o.res.ExitCode != 0 {
+		t.Fatalf("result %+v", o.res)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(o.stdout.String()))
+	if err != nil {
+		t.Fatalf("stdout %q", o.stdout.String())
+	}
+	if gone(pid) {
+		t.Fatal("the background process was killed by detaching")
+	}
+	unix.Kill(pid, unix.SIGKILL)
+	waitGone(t, pid)
+}
+
+func TestExecErrors(t *testing.T) {
+	h := start(t, nil)
+	ctx := context.Background()
+	_, err := h.client.Exec(ctx, &guestwire.Exec{Argv: []string{"no-such-command-capsem"}}, nil, nil)
+	var we *guestwire.Error
+	if !errors.As(err, &we) || we.Code != guestwire.CodeNotFound || !strings.Contains(err.Error(), "no-such-command-capsem") {
+		t.Fatalf("missing command: %v", err)
+	}
+	_, err = h.client.Exec(ctx, &guestwire.Exec{Argv: []string{"true"}, Cwd: "/no/such/dir"}, nil, nil)
+	if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "/no/such/dir") {
+		t.Fatalf("missing cwd: %v", err)
+	}
+	// The guest refuses a duplicate stream id even from a host that sends one.
+	resp := h.srv.handle(ctx, &guestwire.Message{Type: guestwire.TypeExec, ID: 1, Exec: &guestwire.Exec{}})
+	if resp.Type != guestwire.TypeError || resp.Error.Code != guestwire.CodeInvalid {
+		t.Fatalf("empty exec: %+v", resp)
+	}
+	o := h.exec(t, &guestwire.Exec{Argv: []string{"pwd"}, Cwd: "/tmp"})
+	if o.stdout.String() != "/tmp\n" {
+		t.Fatalf("cwd: %q", o.stdout.String())
+	}
+}
+
+func TestEnvInjection(t *testing.T) {
+	h := start(t, nil)
+	ctx := context.Background()
+	if err := h.client.SendBootConfig(ctx, &guestwire.BootConfig{Env: map[string]string{"FOO": "bar", "PATH": "/usr/bin:/bin", "SPACE": "a b"}}); err != nil {
+		t.Fatal(err)
+	}
+	o := h.exec(t, &guestwire.Exec{Shell: `echo "$FOO|$PATH|$SPACE|$HOME"`})
+	if o.stdout.String() != "bar|/usr/bin:/bin|a b|/root\n" {
+		t.Fatalf("boot env: %q", o.stdout.String())
+	}
+	o = h.exec(t, &guestwire.Exec{Shell: `echo "$FOO"`, Env: map[string]string{"FOO": "exec wins"}})
+	if o.stdout.String() != "exec wins\n" {
+		t.Fatalf("exec env: %q", o.stdout.String())
+	}
+	refused := []string{"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV", "IFS", "PS4", "PROMPT_COMMAND",
+		"SHELLOPTS", "BASHOPTS", "GLOBIGNORE", "BASH_FUNC_ls%%", "A=B", "A\x00B", ""}
+	for _, key := range refused {
+		env := map[string]string{key: "x", "LATER": "must not be applied"}
+		// The host refuses before sending…
+		err := h.client.SendBootConfig(ctx, &guestwire.BootConfig{Env: env})
+		checkRefused(t, "host boot config", key, err)
+		_, err = h.client.Exec(ctx, &guestwire.Exec{Argv: []string{"true"}, Env: env}, nil, nil)
+		checkRefused(t, "host exec", key, err)
+		// …and the guest refuses on its own, for a host that does not.
+		resp := h.srv.handle(ctx, &guestwire.Message{Type: guestwire.TypeBootConfig, ID: 7, BootConfig: &guestwire.BootConfig{Env: env}})
+		checkRefused(t, "guest boot config", key, respErr(resp))
+		resp = h.srv.handle(ctx, &guestwire.Message{Type: guestwire.TypeExec, ID: 8, Exec: &guestwire.Exec{Argv: []string{"true"}, Env: env}})
+		checkRefused(t, "guest exec", key, respErr(resp))
+	}
+	o = h.exec(t, &guestwire.Exec{Shell: `echo "${LATER:-unset}"`})
+	if o.stdout.String() != "unset\n" {
+		t.Fatalf("a refused boot config was partly applied: %q", o.stdout.String())
+	}
+}
+
+func respErr(m *guestwire.Message) error {
+	if m.Type == guestwire.TypeError {
+		return m.Error
+	}
+	return nil
+}
+
+func checkRefused(t *testing.T, where, key string, err error) {
+	t.Helper()
+	var we *guestwire.Error
+	if !errors.As(err, &we) || we.Code != guestwire.CodeInvalid {
+		t.Errorf("%s: key %q: want an invalid-input error, got %v", where, key, err)
+		return
+	}
+	if name := strings.TrimRight(strings.SplitN(key, "\x00", 2)[0], "%"); name != "" && !strings.Contains(err.Error(), name) {
+		t.Errorf("%s: the error does not name key %q: %v", where, key, err)
+	}
+}
+
+// realTempDir is a temp dir whose own path has no symbolic link, so the
+// symlink tests test only the links they make.
+func realTempDir(t *testing.T) string {
+	d, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestFileRoundTripBinary(t *testing.T) {
+	h := start(t, nil)
+	ctx := context.Background()
+	data := make([]byte, 5<<20)
+	rand.Read(data)
+	path := filepath.Join(realTempDir(t), "new", "sub", "random.bin")
+	if err := h.client.WriteFile(ctx, path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	back, err := h.client.ReadFile(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, data) {
+		t.Fatal("5 MiB round trip changed the bytes")
+	}
+	info, err := h.client.Stat(ctx, path)
+	if err != nil || info.Size != 5<<20 || fs.FileMode(info.Mode).Perm() != 0o600 || info.Mode&unix.S_IFMT != unix.S_IFREG {
+		t.Fatalf("stat %+v %v", info, err)
+	}
+	// Overwrite with less: the file is replaced, not partly rewritten.
+	if err := h.client.WriteFile(ctx, path, []byte("short\x00"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if back, _ := os.ReadFile(path); string(back) != "short\x00" {
+		t.Fatalf("overwrite: %q", back)
+	}
+	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode 0 must keep the mode, got %v", st.Mode())
+	}
+	empty := filepath.Join(filepath.Dir(path), "empty")
+	if err := h.client.WriteFile(ctx, empty, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := h.client.ReadFile(ctx, empty); err != nil || len(b) != 0 || b == nil {
+		t.Fatalf("empty file: %q %v", b, err)
+	}
+	if st, _ := os.Stat(empty); st.Mode().Perm() != 0o644 {
+		t.Fatalf("a new file's default mode is 0644, got %v", st.Mode())
+	}
+	if _, err := h.client.ReadFile(ctx, filepath.Join(filepath.Dir(path), "missing")); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestMkdir(t *testing.T) {
+	h := start(t, nil)
+	ctx := context.Background()
+	dir := realTempDir(t)
+	if err := h.client.Mkdir(ctx, dir+"/a/b/c", 0o700, true); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(dir + "/a/b/c"); err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 {
+		t.Fatalf("%v %v", st, err)
+	}
+	if err := h.client.Mkdir(ctx, dir+"/a/b/c", 0, true); err != nil {
+		t.Fatalf("mkdir -p of an existing dir: %v", err)
+	}
+	if err := h.client.Mkdir(ctx, dir+"/a/b/c", 0, false); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("mkdir of an existing dir: %v", err)
+	}
+	if err := h.client.Mkdir(ctx, dir+"/x/y", 0, false); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("mkdir without parents: %v", err)
+	}
+	os.WriteFile(dir+"/file", nil, 0o644)
+	if err := h.client.Mkdir(ctx, dir+"/file/sub", 0, true); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("mkdir under a file: %v", err)
+	}
+	if err := h.client.WriteFile(ctx, dir+"/a", []byte("x"), 0); err == nil || !strings.Contains(err.Error(), "directory") {
+		t.Fatalf("write over a directory: %v", err)
+	}
+	if _, err := h.client.ReadFile(ctx, dir+"/a"); err == nil || !strings.Contains(err.Error(), "directory") {
+		t.Fatalf("read of a directory: %v", err)
+	}
+}
+
+func TestWriteThroughSymlinkRefused(t *testing.T) {
+	h := start(t, nil)
+	ctx := context.Background()
+	dir := realTempDir(t)
+	os.Mkdir(dir+"/real", 0o755)
+	os.Symlink(dir+"/real", dir+"/link")
+	os.WriteFile(dir+"/target", []byte("original"), 0o644)
+	os.Symlink(dir+"/target", dir+"/filelink")
+	os.Symlink(dir+"/nowhere", dir+"/dangling")
+
+	for _, tc := range []struct{ path, mention string }{
+		{dir + "/link/f", `"link"`},
+		{dir + "/link/new/deeper/f", `"link"`},
+		{dir + "/filelink", "symbolic link"},
+		{dir + "/dangling", "symbolic link"},
+	} {
+		err := h.client.WriteFile(ctx, tc.path, []byte("evil"), 0)
+		var we *guestwire.Error
+		if !errors.As(err, &we) || we.Code != guestwire.CodeSymlink || !strings.Contains(err.Error(), tc.mention) {
+			t.Errorf("write %s: want a symlink refusal naming %s, got %v", tc.path, tc.mention, err)
+		}
+	}
+	if _, err := os.Stat(dir + "/real/f"); !errors.Is(err, fs.ErrNotExist) {
+		t.Error("a write through a symlinked directory created the file")
+	}
+	if _, err := os.Stat(dir + "/real/new"); !errors.Is(err, fs.ErrNotExist) {
+		t.Error("a write through a symlinked directory created parents")
+	}
+	if b, _ := os.ReadFile(dir + "/target"); string(b) != "original" {
+		t.Error("a write to a symlink changed its target")
+	}
+	if _, err := os.Stat(dir + "/nowhere"); !errors.Is(err, fs.ErrNotExist) {
+		t.Error("a write to a dangling symlink created its target")
+	}
+	if err := h.client.Mkdir(ctx, dir+"/link/sub", 0, true); !isCode(err, guestwire.CodeSymlink) {
+		t.Errorf("mkdir through a symlink: %v", err)
+	}
+	if err := h.client.Mkdir(ctx, dir+"/link", 0, true); !isCode(err, guestwire.CodeSymlink) {
+		t.Errorf("mkdir -p of a symlink: %v", err)
+	}
+	// The same write through the real path works.
+	if err := h.client.WriteFile(ctx, dir+"/real/f", []byte("ok"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.client.WriteFile(ctx, dir+"/../x", nil, 0); !isCode(err, guestwire.CodeInvalid) {
+		t.Errorf("a .. path: %v", err)
+	}
+}
+
+func isCode(err error, code string) bool {
+	var we *guestwire.Error
+	return errors.As(err, &we) && we.Code == code
+}
+
+func TestReadSymlinkRefused(t *testing.T) {
+	h := start(t, nil)
+	ctx := context.Background()
+	dir := realTempDir(t)
+	os.WriteFile(dir+"/target", []byte("secret-ish"), 0o644)
+	os.Symlink(dir+"/target", dir+"/link")
+	_, err := h.client.ReadFile(ctx, dir+"/link")
+	if !isCode(err, guestwire.CodeSymlink) || !strings.Contains(err.Error(), dir+"/link") {
+		t.Fatalf("read of a symlink: %v", err)
+	}
+	res, err := h.client.FileOp(ctx, guestwire.TypeFileRead, &guestwire.FileRequest{Path: dir + "/link", FollowSymlink: true})
+	if err != nil || string(res.Data) != "secret-ish" {
+		t.Fatalf("read following the link: %v", err)
+	}
+	info, err := h.client.Stat(ctx, dir+"/link")
+	if err != nil || info.Mode&unix.S_IFMT != unix.S_IFLNK || info.LinkTarget != dir+"/target" {
+		t.Fatalf("stat of a link: %+v %v", info, err)
+	}
+	// Links in directories are followed for reads (Debian's /bin is one).
+	os.Mkdir(dir+"/d", 0o755)
+	os.WriteFile(dir+"/d/f", []byte("via dir"), 0o644)
+	os.Symlink(dir+"/d", dir+"/dlink")
+	if b, err := h.client.ReadFile(ctx, dir+"/dlink/f"); err != nil || string(b) != "via dir" {
+		t.Fatalf("read through a directory link: %q %v", b, err)
+	}
+	// A FIFO is refused without blocking.
+	unix.Mkfifo(dir+"/fifo", 0o644)
+	if _, err := h.client.ReadFile(ctx, dir+"/fifo"); !isCode(err, guestwire.CodeNotRegular) {
+		t.Fatalf("read of a FIFO: %v", err)
+	}
+	if err := h.client.WriteFile(ctx, dir+"/fifo", []byte("x"), 0); !isCode(err, guestwire.CodeNotRegular) {
+		t.Fatalf("write of a FIFO: %v", err)
+	}
+}
+
+func TestOversizedRefused(t *testing.T) {
+	const limit = 1 << 20
+	h := start(t, func(s *Server) { s.MaxFileSize = limit })
+	ctx := context.Background()
+	dir := realTempDir(t)
+	err := h.client.WriteFile(ctx, dir+"/big", make([]byte, limit+1), 0)
+	if !isCode(err, guestwire.CodeTooLarge) || !strings.Contains(err.Error(), strconv.Itoa(limit)) {
+		t.Fatalf("oversized write: %v", err)
+	}
+	if _, err := os.Stat(dir + "/big"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal("an oversized write created the file")
+	}
+	os.WriteFile(dir+"/big", make([]byte, limit+1), 0o644)
+	_, err = h.client.ReadFile(ctx, dir+"/big")
+	if !isCode(err, guestwire.CodeTooLarge) || !strings.Contains(err.Error(), strconv.Itoa(limit)) {
+		t.Fatalf("oversized read: %v", err)
+	}
+	_, err = h.client.FileOp(ctx, guestwire.TypeFileRead, &guestwire.FileRequest{Path: dir + "/big", MaxSize: 10})
+	if !isCode(err, guestwire.CodeTooLarge) {
+		t.Fatalf("read past the requested max: %v", err)
+	}
+	os.WriteFile(dir+"/exact", make([]byte, limit), 0o644)
+	if b, err := h.client.ReadFile(ctx, dir+"/exact"); err != nil || len(b) != limit {
+		t.Fatalf("a read of exactly the limit: %d %v", len(b), err)
+	}
+	// The host refuses past the protocol's bound before sending anything.
+	err = h.client.WriteFile(ctx, dir+"/huge", make([]byte, guestwire.MaxFileSize+1), 0)
+	if !isCode(err, guestwire.CodeTooLarge) || !strings.Contains(err.Error(), strconv.Itoa(guestwire.MaxFileSize)) {
+		t.Fatalf("write past MaxFileSize: %v", err)
+	}
+	// A sized-0 /proc file is read to EOF, within the bound.
+	if b, err := h.client.ReadFile(ctx, "/proc/self/status"); err != nil || !bytes.Contains(b, []byte("Name:")) {
+		t.Fatalf("/proc read: %v", err)
+	}
+}
+
+func TestPingAndShutdown(t *testing.T) {
+	h := start(t, nil)
+	ctx := context.Background()
+	for range 3 {
+		if _, err := h.client.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.client.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-h.served:
+		if !errors.Is(err, ErrShutdown) {
+			t.Fatalf("Serve returned %v", err)
+		}
+		h.served <- err // for the cleanup
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return after shutdown")
+	}
+}
+
+func TestBootConfigFilesAndHooks(t *testing.T) {
+	var gotClock time.Time
+	var gotHost string
+	h := start(t, func(s *Server) {
+		s.SetClock = func(t time.Time) error { gotClock = t; return nil }
+		s.SetHostname = func(n string) error { gotHost = n; return nil }
+	})
+	dir := realTempDir(t)
+	os.Symlink(dir, dir+"/link")
+	err := h.client.SendBootConfig(context.Background(), &guestwire.BootConfig{
+		Files:         []guestwire.BootFile{{Path: dir + "/etc/a.conf", Mode: 0o600, Data: []byte("a=1\n")}},
+		ClockUnixNano: 1796000000123456789, Hostname: "vm-1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(dir + "/etc/a.conf"); string(b) != "a=1\n" {
+		t.Fatalf("boot file %q", b)
+	}
+	if gotClock.UnixNano() != 1796000000123456789 || gotHost != "vm-1" {
+		t.Fatalf("clock %v host %q", gotClock, gotHost)
+	}
+	err = h.client.SendBootConfig(context.Background(), &guestwire.BootConfig{Files: []guestwire.BootFile{{Path: dir + "/link/b", Data: []byte("x")}}})
+	if !isCode(err, guestwire.CodeSymlink) || !strings.Contains(err.Error(), "boot config file") {
+		t.Fatalf("boot file through a link: %v", err)
+	}
+}
+
+func TestUnknownAndUndecodableRequests(t *testing.T) {
+	h := start(t, nil)
+	resp := h.srv.handle(context.Background(), &guestwire.Message{Type: "frobnicate", ID: 4})
+	if resp.Type != guestwire.TypeError || resp.ID != 4 || resp.Error.Code != guestwire.CodeUnknown || !strings.Contains(resp.Error.Message, "frobnicate") {
+		t.Fatalf("%+v", resp)
+	}
+	resp = h.srv.handle(context.Background(), &guestwire.Message{Type: guestwire.TypeFileRead, ID: 5})
+	if resp.Type != guestwire.TypeError || resp.Error.Code != guestwire.CodeInvalid {
+		t.Fatalf("%+v", resp)
+	}
+}
+
+func TestMCPBridge(t *testing.T) {
+	host, guest := memchan.Pair()
+	defer host.Close()
+	ln, err := host.Listen(PortMCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				// Echo until the guest half-closes, then one last line.
+				b := make([]byte, 4096)
+				for {
+					n, err := c.Read(b)
+					c.Write(b[:n])
+					if err != nil {
+						c.Write([]byte("bye"))
+						return
+					}
+				}
+			}()
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	sock := filepath.Join(t.TempDir(), "run", "capsem", "mcp.sock")
+	served := make(chan error, 1)
+	go func() { served <- ServeMCPBridge(ctx, testLog(t), sock, guest.Dial) }()
+	var c net.Conn
+	for range 500 {
+		if c, err = net.Dial("unix", sock); err == nil {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o666 {
+		t.Fatalf("socket mode %v %v", st, err)
+	}
+	c.Write([]byte("ping"))
+	c.(*net.UnixConn).CloseWrite()
+	got := make([]byte, 0, 16)
+	buf := make([]byte, 16)
+	for {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	if string(got) != "pingbye" {
+		t.Fatalf("bridged %q", got)
+	}
+	c.Close()
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunRefusesWhenNotPID1(t *testing.T) {
+	t.Setenv(AllowNotPID1Env, "")
+	err := (&Cmd{}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "PID 1") || !strings.Contains(err.Error(), AllowNotPID1Env) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestLoadModulesList(t *testing.T) {
+	dir := t.TempDir()
+	list := filepath.Join(dir, "load-order")
+	os.WriteFile(list, []byte("# comment\n\nkernel/missing.ko\n/nonexistent/virtio.ko.xz debug=1\n"), 0o644)
+	loaded, failed := loadModules(testLog(t), list)
+	if loaded != 0 || len(failed) != 2 {
+		t.Fatalf("loaded %d failed %v", loaded, failed)
+	}
+	if !strings.Contains(failed[0].Error(), filepath.Join(dir, "kernel/missing.ko")) || !strings.Contains(failed[1].Error(), "/nonexistent/virtio.ko.xz") {
+		t.Fatalf("errors do not name the module: %v", failed)
+	}
+	if loaded, failed := loadModules(testLog(t), filepath.Join(dir, "absent")); loaded != 0 || failed != nil {
+		t.Fatalf("a missing list is not an error: %d %v", loaded, failed)
+	}
+}
+
+func TestMountHelpers(t *testing.T) {
+	if !isMountPoint("/proc") {
+		t.Fatal("/proc is a mount point")
+	}
+	if isMountPoint(t.TempDir()) {
+		t.Fatal("a temp dir is not a mount point")
+	}
+	if got := unescapeMountPath(`/mnt/a\040b\134c`); got != `/mnt/a b\c` {
+		t.Fatalf("unescape %q", got)
+	}
+	if up, err := kernelUptime(); err != nil || up <= 0 {
+		t.Fatalf("uptime %v %v", up, err)
+	}
+}
+
+// TestGuestBuildIsCGOFree proves the guest agent builds without cgo and
+// links neither sqlite nor the host-only backends.
+func TestGuestBuildIsCGOFree(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", ".")
+	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, forbidden := range []string{"go-sqlite3", "core/ledger", "Code-Hex/vz"} {
+		if strings.Contains(string(out), forbidden) {
+			t.Errorf("the guest agent depends on %s", forbidden)
+		}
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(t.TempDir(), "agent"), ".")
+	build.Env = append(build.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 build: %v\n%s", err, out)
+	}
+}

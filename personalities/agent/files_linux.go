@@ -1,0 +1,320 @@
+package agent
+
+import (
+	"errors"
+	"io"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/guestwire"
+)
+
+// File operations are binary-safe and bounded, and writes never follow a
+// symbolic link anywhere in the path: directories are opened one component
+// at a time with O_NOFOLLOW from "/", so a link planted in the guest cannot
+// redirect a write from the host somewhere else. Reads follow links in the
+// directories (Debian's /bin, /lib are links) but not in the last component
+// unless asked.
+
+// fsError turns an errno into a wire error whose message names the
+// operation and the path.
+func fsError(op, path string, err error) *guestwire.Error {
+	var we *guestwire.Error
+	if errors.As(err, &we) {
+		return we
+	}
+	code := guestwire.CodeIO
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		switch errno {
+		case unix.ENOENT:
+			code = guestwire.CodeNotFound
+		case unix.EEXIST:
+			code = guestwire.CodeExists
+		case unix.EACCES, unix.EPERM, unix.EROFS:
+			code = guestwire.CodePermission
+		case unix.ENOTDIR:
+			code = guestwire.CodeNotDir
+		case unix.EISDIR:
+			code = guestwire.CodeIsDir
+		case unix.ELOOP:
+			code = guestwire.CodeSymlink
+		case unix.EFBIG:
+			code = guestwire.CodeTooLarge
+		}
+	}
+	return guestwire.Errorf(code, "%s %s: %v", op, path, err)
+}
+
+// splitPath returns the directory components and the last name of an
+// absolute, validated path ("/a/b/c" → [a b], c). "." and empty components
+// are dropped.
+func splitPath(path string) (dirs []string, name string) {
+	for _, c := range strings.Split(path, "/") {
+		if c != "" && c != "." {
+			dirs = append(dirs, c)
+		}
+	}
+	if len(dirs) == 0 {
+		return nil, ""
+	}
+	return dirs[:len(dirs)-1], dirs[len(dirs)-1]
+}
+
+// openDirNoFollow opens the directory made of comps under "/" without
+// following a symbolic link in any of them; with create, missing ones are
+// made (0755). The caller closes the returned O_PATH descriptor.
+func openDirNoFollow(op, path string, comps []string, create bool) (int, error) {
+	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fsError(op, path, err)
+	}
+	for _, c := range comps {
+		next, err := unix.Openat(fd, c, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) && create {
+			if err := unix.Mkdirat(fd, c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+				unix.Close(fd)
+				return -1, fsError(op, path, err)
+			}
+			next, err = unix.Openat(fd, c, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+		if err != nil {
+			err = explainComponent(op, path, fd, c, err)
+			unix.Close(fd)
+			return -1, err
+		}
+		unix.Close(fd)
+		fd = next
+	}
+	return fd, nil
+}
+
+// explainComponent says why component c (in dirfd) could not be opened as a
+// directory: O_NOFOLLOW|O_DIRECTORY reports a link as ENOTDIR (or ELOOP).
+func explainComponent(op, path string, dirfd int, c string, err error) error {
+	if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+		var st unix.Stat_t
+		if unix.Fstatat(dirfd, c, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				return guestwire.Errorf(guestwire.CodeSymlink, "%s %s: path component %q is a symbolic link, which is not followed", op, path, c)
+			}
+			return guestwire.Errorf(guestwire.CodeNotDir, "%s %s: path component %q is not a directory", op, path, c)
+		}
+	}
+	return fsError(op, path, err)
+}
+
+func infoFromStat(st *unix.Stat_t) *guestwire.FileInfo {
+	return &guestwire.FileInfo{Mode: st.Mode, Size: st.Size, ModTimeUnixNs: st.Mtim.Nano()}
+}
+
+// writeFile replaces path's content with data. No link is followed anywhere
+// in the path; the target must be a regular file or not exist.
+func writeFile(path string, data []byte, mode uint32, parents bool, maxSize int64) (*guestwire.FileInfo, error) {
+	const op = "write"
+	if err := guestwire.ValidatePath(path); err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > maxSize {
+		return nil, guestwire.Errorf(guestwire.CodeTooLarge, "write %s: %d bytes, the limit is %d", path, len(data), maxSize)
+	}
+	if mode&^0o7777 != 0 {
+		return nil, guestwire.Errorf(guestwire.CodeInvalid, "write %s: mode %#o has bits other than permissions", path, mode)
+	}
+	dirs, name := splitPath(path)
+	if name == "" {
+		return nil, guestwire.Errorf(guestwire.CodeIsDir, "write %s: is a directory", path)
+	}
+	dfd, err := openDirNoFollow(op, path, dirs, parents)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dfd)
+	// Look before opening, so a device or FIFO is refused without being
+	// opened (opening one can block or have side effects).
+	var st unix.Stat_t
+	created := false
+	switch err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); {
+	case errors.Is(err, unix.ENOENT):
+		created = true
+	case err != nil:
+		return nil, fsError(op, path, err)
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		return nil, guestwire.Errorf(guestwire.CodeSymlink, "write %s: it is a symbolic link, which writes never follow", path)
+	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		return nil, guestwire.Errorf(guestwire.CodeIsDir, "write %s: is a directory", path)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return nil, guestwire.Errorf(guestwire.CodeNotRegular, "write %s: not a regular file", path)
+	}
+	perm := mode
+	if perm == 0 {
+		perm = 0o644
+	}
+	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, perm)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, guestwire.Errorf(guestwire.CodeSymlink, "write %s: it is a symbolic link, which writes never follow", path)
+		}
+		return nil, fsError(op, path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	// Re-check what was opened: the name may have changed since the look.
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fsError(op, path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, guestwire.Errorf(guestwire.CodeNotRegular, "write %s: not a regular file", path)
+	}
+	if err := unix.Ftruncate(fd, 0); err != nil {
+		return nil, fsError(op, path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return nil, fsError(op, path, err)
+	}
+	// The umask would otherwise trim a new file's mode; an explicit mode is
+	// applied to an existing file too.
+	if mode != 0 || created {
+		if err := unix.Fchmod(fd, perm); err != nil {
+			return nil, fsError(op, path, err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return nil, fsError(op, path, err)
+	}
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fsError(op, path, err)
+	}
+	return infoFromStat(&st), nil
+}
+
+// readFile reads a whole regular file of at most maxSize bytes. A link as
+// the last component is refused unless follow is set.
+func readFile(path string, follow bool, maxSize int64) ([]byte, *guestwire.FileInfo, error) {
+	const op = "read"
+	if err := guestwire.ValidatePath(path); err != nil {
+		return nil, nil, err
+	}
+	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
+	if !follow {
+		flags |= unix.O_NOFOLLOW
+	}
+	fd, err := unix.Open(path, flags, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) && !follow {
+			return nil, nil, guestwire.Errorf(guestwire.CodeSymlink, "read %s: it is a symbolic link; ask to follow it to read its target", path)
+		}
+		return nil, nil, fsError(op, path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, nil, fsError(op, path, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		return nil, nil, guestwire.Errorf(guestwire.CodeIsDir, "read %s: is a directory", path)
+	default:
+		return nil, nil, guestwire.Errorf(guestwire.CodeNotRegular, "read %s: not a regular file", path)
+	}
+	if st.Size > maxSize {
+		return nil, nil, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the file is %d bytes, the limit is %d", path, st.Size, maxSize)
+	}
+	// Some files (in /proc, /sys) report size 0 and have content: read to
+	// EOF, one byte past the limit to tell "exactly at" from "over".
+	data, err := io.ReadAll(io.LimitReader(f, maxSize+1))
+	if err != nil {
+		return nil, nil, fsError(op, path, err)
+	}
+	if int64(len(data)) > maxSize {
+		return nil, nil, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the file is more than %d bytes, the limit", path, maxSize)
+	}
+	return data, infoFromStat(&st), nil
+}
+
+// statFile describes path without following a link in its last component.
+func statFile(path string) (*guestwire.FileInfo, error) {
+	if err := guestwire.ValidatePath(path); err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return nil, fsError("stat", path, err)
+	}
+	info := infoFromStat(&st)
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		buf := make([]byte, guestwire.MaxPath)
+		if n, err := unix.Readlink(path, buf); err == nil {
+			info.LinkTarget = string(buf[:n])
+		}
+	}
+	return info, nil
+}
+
+// mkdir creates a directory without following a link anywhere in its path.
+// With parents, missing parents are made and an existing directory is fine.
+func mkdir(path string, mode uint32, parents bool) (*guestwire.FileInfo, error) {
+	const op = "mkdir"
+	if err := guestwire.ValidatePath(path); err != nil {
+		return nil, err
+	}
+	if mode&^0o7777 != 0 {
+		return nil, guestwire.Errorf(guestwire.CodeInvalid, "mkdir %s: mode %#o has bits other than permissions", path, mode)
+	}
+	perm := mode
+	if perm == 0 {
+		perm = 0o755
+	}
+	dirs, name := splitPath(path)
+	if name == "" {
+		if parents {
+			return statFile("/")
+		}
+		return nil, guestwire.Errorf(guestwire.CodeExists, "mkdir /: exists")
+	}
+	dfd, err := openDirNoFollow(op, path, dirs, parents)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dfd)
+	created := true
+	if err := unix.Mkdirat(dfd, name, perm); err != nil {
+		if !errors.Is(err, unix.EEXIST) {
+			return nil, fsError(op, path, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return nil, fsError(op, path, err)
+		}
+		switch {
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			return nil, guestwire.Errorf(guestwire.CodeSymlink, "mkdir %s: it is a symbolic link, which is not followed", path)
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+			return nil, guestwire.Errorf(guestwire.CodeExists, "mkdir %s: exists and is not a directory", path)
+		case !parents:
+			return nil, guestwire.Errorf(guestwire.CodeExists, "mkdir %s: already exists", path)
+		}
+		created = false
+	}
+	// Open what is there now without following a link, and set the mode on
+	// that descriptor, so a swap after mkdirat cannot redirect the chmod.
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, explainComponent(op, path, dfd, name, err)
+	}
+	defer unix.Close(fd)
+	if created || mode != 0 {
+		if err := unix.Fchmod(fd, perm); err != nil {
+			return nil, fsError(op, path, err)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fsError(op, path, err)
+	}
+	return infoFromStat(&st), nil
+}

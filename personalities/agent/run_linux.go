@@ -1,0 +1,181 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/guestchan"
+	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/logs"
+	"github.com/capsem/capsem/core/version"
+)
+
+// Bounds of the boot's waits. Under TCG a guest is slow, so they are
+// generous; they exist so a broken channel ends in a power off the host can
+// see, not a VM that hangs forever.
+const (
+	// ChannelTimeout bounds opening the channel and reaching the host's
+	// control port.
+	ChannelTimeout = 60 * time.Second
+	// ReconnectTimeout bounds reaching the control port again after the
+	// control connection broke while the channel lived.
+	ReconnectTimeout = 30 * time.Second
+)
+
+// guestSymlinks are the names the capsem binary answers to inside the guest.
+var guestSymlinks = []string{"/usr/bin/capsem-mcp-server", "/usr/bin/capsem-doctor"}
+
+// Run is PID 1. It never returns as PID 1: whatever happens ends in a power
+// off, since init exiting would panic the kernel and leave the host waiting.
+func (c *Cmd) Run(ctx context.Context) error {
+	log := logs.From(ctx).With("component", "agent")
+	pid1 := os.Getpid() == 1
+	if !pid1 && !c.AllowNotPID1 {
+		return fmt.Errorf("agent: this is the guest's init and must run as PID 1 (it is PID %d); set %s=1 to run it anyway for a test",
+			os.Getpid(), AllowNotPID1Env)
+	}
+	err := c.boot(ctx, log, pid1)
+	if !pid1 {
+		if errors.Is(err, ErrShutdown) {
+			return nil
+		}
+		return err
+	}
+	if !errors.Is(err, ErrShutdown) {
+		log.Error("the guest agent failed; powering off", "err", err)
+	} else {
+		log.Info("powering off")
+	}
+	powerOff(log)
+	return nil
+}
+
+func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
+	start := time.Now()
+	if err := mountEarly(log); err != nil {
+		return err
+	}
+	if pid1 {
+		useConsole()
+	}
+	var hello guestwire.Hello
+	hello.AgentVersion = version.Version
+	hello.KernelRelease = kernelRelease()
+	hello.Boot.MountsMS = time.Since(start).Milliseconds()
+	if up, err := kernelUptime(); err == nil {
+		hello.Boot.KernelToInitMS = (up - time.Since(start)).Milliseconds()
+	}
+	if !pid1 {
+		// Orphans of our execs come to us, as they would to init.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			log.Warn("becoming a child subreaper", "err", err)
+		}
+	}
+	reaper := NewReaper(log, true)
+	defer reaper.Close()
+
+	t := time.Now()
+	loaded, failed := loadModules(log, ModuleLoadOrder)
+	hello.Boot.ModulesMS = time.Since(t).Milliseconds()
+	log.Info("kernel modules loaded", "loaded", loaded, "failed", len(failed), "ms", hello.Boot.ModulesMS)
+	ensureSymlinks(log)
+
+	t = time.Now()
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return fmt.Errorf("agent: reading the kernel command line: %w", err)
+	}
+	kind, err := guestchan.FromCmdline(string(cmdline))
+	if err != nil {
+		return err
+	}
+	openCtx, cancel := context.WithTimeout(ctx, ChannelTimeout)
+	defer cancel()
+	ch, err := guestchan.OpenGuest(openCtx, kind, log)
+	if err != nil {
+		return fmt.Errorf("agent: opening the %s channel to the host: %w", kind, err)
+	}
+	defer ch.Close()
+	conn, err := dialRetry(openCtx, ch, guestchan.PortControl)
+	if err != nil {
+		return fmt.Errorf("agent: reaching the host's control port over the %s channel: %w", kind, err)
+	}
+	hello.Boot.ChannelMS = time.Since(t).Milliseconds()
+	log.Info("connected to the host", "channel", kind, "kernel_to_init_ms", hello.Boot.KernelToInitMS,
+		"mounts_ms", hello.Boot.MountsMS, "modules_ms", hello.Boot.ModulesMS, "channel_ms", hello.Boot.ChannelMS)
+
+	srv := &Server{Log: log, Dial: ch.Dial, Reaper: reaper, Hello: hello, SetClock: setClock, SetHostname: setHostname}
+	bridgeCtx, stopBridge := context.WithCancel(ctx)
+	defer stopBridge()
+	go func() {
+		if err := ServeMCPBridge(bridgeCtx, log, guestwire.GuestMCPSocket, ch.Dial); err != nil {
+			log.Error("MCP bridge", "err", err)
+		}
+	}()
+	for {
+		err := srv.Serve(ctx, conn)
+		if errors.Is(err, ErrShutdown) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ch.Done():
+			return fmt.Errorf("agent: the channel to the host closed: %w", err)
+		default:
+		}
+		// The channel lives but the control stream broke: say Hello again
+		// on a new one (the boot environment is kept).
+		log.Warn("control connection lost; reconnecting", "err", err)
+		rctx, rcancel := context.WithTimeout(ctx, ReconnectTimeout)
+		conn, err = dialRetry(rctx, ch, guestchan.PortControl)
+		rcancel()
+		if err != nil {
+			return fmt.Errorf("agent: reconnecting to the control port: %w", err)
+		}
+	}
+}
+
+// dialRetry dials port until it answers, with backoff (10 ms doubling to
+// 500 ms), bounded by ctx: the host may not listen yet when the guest is fast.
+func dialRetry(ctx context.Context, ch guestchan.Channel, port uint32) (net.Conn, error) {
+	delay := 10 * time.Millisecond
+	for {
+		c, err := ch.Dial(ctx, port)
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("port %d: %w (last error: %w)", port, ctx.Err(), err)
+		case <-ch.Done():
+			return nil, fmt.Errorf("port %d: the channel closed (last error: %w)", port, err)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 500*time.Millisecond)
+	}
+}
+
+// ensureSymlinks makes capsem-mcp-server and capsem-doctor reach this binary
+// when the image did not already provide them.
+func ensureSymlinks(log *slog.Logger) {
+	self, err := os.Executable()
+	if err != nil {
+		return
+	}
+	for _, l := range guestSymlinks {
+		if _, err := os.Lstat(l); err == nil {
+			continue
+		}
+		os.MkdirAll(filepath.Dir(l), 0o755)
+		if err := os.Symlink(self, l); err != nil {
+			log.Debug("creating a guest symlink", "link", l, "err", err)
+		}
+	}
+}

@@ -1,0 +1,302 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/capsem/capsem/core/guestwire"
+)
+
+// ErrShutdown is returned by Serve after it acknowledged a Shutdown request:
+// the caller powers the VM off.
+var ErrShutdown = errors.New("agent: shutdown requested by the host")
+
+// DialFunc opens a stream to a logical port on the host (guestchan.Channel.Dial).
+type DialFunc func(ctx context.Context, port uint32) (net.Conn, error)
+
+// Server answers control requests on one connection. The zero value is not
+// usable: set Dial and Reaper. A Server keeps the boot environment across
+// connections, so a reconnect does not lose it.
+type Server struct {
+	Log *slog.Logger
+	// Dial opens exec output streams (port 5005).
+	Dial DialFunc
+	// Reaper starts and waits for every exec child.
+	Reaper *Reaper
+	// Hello is sent first on every connection (ProtocolVersion is filled in).
+	Hello guestwire.Hello
+	// BaseEnv is every exec's environment before the boot config's and the
+	// exec's own (nil: DefaultEnv).
+	BaseEnv map[string]string
+	// DefaultCwd is the working directory of an exec that names none
+	// ("": /root when it is a directory, else /).
+	DefaultCwd string
+	// MaxFileSize bounds file reads and writes (0: guestwire.MaxFileSize;
+	// never more).
+	MaxFileSize int64
+	// OutputGrace is how long an exec's outputs may stay open after its
+	// process exited (something it started in the background holds them)
+	// before the result is sent without them (0: 2 s).
+	OutputGrace time.Duration
+	// MaxInFlight bounds requests handled at once (0: 256); past it a
+	// request is answered "busy" at once.
+	MaxInFlight int
+	// SetClock and SetHostname apply the boot config; nil leaves the system
+	// alone (tests run on a real host).
+	SetClock    func(time.Time) error
+	SetHostname func(string) error
+
+	mu      sync.Mutex
+	bootEnv map[string]string
+	execs   map[uint64]*runningExec
+}
+
+// DefaultEnv is the environment an exec starts from.
+func DefaultEnv() map[string]string {
+	return map[string]string{
+		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME": "/root",
+		"TERM": "xterm-256color",
+		"LANG": "C.UTF-8",
+	}
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Log == nil {
+		return slog.Default()
+	}
+	return s.Log
+}
+
+func (s *Server) maxFileSize() int64 {
+	if s.MaxFileSize <= 0 || s.MaxFileSize > guestwire.MaxFileSize {
+		return guestwire.MaxFileSize
+	}
+	return s.MaxFileSize
+}
+
+// Serve sends Hello on conn and answers requests until the connection ends,
+// ctx ends, or the host asks for shutdown (ErrShutdown, after the answer has
+// been written). Requests run concurrently; execs still running when Serve
+// returns are killed. Serve closes conn.
+func (s *Server) Serve(ctx context.Context, conn net.Conn) error {
+	if s.Dial == nil || s.Reaper == nil {
+		return errors.New("agent: Server needs Dial and Reaper")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		conn.Close()
+		wg.Wait()
+	}()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+
+	w := guestwire.NewWriter(conn)
+	hello := s.Hello
+	hello.ProtocolVersion = guestwire.ProtocolVersion
+	if err := w.Write(&guestwire.Message{Type: guestwire.TypeHello, Hello: &hello}); err != nil {
+		return fmt.Errorf("agent: sending hello: %w", err)
+	}
+	maxInFlight := s.MaxInFlight
+	if maxInFlight <= 0 {
+		maxInFlight = 256
+	}
+	sem := make(chan struct{}, maxInFlight)
+	reply := func(m *guestwire.Message) {
+		if err := w.Write(m); err != nil {
+			s.log().Debug("writing an answer", "type", m.Type, "id", m.ID, "err", err)
+		}
+	}
+	r := guestwire.NewReader(conn)
+	for {
+		var m guestwire.Message
+		if err := r.Read(&m); err != nil {
+			var de *guestwire.DecodeError
+			switch {
+			case errors.As(err, &de):
+				s.log().Warn("undecodable request", "id", de.ID, "err", err)
+				reply(errorMessage(de.ID, guestwire.Errorf(guestwire.CodeDecode, "the request did not decode: %v", de.Err)))
+				continue
+			case guestwire.IsRecoverable(err):
+				reply(errorMessage(0, guestwire.Errorf(guestwire.CodeTooLarge, "%v", err)))
+				continue
+			case ctx.Err() != nil:
+				return ctx.Err()
+			}
+			return fmt.Errorf("agent: reading the control connection: %w", err)
+		}
+		switch m.Type {
+		case guestwire.TypePing:
+			reply(&guestwire.Message{Type: guestwire.TypePong, ID: m.ID})
+			continue
+		case guestwire.TypeCancel:
+			s.cancelExec(m.Target)
+			reply(&guestwire.Message{Type: guestwire.TypeOK, ID: m.ID})
+			continue
+		case guestwire.TypeShutdown:
+			reply(&guestwire.Message{Type: guestwire.TypeOK, ID: m.ID})
+			return ErrShutdown
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			reply(errorMessage(m.ID, guestwire.Errorf(guestwire.CodeBusy, "%d requests are already in flight", maxInFlight)))
+			continue
+		}
+		wg.Add(1)
+		go func(m guestwire.Message) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			reply(s.handle(ctx, &m))
+		}(m)
+	}
+}
+
+func errorMessage(id uint64, err error) *guestwire.Message {
+	var we *guestwire.Error
+	if !errors.As(err, &we) {
+		we = guestwire.Errorf(guestwire.CodeIO, "%v", err)
+	}
+	return &guestwire.Message{Type: guestwire.TypeError, ID: id, Error: we}
+}
+
+// handle answers one request.
+func (s *Server) handle(ctx context.Context, m *guestwire.Message) *guestwire.Message {
+	var (
+		resp *guestwire.Message
+		err  error
+	)
+	switch m.Type {
+	case guestwire.TypeBootConfig:
+		err = s.bootConfig(m.BootConfig)
+		resp = &guestwire.Message{Type: guestwire.TypeOK}
+	case guestwire.TypeExec:
+		var res *guestwire.ExecResult
+		res, err = s.exec(ctx, m.ID, m.Exec)
+		resp = &guestwire.Message{Type: guestwire.TypeExecResult, ExecResult: res}
+	case guestwire.TypeFileRead, guestwire.TypeFileWrite, guestwire.TypeFileStat, guestwire.TypeMkdir:
+		var res *guestwire.FileResult
+		res, err = s.file(m.Type, m.File)
+		resp = &guestwire.Message{Type: guestwire.TypeFileResult, FileResult: res}
+	default:
+		err = guestwire.Errorf(guestwire.CodeUnknown, "unknown request type %q", m.Type)
+	}
+	if err != nil {
+		return errorMessage(m.ID, err)
+	}
+	resp.ID = m.ID
+	return resp
+}
+
+func (s *Server) file(typ string, req *guestwire.FileRequest) (*guestwire.FileResult, error) {
+	if req == nil {
+		return nil, guestwire.Errorf(guestwire.CodeInvalid, "%s request has no file payload", typ)
+	}
+	switch typ {
+	case guestwire.TypeFileRead:
+		max := s.maxFileSize()
+		if req.MaxSize < 0 || req.MaxSize > max {
+			return nil, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: max size %d is outside 0..%d", req.Path, req.MaxSize, max)
+		}
+		if req.MaxSize > 0 {
+			max = req.MaxSize
+		}
+		data, info, err := readFile(req.Path, req.FollowSymlink, max)
+		if err != nil {
+			return nil, err
+		}
+		return &guestwire.FileResult{Data: data, Info: info}, nil
+	case guestwire.TypeFileWrite:
+		info, err := writeFile(req.Path, req.Data, req.Mode, req.Parents, s.maxFileSize())
+		if err != nil {
+			return nil, err
+		}
+		return &guestwire.FileResult{Info: info}, nil
+	case guestwire.TypeFileStat:
+		info, err := statFile(req.Path)
+		if err != nil {
+			return nil, err
+		}
+		return &guestwire.FileResult{Info: info}, nil
+	default: // TypeMkdir
+		info, err := mkdir(req.Path, req.Mode, req.Parents)
+		if err != nil {
+			return nil, err
+		}
+		return &guestwire.FileResult{Info: info}, nil
+	}
+}
+
+// bootConfig applies the boot config: all of it is checked first, so a
+// refused key or path applies nothing; then files, the environment, the
+// clock and the host name.
+func (s *Server) bootConfig(c *guestwire.BootConfig) error {
+	if err := guestwire.ValidateBootConfig(c); err != nil {
+		return err
+	}
+	for _, f := range c.Files {
+		if _, err := writeFile(f.Path, f.Data, f.Mode, true, s.maxFileSize()); err != nil {
+			we := fsError("write", f.Path, err)
+			return guestwire.Errorf(we.Code, "boot config file: %s", we.Message)
+		}
+	}
+	s.mu.Lock()
+	if s.bootEnv == nil {
+		s.bootEnv = map[string]string{}
+	}
+	maps.Copy(s.bootEnv, c.Env)
+	s.mu.Unlock()
+	if c.ClockUnixNano != 0 {
+		if s.SetClock == nil {
+			s.log().Debug("boot config clock ignored (no clock setter)")
+		} else if err := s.SetClock(time.Unix(0, c.ClockUnixNano)); err != nil {
+			return guestwire.Errorf(guestwire.CodePermission, "setting the clock: %v", err)
+		}
+	}
+	if c.Hostname != "" {
+		if s.SetHostname == nil {
+			s.log().Debug("boot config hostname ignored (no hostname setter)")
+		} else if err := s.SetHostname(c.Hostname); err != nil {
+			return guestwire.Errorf(guestwire.CodePermission, "setting the host name to %q: %v", c.Hostname, err)
+		}
+	}
+	return nil
+}
+
+// execEnv is the environment for an exec: base, then boot config, then the
+// exec's own (all already validated).
+func (s *Server) execEnv(own map[string]string) []string {
+	env := s.BaseEnv
+	if env == nil {
+		env = DefaultEnv()
+	}
+	merged := maps.Clone(env)
+	s.mu.Lock()
+	maps.Copy(merged, s.bootEnv)
+	s.mu.Unlock()
+	maps.Copy(merged, own)
+	out := make([]string, 0, len(merged))
+	for k, v := range merged {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+func (s *Server) defaultCwd() string {
+	if s.DefaultCwd != "" {
+		return s.DefaultCwd
+	}
+	if st, err := os.Stat("/root"); err == nil && st.IsDir() {
+		return "/root"
+	}
+	return "/"
+}

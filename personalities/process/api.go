@@ -1,0 +1,183 @@
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/ledger"
+)
+
+// maxRequestBody bounds API request bodies (file writes carry base64 data).
+const maxRequestBody = 96 << 20
+
+func (v *VM) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /info", v.handleInfo)
+	mux.HandleFunc("POST /exec", v.handleExec)
+	mux.HandleFunc("POST /files/read", v.handleFile)
+	mux.HandleFunc("POST /files/write", v.handleFile)
+	mux.HandleFunc("POST /files/stat", v.handleFile)
+	mux.HandleFunc("POST /files/mkdir", v.handleFile)
+	mux.HandleFunc("POST /stop", v.handleStop)
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, body any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(body)
+}
+
+func writeError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, api.Error{Error: err.Error()})
+}
+
+func decodeBody(w http.ResponseWriter, r *http.Request, into any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("invalid request body: %w", err))
+		return false
+	}
+	return true
+}
+
+func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
+	state := "running"
+	select {
+	case <-v.stopped:
+		state = "stopped"
+	default:
+	}
+	writeJSON(w, http.StatusOK, api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
+		Accel: v.accel, BootTimings: v.timings, State: state})
+}
+
+func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNoContent)
+	// Answer first: stopping closes the listener this request came in on.
+	go v.Stop(context.Background())
+}
+
+// eventWriter streams exec output as NDJSON events.
+type eventWriter struct {
+	mu      *sync.Mutex
+	w       http.ResponseWriter
+	stream  string
+	preview *strings.Builder
+}
+
+const previewBytes = 4 << 10
+
+func (e *eventWriter) Write(p []byte) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if room := previewBytes - e.preview.Len(); room > 0 {
+		e.preview.Write(p[:min(room, len(p))])
+	}
+	b, err := json.Marshal(api.ExecEvent{Stream: e.stream, Data: p})
+	if err != nil {
+		return 0, err
+	}
+	if _, err := e.w.Write(append(b, '\n')); err != nil {
+		return 0, err
+	}
+	if f, ok := e.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return len(p), nil
+}
+
+func (v *VM) handleExec(w http.ResponseWriter, r *http.Request) {
+	var req api.ExecRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if (len(req.Argv) == 0) == (req.Command == "") {
+		writeError(w, http.StatusBadRequest, errors.New("exactly one of argv and command must be given"))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	var mu sync.Mutex
+	var outPreview, errPreview strings.Builder
+	stdout := &eventWriter{mu: &mu, w: w, stream: "stdout", preview: &outPreview}
+	stderr := &eventWriter{mu: &mu, w: w, stream: "stderr", preview: &errPreview}
+	start := time.Now()
+	res, err := v.ctl.Exec(r.Context(), &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: req.Env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, stdout, stderr)
+	command := req.Command
+	if command == "" {
+		command = strings.Join(req.Argv, " ")
+	}
+	row := &ledger.ExecEvent{Command: command, DurationMS: time.Since(start).Milliseconds(), Source: "api",
+		StdoutPreview: outPreview.String(), StderrPreview: errPreview.String()}
+	final := api.ExecEvent{Done: true}
+	if err != nil {
+		final = api.ExecEvent{Error: err.Error()}
+		row.StderrPreview = "exec failed: " + err.Error()
+	} else {
+		final.ExitCode, final.Signal, final.TimedOut = res.ExitCode, res.Signal, res.TimedOut
+		final.StdoutTruncated, final.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
+		final.StdoutBytes, final.StderrBytes, final.DurationMS = res.StdoutBytes, res.StderrBytes, res.DurationMS
+		code := int64(res.ExitCode)
+		row.ExitCode = &code
+		row.StdoutBytes, row.StderrBytes = res.StdoutBytes, res.StderrBytes
+		row.Truncated = res.StdoutTruncated || res.StderrTruncated
+		row.TimedOut = res.TimedOut
+	}
+	if lerr := v.ledger.Write(context.WithoutCancel(r.Context()), row); lerr != nil {
+		v.log.Error("exec_events row not written", "err", lerr)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	b, _ := json.Marshal(final)
+	w.Write(append(b, '\n'))
+}
+
+func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
+	var req api.FileRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	ctx := r.Context()
+	var out api.FileResponse
+	var info *guestwire.FileInfo
+	var err error
+	switch r.URL.Path {
+	case "/files/read":
+		out.Data, err = v.ctl.ReadFile(ctx, req.Path)
+	case "/files/write":
+		mode := fs.FileMode(req.Mode)
+		if mode == 0 {
+			mode = 0o644
+		}
+		err = v.ctl.WriteFile(ctx, req.Path, req.Data, mode)
+	case "/files/stat":
+		info, err = v.ctl.Stat(ctx, req.Path)
+	case "/files/mkdir":
+		mode := fs.FileMode(req.Mode)
+		if mode == 0 {
+			mode = 0o755
+		}
+		err = v.ctl.Mkdir(ctx, req.Path, mode, true)
+	}
+	if err != nil {
+		writeError(w, http.StatusUnprocessableEntity, err)
+		return
+	}
+	if info != nil {
+		out.Size, out.Mode, out.ModTime = info.Size, info.Mode, info.ModTimeUnixNs/1e9
+		out.IsDir = info.Mode&0o170000 == 0o040000 // S_IFDIR
+	}
+	writeJSON(w, http.StatusOK, out)
+}

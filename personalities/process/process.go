@@ -1,0 +1,260 @@
+// Package process is the per-VM process (`capsem process`, hidden): it owns
+// one VM's QEMU child, the guest channel and control protocol, the MCP
+// endpoint on logical port 5002 with its aggregator, the session ledger, and
+// a 0600 Unix-socket API for exec, files, info and stop.
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/guestchan"
+	"github.com/capsem/capsem/core/guestctl"
+	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/ledger"
+	"github.com/capsem/capsem/core/mcpgw"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/guestfs"
+	"github.com/capsem/capsem/vmm"
+	"github.com/capsem/capsem/vmm/qemu"
+)
+
+// Cmd is `capsem process`.
+type Cmd struct {
+	SessionDir string `required:"" type:"path" help:"Session directory (session.db, console log, sockets)."`
+	Socket     string `required:"" type:"path" help:"Unix socket for this process's API (created 0600)."`
+	Name       string `help:"VM name (hostname in the guest)." default:"capsem"`
+	Config     string `optional:"" type:"path" help:"TOML with [[mcp.servers]] and [mcp] settings."`
+	CPUs       int    `default:"2" help:"Virtual CPUs."`
+	MemoryMiB  int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
+	GuestBin   string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
+}
+
+// Run boots the VM and serves until it stops.
+func (c *Cmd) Run(ctx context.Context) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.Default().With("vm", c.Name)
+	v, err := Boot(ctx, c.options(log))
+	if err != nil {
+		return err
+	}
+	return v.ServeAPI(ctx, c.Socket)
+}
+
+func (c *Cmd) options(log *slog.Logger) Options {
+	return Options{SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config,
+		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBinary: c.GuestBin, Logger: log}
+}
+
+// Options configure Boot.
+type Options struct {
+	SessionDir  string
+	APISocket   string
+	Name        string
+	ConfigPath  string
+	CPUs        int
+	MemoryMiB   int
+	GuestBinary string
+	Logger      *slog.Logger
+}
+
+// VM is a booted guest and everything the process owns for it.
+type VM struct {
+	opts    Options
+	log     *slog.Logger
+	ledger  *ledger.Ledger
+	gw      *mcpgw.Gateway
+	machine vmm.Machine
+	ctl     *guestctl.Client
+	hello   guestwire.Hello
+	accel   string
+	timings map[string]int64
+
+	stopOnce sync.Once
+	stopped  chan struct{}
+}
+
+// Boot prepares assets, starts QEMU and waits for the guest agent.
+func Boot(ctx context.Context, o Options) (*VM, error) {
+	t0 := time.Now()
+	timings := map[string]int64{}
+	mark := func(stage string, since time.Time) time.Time {
+		now := time.Now()
+		timings[stage] = now.Sub(since).Milliseconds()
+		return now
+	}
+	if err := os.MkdirAll(o.SessionDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating session directory: %w", err)
+	}
+	guestBin := o.GuestBinary
+	if guestBin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		guestBin = filepath.Join(filepath.Dir(self), "capsem-guest")
+	}
+	home, err := paths.Home()
+	if err != nil {
+		return nil, err
+	}
+	assets, err := guestfs.Ensure(ctx, guestfs.Options{Dir: filepath.Join(home, "assets"), GuestBinary: guestBin, Progress: os.Stderr, Logger: o.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("guest assets: %w", err)
+	}
+	if err := assets.Verify(); err != nil {
+		return nil, fmt.Errorf("guest assets failed their hash check: %w", err)
+	}
+	t := mark("assets", t0)
+
+	cfg := &config.File{}
+	if o.ConfigPath != "" {
+		if cfg, err = config.Load(o.ConfigPath); err != nil {
+			return nil, err
+		}
+	}
+	led, err := ledger.Open(ctx, filepath.Join(o.SessionDir, "session.db"), ledger.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("opening session ledger: %w", err)
+	}
+	v := &VM{opts: o, log: o.Logger, ledger: led, timings: timings, stopped: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			v.teardown(context.WithoutCancel(ctx))
+		}
+	}()
+	chanSock := filepath.Join(o.SessionDir, "channel.sock")
+	v.gw, err = mcpgw.Start(ctx, mcpgw.Options{SessionDir: o.SessionDir, Config: cfg, Ledger: led,
+		Protect: []string{o.APISocket, chanSock}, Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+
+	spec := vmm.Spec{
+		Name:          o.Name,
+		Kernel:        assets.Kernel,
+		Initramfs:     assets.Initramfs,
+		Cmdline:       "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial",
+		CPUs:          o.CPUs,
+		MemoryMiB:     o.MemoryMiB,
+		ChannelSocket: chanSock,
+		ConsoleLog:    filepath.Join(o.SessionDir, "console.log"),
+	}
+	backend := &qemu.Backend{Log: o.Logger}
+	m, err := backend.Create(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("creating the VM: %w", err)
+	}
+	v.machine = m
+	if qm, ok := m.(*qemu.Machine); ok {
+		v.accel = qm.Accel()
+	}
+	if err := v.machine.Start(ctx); err != nil {
+		return nil, fmt.Errorf("starting QEMU: %w", err)
+	}
+	t = mark("qemu_start", t)
+	ch := v.machine.Channel()
+	v.ctl, err = guestctl.Accept(ctx, ch, guestctl.Options{Log: o.Logger, HeartbeatInterval: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the guest agent: %w (console: %s)", err, filepath.Join(o.SessionDir, "console.log"))
+	}
+	t = mark("kernel_to_hello", t)
+	v.hello = v.ctl.Hello()
+	if err := v.ctl.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano()}); err != nil {
+		return nil, fmt.Errorf("sending boot config: %w", err)
+	}
+	mcpLn, err := ch.Listen(guestchan.PortMCP)
+	if err != nil {
+		return nil, fmt.Errorf("listening for guest MCP: %w", err)
+	}
+	go v.gw.Serve(ctx, mcpLn)
+	mark("ready", t)
+	timings["total"] = time.Since(t0).Milliseconds()
+	v.log.Info("VM ready", "timings_ms", timings, "agent", v.hello.AgentVersion)
+	ok = true
+	return v, nil
+}
+
+// Stop shuts the guest down cleanly (bounded), then makes sure QEMU is gone
+// and everything the process owns is closed. Safe to call more than once.
+func (v *VM) Stop(ctx context.Context) {
+	v.stopOnce.Do(func() {
+		v.teardown(ctx)
+		close(v.stopped)
+	})
+}
+
+func (v *VM) teardown(ctx context.Context) {
+	if v.ctl != nil && v.machine != nil {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := v.ctl.Shutdown(sctx); err != nil {
+			v.log.Warn("guest shutdown request failed", "err", err)
+		}
+		select {
+		case <-v.machine.Done():
+		case <-sctx.Done():
+		}
+		cancel()
+	}
+	if v.machine != nil {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := v.machine.Stop(sctx); err != nil {
+			v.log.Warn("stopping QEMU", "err", err)
+		}
+		cancel()
+	}
+	if v.ctl != nil {
+		v.ctl.Close()
+	}
+	if v.gw != nil {
+		v.gw.Close()
+	}
+	if v.ledger != nil {
+		v.ledger.Close()
+	}
+}
+
+// ServeAPI serves the process API on a 0600 Unix socket until the VM stops,
+// QEMU exits, or ctx is done; then it stops the VM.
+func (v *VM) ServeAPI(ctx context.Context, sock string) error {
+	_ = os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		v.Stop(context.WithoutCancel(ctx))
+		return fmt.Errorf("listening on %s: %w", sock, err)
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		ln.Close()
+		v.Stop(context.WithoutCancel(ctx))
+		return fmt.Errorf("securing %s: %w", sock, err)
+	}
+	srv := &http.Server{Handler: v.routes(), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	var exitErr error
+	select {
+	case <-ctx.Done():
+	case <-v.stopped:
+	case <-v.machine.Done():
+		exitErr = errors.New("QEMU exited unexpectedly")
+		v.log.Error("QEMU exited", "err", v.machine.Wait())
+	}
+	v.Stop(context.WithoutCancel(ctx))
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	os.Remove(sock)
+	return exitErr
+}

@@ -1,0 +1,116 @@
+// Package qemu is the QEMU backend of vmm for Linux hosts:
+// qemu-system-x86_64 with direct kernel boot, no NIC, no firmware menus, KVM
+// when /dev/kvm is usable and TCG otherwise, and the guest channel on one
+// virtio-serial port.
+//
+// Channel socket roles: the host (this package) listens on Spec.ChannelSocket
+// (mode 0600) before QEMU starts, and QEMU connects to it as a client
+// (chardev socket,server=off). Listening first means QEMU either connects at
+// once or fails to start with a clear error, there is no window in which the
+// socket exists with QEMU's default permissions, and the connection is
+// checked to come from our QEMU's PID. Once connected the socket file is
+// removed. On the connection the host is the yamux server and the guest
+// agent the client (guestchan.Server / guestchan.Client).
+package qemu
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/capsem/capsem/core/guestchan"
+	"github.com/capsem/capsem/vmm"
+)
+
+// Identifiers QEMU and the guest see.
+const (
+	channelChardevID = "chan"
+	consoleChardevID = "console"
+	serialBusID      = "vser0"
+)
+
+// Args returns QEMU's argv (without the program name) for spec with the
+// resolved accelerator ("kvm" or "tcg"). It is a pure function of its
+// inputs: no probes, no environment, no files.
+func Args(spec vmm.Spec, accel string) ([]string, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	cpu := ""
+	switch accel {
+	case vmm.AccelKVM:
+		cpu = "host"
+	case vmm.AccelTCG:
+		// max: every feature TCG can emulate, so the guest kernel picks
+		// its fast paths (e.g. RDRAND for early entropy).
+		cpu = "max"
+	default:
+		return nil, fmt.Errorf("qemu: accelerator %q: want %q or %q", accel, vmm.AccelKVM, vmm.AccelTCG)
+	}
+	machine := spec.Machine
+	if machine == "" {
+		machine = vmm.DefaultMachine
+	}
+	a := []string{
+		"-name", "guest=" + spec.Name + ",debug-threads=on",
+		"-machine", machine,
+		"-accel", accel,
+		"-cpu", cpu,
+		"-smp", strconv.Itoa(spec.CPUs),
+		"-m", strconv.Itoa(spec.MemoryMiB) + "M",
+		// Nothing we did not ask for: no default devices, no config files,
+		// no display, no NIC (the guest reaches the network only through the
+		// egress port of the channel), and a guest reboot or panic
+		// (panic=-1) ends QEMU instead of looping.
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-nic", "none",
+		"-kernel", spec.Kernel,
+		"-initrd", spec.Initramfs,
+		"-append", spec.Cmdline,
+		// Serial console (ttyS0) appended to the log file; append=on so a
+		// named VM's log survives a restart.
+		"-chardev", "file,id=" + consoleChardevID + ",path=" + optValue(spec.ConsoleLog) + ",append=on",
+		"-serial", "chardev:" + consoleChardevID,
+		// The guest channel: one virtio-serial port on a socket we listen on.
+		"-device", "virtio-serial-pci,id=" + serialBusID,
+		"-chardev", "socket,id=" + channelChardevID + ",path=" + optValue(spec.ChannelSocket) + ",server=off",
+		"-device", "virtserialport,bus=" + serialBusID + ".0,chardev=" + channelChardevID + ",name=" + guestchan.VirtioPortName,
+	}
+	for _, d := range spec.Disks {
+		ro, extra := "off", ",discard=unmap" // deletes in the guest keep the image sparse
+		if d.ReadOnly {
+			ro, extra = "on", ""
+		}
+		id := "disk-" + d.ID
+		a = append(a,
+			// cache=writeback honours guest flushes (persistence) and works
+			// on every filesystem (cache=none needs O_DIRECT).
+			"-drive", "file="+optValue(d.Path)+",if=none,id="+id+",format=raw,readonly="+ro+",cache=writeback"+extra,
+			"-device", "virtio-blk-pci,drive="+id+",serial="+d.ID,
+		)
+	}
+	for i, sh := range spec.Shares {
+		model := sh.SecurityModel
+		if model == "" {
+			model = "none"
+		}
+		id := "fs" + strconv.Itoa(i)
+		fsdev := "local,id=" + id + ",path=" + optValue(sh.HostPath) + ",security_model=" + model
+		if sh.ReadOnly {
+			fsdev += ",readonly=on"
+		}
+		// remap: inode numbers stay unique when the share spans host
+		// filesystems (otherwise QEMU warns and the guest may confuse
+		// files).
+		fsdev += ",multidevs=remap"
+		a = append(a,
+			"-fsdev", fsdev,
+			"-device", "virtio-9p-pci,fsdev="+id+",mount_tag="+sh.Tag,
+		)
+	}
+	return a, nil
+}
+
+// optValue escapes a value inside a QEMU "key=value,..." option string,
+// where a literal comma is written twice.
+func optValue(s string) string { return strings.ReplaceAll(s, ",", ",,") }

@@ -1,0 +1,159 @@
+package qemu
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/capsem/capsem/core/testkit"
+	"github.com/capsem/capsem/vmm"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/qemu/*.args from the current Args")
+
+func minimalSpec() vmm.Spec {
+	return vmm.Spec{
+		Name:          "minimal",
+		Kernel:        "/assets/vmlinuz",
+		Initramfs:     "/assets/initramfs.cpio",
+		Cmdline:       "console=ttyS0 panic=-1 quiet capsem.channel=serial",
+		CPUs:          2,
+		MemoryMiB:     512,
+		ChannelSocket: "/run/capsem/s1/chan.sock",
+		ConsoleLog:    "/run/capsem/s1/console.log",
+	}
+}
+
+// goldenSpecs are the specs whose argv is pinned in testdata/qemu.
+func goldenSpecs() map[string]struct {
+	spec  vmm.Spec
+	accel string
+} {
+	disks := minimalSpec()
+	disks.Name = "with-disks"
+	disks.Disks = []vmm.Disk{
+		{ID: "base", Path: "/assets/base.img", ReadOnly: true},
+		{ID: "upper", Path: "/var/lib/capsem/vms/dev/upper.img"},
+	}
+	share := minimalSpec()
+	share.Name = "with-share"
+	share.Shares = []vmm.Share{
+		{Tag: "workspace", HostPath: "/home/u/work"},
+		{Tag: "ro-tools", HostPath: "/opt/tools", ReadOnly: true, SecurityModel: "mapped-xattr"},
+	}
+	odd := minimalSpec()
+	odd.Name = "odd-paths"
+	odd.Machine = "pc"
+	odd.CPUs, odd.MemoryMiB = 1, 256
+	odd.ConsoleLog = "/tmp/a,b/console.log"
+	odd.ChannelSocket = "/tmp/a,b/c.sock"
+	odd.Disks = []vmm.Disk{{ID: "d1", Path: "/tmp/a,b/disk,1.img"}}
+	odd.Shares = []vmm.Share{{Tag: "w", HostPath: "/tmp/a,b/w"}}
+	return map[string]struct {
+		spec  vmm.Spec
+		accel string
+	}{
+		"minimal-tcg": {minimalSpec(), vmm.AccelTCG},
+		"minimal-kvm": {minimalSpec(), vmm.AccelKVM},
+		"with-disks":  {disks, vmm.AccelTCG},
+		"with-share":  {share, vmm.AccelTCG},
+		"odd-paths":   {odd, vmm.AccelKVM},
+	}
+}
+
+func TestArgsGolden(t *testing.T) {
+	dir := filepath.Join(testkit.ModuleRoot(t), "testdata", "qemu")
+	for name, g := range goldenSpecs() {
+		t.Run(name, func(t *testing.T) {
+			args, err := Args(g.spec, g.accel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(args, "\n") + "\n"
+			path := filepath.Join(dir, name+".args")
+			if *update {
+				os.MkdirAll(dir, 0o755)
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./vmm/qemu -run TestArgsGolden -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("argv differs from %s (rerun with -update if intended):\n got: %q\nwant: %q", path, args, strings.Split(strings.TrimSpace(string(want)), "\n"))
+			}
+			// Pure: the same input gives the same argv.
+			again, _ := Args(g.spec, g.accel)
+			if !slices.Equal(args, again) {
+				t.Error("Args is not deterministic")
+			}
+		})
+	}
+}
+
+// TestArgsInvariants checks what must hold for every spec, beyond goldens.
+func TestArgsInvariants(t *testing.T) {
+	for name, g := range goldenSpecs() {
+		args, _ := Args(g.spec, g.accel)
+		joined := " " + strings.Join(args, " ") + " "
+		for _, want := range []string{" -nodefaults ", " -no-user-config ", " -nographic ", " -no-reboot ", " -nic none ",
+			" -accel " + g.accel + " ", "name=org.capsem.channel", ",server=off"} {
+			if !strings.Contains(joined, want) {
+				t.Errorf("%s: argv lacks %q", name, want)
+			}
+		}
+		for _, bad := range []string{"-netdev", "virtio-net", "-bios", "-boot ", "microvm", "server=on"} {
+			if strings.Contains(joined, bad) {
+				t.Errorf("%s: argv has %q", name, bad)
+			}
+		}
+		wantCPU := map[string]string{vmm.AccelTCG: "max", vmm.AccelKVM: "host"}[g.accel]
+		if i := slices.Index(args, "-cpu"); i < 0 || args[i+1] != wantCPU {
+			t.Errorf("%s: -cpu is not %s for %s", name, wantCPU, g.accel)
+		}
+	}
+}
+
+func TestArgsRejects(t *testing.T) {
+	good := minimalSpec()
+	if _, err := Args(good, "hvf"); err == nil {
+		t.Error("unknown accelerator accepted")
+	}
+	mutate := map[string]func(*vmm.Spec){
+		"empty name":        func(s *vmm.Spec) { s.Name = "" },
+		"comma in name":     func(s *vmm.Spec) { s.Name = "a,b" },
+		"relative kernel":   func(s *vmm.Spec) { s.Kernel = "vmlinuz" },
+		"no initramfs":      func(s *vmm.Spec) { s.Initramfs = "" },
+		"zero cpus":         func(s *vmm.Spec) { s.CPUs = 0 },
+		"tiny memory":       func(s *vmm.Spec) { s.MemoryMiB = 16 },
+		"bad accel":         func(s *vmm.Spec) { s.Accel = "xen" },
+		"microvm":           func(s *vmm.Spec) { s.Machine = "microvm" },
+		"newline cmdline":   func(s *vmm.Spec) { s.Cmdline = "a\nb" },
+		"bad disk id":       func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "1x", Path: "/d"}} },
+		"disk id too long":  func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "abcdefghijklmnopqrstu", Path: "/d"}} },
+		"comma in disk id":  func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "a,b", Path: "/d"}} },
+		"duplicate disk":    func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "a", Path: "/d"}, {ID: "a", Path: "/e"}} },
+		"relative disk":     func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "a", Path: "d.img"}} },
+		"bad share tag":     func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "a b", HostPath: "/w"}} },
+		"duplicate tag":     func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "w", HostPath: "/w"}, {Tag: "w", HostPath: "/x"}} },
+		"bad security":      func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "w", HostPath: "/w", SecurityModel: "passthrough"}} },
+		"long socket path":  func(s *vmm.Spec) { s.ChannelSocket = "/" + strings.Repeat("s", 120) },
+		"no console log":    func(s *vmm.Spec) { s.ConsoleLog = "" },
+		"relative share":    func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "w", HostPath: "w"}} },
+		"NUL in share path": func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "w", HostPath: "/w\x00"}} },
+	}
+	for name, f := range mutate {
+		s := minimalSpec()
+		f(&s)
+		_, err := Args(s, vmm.AccelTCG)
+		if !errors.Is(err, vmm.ErrInvalidSpec) {
+			t.Errorf("%s: %v, want ErrInvalidSpec", name, err)
+		}
+	}
+}

@@ -1,0 +1,554 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/guestchan"
+	"github.com/capsem/capsem/vmm"
+)
+
+// DefaultBinary is the QEMU program, looked up in PATH.
+const DefaultBinary = "qemu-system-x86_64"
+
+// DefaultStopGrace is how long Stop waits after SIGTERM before SIGKILL.
+const DefaultStopGrace = 5 * time.Second
+
+// Backend creates QEMU machines. The zero value is ready to use.
+type Backend struct {
+	// Binary is the QEMU program; "" means DefaultBinary from PATH.
+	Binary string
+	// Log receives the backend's and QEMU's messages; nil discards.
+	Log *slog.Logger
+	// ProbeKVM reports whether KVM is usable; nil means ProbeKVM.
+	ProbeKVM func() error
+	// Getenv reads CAPSEM_ACCEL; nil means os.Getenv.
+	Getenv func(string) string
+	// StopGrace overrides DefaultStopGrace.
+	StopGrace time.Duration
+}
+
+var _ vmm.Backend = (*Backend)(nil)
+
+// Name is "qemu".
+func (b *Backend) Name() string { return "qemu" }
+
+// Create validates spec, picks the accelerator (logging the choice) and
+// computes QEMU's argv. Nothing runs until Start.
+func (b *Backend) Create(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) {
+	return b.create(ctx, spec)
+}
+
+func (b *Backend) create(_ context.Context, spec vmm.Spec) (*Machine, error) {
+	log := b.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "vmm", "backend", "qemu", "vm", spec.Name)
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	probe, getenv := b.ProbeKVM, b.Getenv
+	if probe == nil {
+		probe = ProbeKVM
+	}
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	accel, reason, err := ResolveAccel(spec.Accel, getenv(AccelEnv), probe)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("accelerator", "accel", accel, "reason", reason)
+	args, err := Args(spec, accel)
+	if err != nil {
+		return nil, err
+	}
+	bin := b.Binary
+	if bin == "" {
+		bin = DefaultBinary
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %s not found (Debian package qemu-system-x86): %w", bin, err)
+	}
+	grace := b.StopGrace
+	if grace <= 0 {
+		grace = DefaultStopGrace
+	}
+	return &Machine{
+		spec:  spec,
+		accel: accel,
+		bin:   path,
+		args:  args,
+		grace: grace,
+		log:   log,
+		done:  make(chan struct{}),
+	}, nil
+}
+
+// Machine is one QEMU process and its guest channel.
+type Machine struct {
+	spec  vmm.Spec
+	accel string
+	bin   string
+	args  []string
+	grace time.Duration
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	started  bool
+	proc     *os.Process
+	session  *guestchan.Session
+	stopping bool
+
+	stderr   tailBuffer
+	waitErr  error
+	startErr error         // why Start failed after QEMU ran; set before done closes
+	done     chan struct{} // closed once QEMU is reaped
+}
+
+var _ vmm.Machine = (*Machine)(nil)
+
+// Accel is the accelerator this machine runs with.
+func (m *Machine) Accel() string { return m.accel }
+
+// Argv is QEMU's full command line (program first).
+func (m *Machine) Argv() []string { return append([]string{m.bin}, m.args...) }
+
+// Start listens on the channel socket, starts QEMU, waits for its
+// connection (bounded by ctx) and starts the host side of the guest channel
+// on it. ctx also bounds the machine's life: when it ends QEMU is stopped.
+// A failed Start kills and reaps QEMU and removes the socket.
+func (m *Machine) Start(ctx context.Context) error {
+	m.mu.Lock()
+	if m.started {
+		m.mu.Unlock()
+		return errors.New("qemu: machine already started")
+	}
+	m.started = true
+	stopped := m.stopping
+	m.mu.Unlock()
+	if stopped {
+		err := errors.New("stopped before start")
+		m.finishUnstarted(err)
+		return fmt.Errorf("qemu: start %s: %w", m.spec.Name, err)
+	}
+	if err := ctx.Err(); err != nil {
+		m.finishUnstarted(err)
+		return fmt.Errorf("qemu: start %s: %w", m.spec.Name, err)
+	}
+
+	t0 := time.Now()
+	if err := prepareConsoleLog(m.spec.ConsoleLog); err != nil {
+		m.finishUnstarted(err)
+		return err
+	}
+	ln, err := listenChannel(m.spec.ChannelSocket)
+	if err != nil {
+		m.finishUnstarted(err)
+		return err
+	}
+	defer func() {
+		// On success the socket served its purpose (QEMU is connected);
+		// on failure it must not be left behind.
+		ln.Close()
+		os.Remove(m.spec.ChannelSocket)
+	}()
+
+	if err := m.spawn(); err != nil {
+		m.finishUnstarted(err)
+		return err
+	}
+	m.log.Info("qemu started", "pid", m.proc.Pid, "accel", m.accel, "argv", strings.Join(m.Argv(), " "))
+
+	m.mu.Lock()
+	stopped = m.stopping
+	m.mu.Unlock()
+	if stopped {
+		return m.failStart(errors.New("stopped while starting"))
+	}
+
+	conn, err := m.acceptQEMU(ctx, ln)
+	if err != nil {
+		return m.failStart(err)
+	}
+	sess, err := guestchan.Server(conn, m.log)
+	if err != nil {
+		conn.Close()
+		return m.failStart(err)
+	}
+	m.mu.Lock()
+	m.session = sess
+	m.mu.Unlock()
+	m.log.Info("guest channel connected", "elapsed", time.Since(t0))
+
+	stopOnCancel := context.AfterFunc(ctx, func() {
+		m.log.Info("context ended: stopping VM", "cause", context.Cause(ctx))
+		m.Stop(context.Background())
+	})
+	go func() {
+		<-m.done
+		stopOnCancel()
+		sess.Close()
+	}()
+	return nil
+}
+
+// failStart kills and reaps a QEMU that did not come up, and returns the
+// start error, with QEMU's own complaint when it exited by itself.
+func (m *Machine) failStart(err error) error {
+	exitedAlready := false
+	select {
+	case <-m.done:
+		exitedAlready = true
+	default:
+	}
+	m.kill()
+	<-m.done
+	if exitedAlready && m.waitErr != nil {
+		err = fmt.Errorf("%w; %w", err, m.exitError())
+	}
+	err = fmt.Errorf("qemu: start %s: %w", m.spec.Name, err)
+	m.startErr = err
+	return err
+}
+
+// finishUnstarted marks a machine whose QEMU never ran as done, so Wait and
+// Done do not block forever.
+func (m *Machine) finishUnstarted(err error) {
+	m.waitErr = err
+	m.startErr = fmt.Errorf("qemu: %s never ran: %w", m.spec.Name, err)
+	close(m.done)
+}
+
+// spawn starts QEMU from a goroutine locked to its OS thread for QEMU's whole
+// life: Pdeathsig fires when the *thread* that forked exits, and the Go
+// runtime may retire idle threads, which would kill a healthy VM. The same
+// goroutine reaps QEMU and closes done.
+func (m *Machine) spawn() error {
+	cmd := exec.Command(m.bin, append(m.args, strings.Fields(os.Getenv("XQEMU"))...)...) // EXPERIMENT
+	cmd.Stdin = nil
+	w := &logWriter{log: m.log, tail: &m.stderr}
+	cmd.Stdout, cmd.Stderr = w, w
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Pdeathsig: syscall.SIGKILL, // QEMU dies with its owner
+		Setpgid:   true,            // terminal signals to our group do not reach it
+	}
+	// A stuck output pipe must not stop the reaping.
+	cmd.WaitDelay = 2 * time.Second
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		m.mu.Lock()
+		m.proc = cmd.Process
+		m.mu.Unlock()
+		started <- nil
+		err := cmd.Wait()
+		w.flush()
+		m.mu.Lock()
+		m.waitErr = err
+		stopping := m.stopping
+		// Closed under the lock so Stop's "already gone?" check and the
+		// stopping flag Wait reads agree.
+		close(m.done)
+		m.mu.Unlock()
+		m.log.Info("qemu exited", "pid", cmd.Process.Pid, "status", cmd.ProcessState.String(), "stopped", stopping)
+	}()
+	if err := <-started; err != nil {
+		return fmt.Errorf("qemu: starting %s: %w", m.bin, err)
+	}
+	return nil
+}
+
+// acceptQEMU waits for QEMU's connection to the channel socket, refusing
+// any other peer, until ctx ends or QEMU exits.
+func (m *Machine) acceptQEMU(ctx context.Context, ln *net.UnixListener) (net.Conn, error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	pid := m.PID()
+	go func() {
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				ch <- result{err: err}
+				return
+			}
+			peer, perr := peerPID(c)
+			if perr == nil && peer == pid {
+				ch <- result{c: c}
+				return
+			}
+			m.log.Warn("refusing a channel socket connection that is not our QEMU", "peer_pid", peer, "qemu_pid", pid, "err", perr)
+			c.Close()
+		}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("accepting QEMU's channel connection: %w", r.err)
+		}
+		return r.c, nil
+	case <-m.done:
+		ln.Close()
+		if r := <-ch; r.c != nil {
+			r.c.Close()
+		}
+		return nil, errors.New("QEMU exited before connecting to the channel socket")
+	case <-ctx.Done():
+		ln.Close()
+		if r := <-ch; r.c != nil {
+			r.c.Close()
+		}
+		return nil, fmt.Errorf("waiting for QEMU to connect the channel socket: %w", context.Cause(ctx))
+	}
+}
+
+func peerPID(c *net.UnixConn) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var (
+		cred *unix.Ucred
+		cerr error
+	)
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	return int(cred.Pid), nil
+}
+
+// listenChannel listens on path with mode 0600, replacing a stale socket
+// left by a crashed run but never any other kind of file.
+func listenChannel(path string) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("qemu: channel socket path %s exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("qemu: removing stale channel socket: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("qemu: listening on channel socket: %w", err)
+	}
+	// Start removes the file itself, after QEMU connected or on failure.
+	ln.SetUnlinkOnClose(false)
+	// The umask-derived mode lasts only until this chmod, and the accept
+	// checks the peer's PID anyway.
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		os.Remove(path)
+		return nil, fmt.Errorf("qemu: chmod channel socket: %w", err)
+	}
+	return ln, nil
+}
+
+// prepareConsoleLog creates the console log 0600 before QEMU opens it, so
+// QEMU's umask-derived mode never applies.
+func prepareConsoleLog(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("qemu: console log: %w", err)
+	}
+	return f.Close()
+}
+
+// Channel is the host side of the guest channel; nil before Start succeeds.
+func (m *Machine) Channel() guestchan.Channel {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.session == nil {
+		return nil
+	}
+	return m.session
+}
+
+// Session is Channel as its concrete type (for Ping and NumStreams).
+func (m *Machine) Session() *guestchan.Session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.session
+}
+
+// PID is QEMU's process id, 0 before Start.
+func (m *Machine) PID() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.proc == nil {
+		return 0
+	}
+	return m.proc.Pid
+}
+
+// Done is closed once QEMU has exited and been reaped (or Start failed).
+func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// Wait waits for QEMU to exit. It returns nil for a clean exit (the guest
+// powered off) or an exit caused by Stop, and otherwise an error with the
+// exit status and the tail of QEMU's stderr.
+func (m *Machine) Wait() error {
+	<-m.done
+	m.mu.Lock()
+	stopping := m.stopping
+	m.mu.Unlock()
+	switch {
+	case m.startErr != nil:
+		return m.startErr
+	case m.waitErr == nil || stopping:
+		return nil
+	default:
+		return m.exitError()
+	}
+}
+
+func (m *Machine) exitError() error {
+	tail := strings.TrimSpace(m.stderr.String())
+	if tail == "" {
+		return fmt.Errorf("qemu exited: %w", m.waitErr)
+	}
+	return fmt.Errorf("qemu exited: %w: %s", m.waitErr, tail)
+}
+
+// Stop terminates QEMU: SIGTERM, then SIGKILL after the grace period or
+// when ctx ends, and waits until it is reaped. It is idempotent and safe
+// before Start and after exit.
+func (m *Machine) Stop(ctx context.Context) error {
+	m.mu.Lock()
+	select {
+	case <-m.done:
+		// Already gone: keep Wait's account of why.
+		m.mu.Unlock()
+		return nil
+	default:
+	}
+	m.stopping = true
+	proc := m.proc
+	m.mu.Unlock()
+	if proc == nil {
+		// Never started, or Start is still spawning: it checks stopping
+		// before it waits for QEMU.
+		return nil
+	}
+	// os.Process signals through a pidfd: once reaped, a reused PID is
+	// never hit.
+	proc.Signal(syscall.SIGTERM)
+	t := time.NewTimer(m.grace)
+	defer t.Stop()
+	select {
+	case <-m.done:
+		return nil
+	case <-t.C:
+		m.log.Warn("qemu ignored SIGTERM: killing", "grace", m.grace)
+	case <-ctx.Done():
+	}
+	proc.Kill()
+	<-m.done
+	return nil
+}
+
+// kill is the failed-start path: no grace, the VM never served anyone.
+func (m *Machine) kill() {
+	m.mu.Lock()
+	m.stopping = true
+	proc := m.proc
+	m.mu.Unlock()
+	if proc != nil {
+		proc.Kill()
+	}
+}
+
+// tailBuffer keeps the last tailMax bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+const tailMax = 8 << 10
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > tailMax {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailMax:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
+
+// logWriter logs QEMU's output line by line and keeps its tail for errors.
+type logWriter struct {
+	log     *slog.Logger
+	tail    *tailBuffer
+	mu      sync.Mutex
+	partial []byte
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.tail.Write(p)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.partial = append(w.partial, p...)
+	for {
+		i := bytes.IndexByte(w.partial, '\n')
+		if i < 0 {
+			break
+		}
+		w.emit(w.partial[:i])
+		w.partial = w.partial[i+1:]
+	}
+	if len(w.partial) > 4096 { // a line that never ends is still logged
+		w.emit(w.partial)
+		w.partial = nil
+	}
+	return len(p), nil
+}
+
+func (w *logWriter) flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.partial) > 0 {
+		w.emit(w.partial)
+		w.partial = nil
+	}
+}
+
+func (w *logWriter) emit(line []byte) {
+	if s := strings.TrimSpace(string(line)); s != "" {
+		w.log.Warn("qemu output", "line", s)
+	}
+}

@@ -1,0 +1,208 @@
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/capsem/capsem/core/guestchan"
+)
+
+// Spec is everything a backend needs to make a VM. It is plain data so it can
+// be logged, compared and turned into an argv by a pure function.
+type Spec struct {
+	// Name identifies the VM in logs and process listings.
+	Name string
+	// Kernel is the kernel image (bzImage or uncompressed ELF with a PVH
+	// note), booted directly: no firmware menus, no bootloader.
+	Kernel string
+	// Initramfs is the initramfs (cpio, optionally compressed).
+	Initramfs string
+	// Cmdline is the kernel command line. The caller supplies it whole;
+	// on QEMU it wants at least "console=ttyS0 panic=-1" (console on the
+	// serial log; a panic ends the VM instead of hanging it) and
+	// capsem.channel=serial|vsock for the agent.
+	Cmdline string
+	// CPUs is the vCPU count (≥ 1).
+	CPUs int
+	// MemoryMiB is guest RAM in MiB (≥ 64).
+	MemoryMiB int
+	// Disks are block devices in order (/dev/vda, /dev/vdb, …). Each Disk's
+	// ID is also its virtio serial, so the guest can find it by ID in
+	// /sys/block/vd*/serial whatever the order.
+	Disks []Disk
+	// Shares are host directories shared into the guest (virtio-9p on
+	// QEMU), mounted by tag.
+	Shares []Share
+	// ChannelSocket is the Unix socket path that carries the guest channel
+	// on backends without vsock. It exists only while the VM starts.
+	ChannelSocket string
+	// ConsoleLog is the file the guest's serial console is appended to.
+	ConsoleLog string
+	// Accel is "" (choose: kvm when usable, else tcg; CAPSEM_ACCEL forces
+	// one), "kvm" or "tcg".
+	Accel string
+	// Machine is the machine type; "" means q35 (microvm hangs under TCG;
+	// see DESIGN §2).
+	Machine string
+}
+
+// Disk is a raw disk image.
+type Disk struct {
+	// ID names the disk: letters, digits, '-', '_', starting with a letter,
+	// at most 20 characters (the virtio-blk serial limit).
+	ID       string
+	Path     string
+	ReadOnly bool
+}
+
+// Share is a host directory shared into the guest.
+type Share struct {
+	// Tag is the mount tag the guest mounts by (at most 31 characters).
+	Tag      string
+	HostPath string
+	ReadOnly bool
+	// SecurityModel is QEMU's 9p security model: "" means "none" (files are
+	// created as the QEMU user and ownership changes that fail are
+	// ignored, so host tools see plain files), or "mapped-xattr" (guest
+	// owners and modes kept in host xattrs).
+	SecurityModel string
+}
+
+// Accelerators and the default machine type.
+const (
+	AccelKVM       = "kvm"
+	AccelTCG       = "tcg"
+	DefaultMachine = "q35"
+)
+
+// Backend makes machines.
+type Backend interface {
+	Name() string
+	// Create validates spec and prepares a Machine; nothing runs until
+	// Start.
+	Create(ctx context.Context, spec Spec) (Machine, error)
+}
+
+// Machine is one VM.
+type Machine interface {
+	// Start boots the VM and connects the guest channel. ctx bounds the
+	// start and the machine's life: when it ends the VM is stopped. A
+	// failed Start leaves no process and no socket behind.
+	Start(ctx context.Context) error
+	// Channel is the host side of the guest channel; nil before Start.
+	Channel() guestchan.Channel
+	// Stop terminates the VM (SIGTERM, then SIGKILL after a grace period
+	// bounded by ctx) and waits for it. Asking the guest to shut down
+	// cleanly first is the caller's job. Idempotent.
+	Stop(ctx context.Context) error
+	// Wait blocks until the VM has exited and returns why: nil for a clean
+	// exit (guest power-off) or a Stop.
+	Wait() error
+	// Done is closed when the VM has exited and been reaped.
+	Done() <-chan struct{}
+	// PID is the hypervisor process id, 0 before Start.
+	PID() int
+}
+
+// ErrInvalidSpec wraps every Spec validation error.
+var ErrInvalidSpec = errors.New("invalid VM spec")
+
+var (
+	nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	idRe   = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,19}$`)
+	tagRe  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,30}$`)
+)
+
+// maxSocketPath is the longest path a Unix socket address holds (108 bytes
+// with the NUL).
+const maxSocketPath = 107
+
+// Validate checks the spec for what every backend needs. Paths must be
+// absolute so a spec means the same thing whatever the working directory.
+func (s Spec) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidSpec, fmt.Sprintf(format, a...))
+	}
+	if !nameRe.MatchString(s.Name) {
+		return bad("name %q: want 1-64 of [A-Za-z0-9._-], starting with a letter or digit", s.Name)
+	}
+	for _, f := range []struct{ what, path string }{
+		{"kernel", s.Kernel}, {"initramfs", s.Initramfs},
+		{"channel socket", s.ChannelSocket}, {"console log", s.ConsoleLog},
+	} {
+		if f.path == "" {
+			return bad("%s path is empty", f.what)
+		}
+		if err := checkPath(f.path); err != nil {
+			return bad("%s path %q: %v", f.what, f.path, err)
+		}
+	}
+	if len(s.ChannelSocket) > maxSocketPath {
+		return bad("channel socket path is %d bytes; a Unix socket path holds at most %d", len(s.ChannelSocket), maxSocketPath)
+	}
+	if s.CPUs < 1 || s.CPUs > 64 {
+		return bad("cpus %d: want 1..64", s.CPUs)
+	}
+	if s.MemoryMiB < 64 || s.MemoryMiB > 1<<20 {
+		return bad("memory %d MiB: want 64..1048576", s.MemoryMiB)
+	}
+	switch s.Accel {
+	case "", AccelKVM, AccelTCG:
+	default:
+		return bad("accel %q: want \"\", %q or %q", s.Accel, AccelKVM, AccelTCG)
+	}
+	switch s.Machine {
+	case "", "q35", "pc":
+	default:
+		return bad("machine %q: want q35 or pc", s.Machine)
+	}
+	if strings.ContainsAny(s.Cmdline, "\x00\n") {
+		return bad("kernel command line contains a NUL or newline")
+	}
+	seen := map[string]bool{}
+	for i, d := range s.Disks {
+		if !idRe.MatchString(d.ID) {
+			return bad("disk %d id %q: want a letter then up to 19 of [A-Za-z0-9_-]", i, d.ID)
+		}
+		if seen[d.ID] {
+			return bad("disk id %q used twice", d.ID)
+		}
+		seen[d.ID] = true
+		if err := checkPath(d.Path); err != nil {
+			return bad("disk %q path %q: %v", d.ID, d.Path, err)
+		}
+	}
+	tags := map[string]bool{}
+	for i, sh := range s.Shares {
+		if !tagRe.MatchString(sh.Tag) {
+			return bad("share %d tag %q: want 1-31 of [A-Za-z0-9._-]", i, sh.Tag)
+		}
+		if tags[sh.Tag] {
+			return bad("share tag %q used twice", sh.Tag)
+		}
+		tags[sh.Tag] = true
+		if err := checkPath(sh.HostPath); err != nil {
+			return bad("share %q path %q: %v", sh.Tag, sh.HostPath, err)
+		}
+		switch sh.SecurityModel {
+		case "", "none", "mapped-xattr":
+		default:
+			return bad("share %q security model %q: want none or mapped-xattr", sh.Tag, sh.SecurityModel)
+		}
+	}
+	return nil
+}
+
+func checkPath(p string) error {
+	if !filepath.IsAbs(p) {
+		return errors.New("not absolute")
+	}
+	if strings.ContainsAny(p, "\x00\n") {
+		return errors.New("contains a NUL or newline")
+	}
+	return nil
+}
