@@ -5,23 +5,23 @@ go 1.26.8
 require (
 	github.com/BurntSushi/toml v1.6.0
 	github.com/alecthomas/kong v1.17.0
+	github.com/cavaliergopher/cpio v1.0.1
 	github.com/google/jsonschema-go v0.4.3
+	github.com/hashicorp/yamux v0.1.2
 	github.com/mattn/go-sqlite3 v1.14.53
+	github.com/mdlayher/vsock v1.4.0
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/tinylib/msgp v1.6.5
+	github.com/ulikunitz/xz v0.5.17
 	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.50.0
 )
 
 require (
-	github.com/cavaliergopher/cpio v1.0.1 // indirect
-	github.com/hashicorp/yamux v0.1.2 // indirect
 	github.com/mdlayher/socket v0.8.0 // indirect
-	github.com/mdlayher/vsock v1.4.0 // indirect
 	github.com/philhofer/fwd v1.2.0 // indirect
 	github.com/segmentio/asm v1.1.3 // indirect
 	github.com/segmentio/encoding v0.5.4 // indirect
-	github.com/ulikunitz/xz v0.5.17 // indirect
 	github.com/yosida95/uritemplate/v3 v3.0.2 // indirect
 	golang.org/x/mod v0.33.0 // indirect
 	golang.org/x/oauth2 v0.35.0 // indirect

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -351,22 +352,13 @@ func (b *builder) pruneDebs(keep ...string) {
 	}
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
-		if !strings.HasSuffix(e.Name(), ".deb") || containsString(keep, p) {
+		if !strings.HasSuffix(e.Name(), ".deb") || slices.Contains(keep, p) {
 			continue
 		}
 		if err := os.Remove(p); err == nil {
 			b.log.Info("removed an outdated cached package", "deb", p)
 		}
 	}
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // unpackDeb extracts a .deb into dir with dpkg-deb -x (files only; no

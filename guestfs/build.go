@@ -13,16 +13,18 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
-// build makes the assets for in under the lock: fetch (or reuse) the
-// .debs, unpack, extract vmlinux, pick modules, write the initramfs, and
-// rename the finished directory into place.
+// build makes the assets for in under the lock: the kernel stage (from
+// its cache, or fetched and unpacked), busybox, the initramfs, then the
+// finished directory renamed into place.
 func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets, error) {
 	start := time.Now()
-	kdeb, bdeb, err := b.fetchAll(ctx, res)
-	if err != nil && !b.updated {
+	ks, bdeb, err := b.prepare(ctx, res)
+	var ferr *fetchError
+	if errors.As(err, &ferr) && !b.updated {
 		// The lists may name files the mirror no longer has: refresh once
 		// and start over with whatever versions apt now picks.
 		b.log.Info("download failed; running apt-get update once", "err", err)
@@ -33,10 +35,10 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 			return nil, fmt.Errorf("guestfs: %w", err)
 		}
 		in = b.inputsFor(res)
-		if a, ok := b.cached(in); ok {
+		if a, ok := b.cached(in); ok && !b.force {
 			return a, nil
 		}
-		kdeb, bdeb, err = b.fetchAll(ctx, res)
+		ks, bdeb, err = b.prepare(ctx, res)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("guestfs: %w", err)
@@ -51,78 +53,36 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 	if err := os.Mkdir(out, 0o755); err != nil {
 		return nil, fmt.Errorf("guestfs: %w", err)
 	}
-	m := Manifest{Inputs: in, InputsHash: in.Hash(), Files: map[string]FileSum{}}
-
-	// Kernel.
-	b.progress("unpacking %s %s…", res.Kernel.Name, res.Kernel.Version)
-	kroot := filepath.Join(work, "kernel")
-	if err := b.unpackDeb(ctx, kdeb, kroot); err != nil {
-		return nil, fmt.Errorf("guestfs: %w", err)
+	m := Manifest{
+		Inputs: in, InputsHash: in.Hash(), Files: map[string]FileSum{},
+		Release: ks.Release, PVH: ks.PVH, Modules: ks.Modules, BuiltIn: ks.BuiltIn, Absent: ks.Absent,
 	}
-	release, vmlinuz, err := findKernel(kroot)
-	if err != nil {
-		return nil, fmt.Errorf("guestfs: %s: %w", res.Kernel.Name, err)
-	}
-	m.Release = release
-	bz, err := os.ReadFile(vmlinuz)
-	if err != nil {
-		return nil, fmt.Errorf("guestfs: reading the kernel: %w", err)
-	}
-	if err := b.writeAsset(out, FileVmlinuz, bz, &m); err != nil {
-		return nil, err
-	}
-	b.progress("extracting the uncompressed kernel from %s…", filepath.Base(vmlinuz))
-	if elfKernel, err := ExtractVmlinux(bz); err != nil {
-		// The bzImage still boots, only more slowly under TCG.
-		b.log.Warn("no uncompressed kernel; the guest boots the bzImage", "err", err)
-		b.progress("warning: %v; using vmlinuz", err)
-	} else {
-		pvh, err := HasPVHNote(bytes.NewReader(elfKernel))
-		if err != nil {
+	// Kernel files: hard links into the kernel stage (no second 66 MB copy
+	// per build); Verify re-hashes them all the same.
+	for _, name := range []string{FileVmlinuz, FileVmlinux} {
+		sum, ok := ks.Files[name]
+		if !ok {
+			continue
+		}
+		if err := linkOrCopy(filepath.Join(ks.dir, name), filepath.Join(out, name)); err != nil {
 			return nil, fmt.Errorf("guestfs: %w", err)
 		}
-		m.PVH = pvh
-		if err := b.writeAsset(out, FileVmlinux, elfKernel, &m); err != nil {
-			return nil, err
-		}
-		b.progress("vmlinux: %s, PVH entry: %v", humanBytes(int64(len(elfKernel))), pvh)
+		m.Files[name] = sum
 	}
 
 	tree := newFSTree()
-
-	// Modules.
-	modRoot, err := findModuleRoot(kroot, release)
-	if err != nil {
-		return nil, fmt.Errorf("guestfs: %s: %w", res.Kernel.Name, err)
-	}
-	mt, err := openModTree(modRoot, b.log)
-	if err != nil {
-		return nil, fmt.Errorf("guestfs: %w", err)
-	}
-	order, builtin, absent, err := mt.selectModules(b.opts.Modules)
-	m.BuiltIn, m.Absent = builtin, absent
-	if err != nil {
-		return nil, fmt.Errorf("guestfs: ordering kernel modules: %w", err)
-	}
 	var loadOrderText strings.Builder
-	for _, name := range order {
-		data, err := mt.readModule(name)
+	for _, guestPath := range ks.Modules {
+		data, err := os.ReadFile(filepath.Join(ks.dir, filepath.FromSlash(strings.TrimPrefix(guestPath, "/"))))
 		if err != nil {
-			return nil, fmt.Errorf("guestfs: %w", err)
+			return nil, fmt.Errorf("guestfs: reading a staged module: %w", err)
 		}
-		guestPath := path.Join("/lib/modules", release, plainModulePath(mt.paths[name]))
 		tree.file(guestPath, 0o644, data)
-		m.Modules = append(m.Modules, guestPath)
 		loadOrderText.WriteString(guestPath + "\n")
 	}
 	tree.file(LoadOrderPath, 0o644, []byte(loadOrderText.String()))
-	b.progress("modules: %d in load order (%s)", len(order), strings.Join(order, ", "))
-	if len(absent) > 0 {
-		b.progress("warning: not in this kernel: %s", strings.Join(absent, ", "))
-	}
 
 	// Busybox.
-	b.progress("unpacking %s %s…", res.Busybox.Name, res.Busybox.Version)
 	broot := filepath.Join(work, "busybox")
 	if err := b.unpackDeb(ctx, bdeb, broot); err != nil {
 		return nil, fmt.Errorf("guestfs: %w", err)
@@ -153,7 +113,7 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 	if err := b.writeAsset(out, FileInitramfs, cpio.Bytes(), &m); err != nil {
 		return nil, err
 	}
-	b.progress("initramfs: %s (uncompressed newc, %d entries)", humanBytes(int64(cpio.Len())), len(tree.entries))
+	b.progress("initramfs: %s (uncompressed newc, %d entries, %d busybox applets)", humanBytes(int64(cpio.Len())), len(tree.entries), len(applets))
 
 	// Manifest and publish.
 	m.BuiltAt = time.Now().UTC()
@@ -169,7 +129,7 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 	if err := publishDir(out, final, work); err != nil {
 		return nil, fmt.Errorf("guestfs: %w", err)
 	}
-	b.pruneDebs(kdeb, bdeb)
+	b.pruneDebs(b.debPath(res.Kernel), b.debPath(res.Busybox))
 	b.pruneBuilds(final)
 	a, err := Load(final)
 	if err != nil {
@@ -179,14 +139,247 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 	return a, nil
 }
 
-func (b *builder) fetchAll(ctx context.Context, res resolution) (kdeb, bdeb string, err error) {
-	if kdeb, err = b.fetchDeb(ctx, res.Kernel); err != nil {
-		return "", "", err
+// fetchError marks a failed download, the one failure an apt-get update
+// may cure.
+type fetchError struct{ err error }
+
+func (e *fetchError) Error() string { return e.err.Error() }
+func (e *fetchError) Unwrap() error { return e.err }
+
+// prepare returns the kernel stage and the busybox .deb.
+func (b *builder) prepare(ctx context.Context, res resolution) (*kernelStage, string, error) {
+	ks, err := b.kernelStage(ctx, res.Kernel)
+	if err != nil {
+		return nil, "", err
 	}
-	if bdeb, err = b.fetchDeb(ctx, res.Busybox); err != nil {
-		return "", "", err
+	bdeb, err := b.fetchDeb(ctx, res.Busybox)
+	if err != nil {
+		return nil, "", &fetchError{err}
 	}
-	return kdeb, bdeb, nil
+	return ks, bdeb, nil
+}
+
+// kernelStage is what the build takes from the kernel package: the
+// bzImage, the extracted vmlinux and the selected modules (plain .ko at
+// their guest paths), cached in <Dir>/kernels/<key> so that a new guest
+// binary (every development build) only rewrites the initramfs instead of
+// unpacking 400 MB of modules and decompressing the kernel again.
+type kernelStage struct {
+	dir     string
+	Release string   `json:"kernel_release"`
+	PVH     bool     `json:"pvh"`
+	Modules []string `json:"modules"`
+	BuiltIn []string `json:"built_in,omitempty"`
+	Absent  []string `json:"absent,omitempty"`
+	// Files are slash-separated paths relative to the stage directory.
+	Files map[string]FileSum `json:"files"`
+}
+
+const kernelStageFile = "kernel.json"
+
+// kernelStageKey names a kernel stage: the package's content, the module
+// list and the builder version.
+func (b *builder) kernelStageKey(p pkgInfo) string {
+	data, _ := json.Marshal([]any{BuilderVersion, p.Name, p.SHA256, b.opts.Modules})
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:12])
+}
+
+func loadKernelStage(dir string) (*kernelStage, error) {
+	data, err := os.ReadFile(filepath.Join(dir, kernelStageFile))
+	if err != nil {
+		return nil, err
+	}
+	ks := &kernelStage{dir: dir}
+	if err := json.Unmarshal(data, ks); err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", filepath.Join(dir, kernelStageFile), err)
+	}
+	return ks, nil
+}
+
+// verify re-hashes the stage, so a damaged cache cannot leak into a new
+// build whose manifest would then vouch for it.
+func (ks *kernelStage) verify() error {
+	if _, ok := ks.Files[FileVmlinuz]; !ok {
+		return errors.New("kernel stage lacks vmlinuz")
+	}
+	for rel, sum := range ks.Files {
+		if !filepath.IsLocal(filepath.FromSlash(rel)) {
+			return fmt.Errorf("kernel stage names an invalid file %q", rel)
+		}
+		if err := verifyFile(filepath.Join(ks.dir, filepath.FromSlash(rel)), sum); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kernelStage returns the verified kernel stage for p, making it when
+// missing (or when forced).
+func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, error) {
+	kernels := filepath.Join(b.opts.Dir, "kernels")
+	dir := filepath.Join(kernels, b.kernelStageKey(p))
+	if !b.force {
+		if ks, err := loadKernelStage(dir); err == nil {
+			verr := ks.verify()
+			if verr == nil {
+				b.progress("using the cached kernel %s (%s %s)", ks.Release, p.Name, p.Version)
+				return ks, nil
+			}
+			b.log.Warn("cached kernel stage failed verification; rebuilding it", "dir", dir, "err", verr)
+		}
+	}
+	deb, err := b.fetchDeb(ctx, p)
+	if err != nil {
+		return nil, &fetchError{err}
+	}
+	if err := os.MkdirAll(kernels, 0o755); err != nil {
+		return nil, fmt.Errorf("creating the kernel cache: %w", err)
+	}
+	work, err := os.MkdirTemp(b.opts.Dir, ".build-")
+	if err != nil {
+		return nil, fmt.Errorf("creating a build directory: %w", err)
+	}
+	defer os.RemoveAll(work)
+	out := filepath.Join(work, "stage")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		return nil, fmt.Errorf("creating the kernel stage: %w", err)
+	}
+
+	b.progress("unpacking %s %s…", p.Name, p.Version)
+	kroot := filepath.Join(work, "deb")
+	if err := b.unpackDeb(ctx, deb, kroot); err != nil {
+		return nil, err
+	}
+	release, vmlinuz, err := findKernel(kroot)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.Name, err)
+	}
+	ks := &kernelStage{dir: dir, Release: release, Files: map[string]FileSum{}}
+	put := func(rel string, data []byte) error {
+		full := filepath.Join(out, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			return fmt.Errorf("staging %s: %w", rel, err)
+		}
+		if err := os.WriteFile(full, data, 0o644); err != nil {
+			return fmt.Errorf("staging %s: %w", rel, err)
+		}
+		sum := sha256.Sum256(data)
+		ks.Files[rel] = FileSum{Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
+		return nil
+	}
+	bz, err := os.ReadFile(vmlinuz)
+	if err != nil {
+		return nil, fmt.Errorf("reading the kernel: %w", err)
+	}
+	if err := put(FileVmlinuz, bz); err != nil {
+		return nil, err
+	}
+	b.progress("extracting the uncompressed kernel from %s…", filepath.Base(vmlinuz))
+	if elfKernel, err := ExtractVmlinux(bz); err != nil {
+		// The bzImage still boots, only more slowly under TCG.
+		b.log.Warn("no uncompressed kernel; the guest boots the bzImage", "err", err)
+		b.progress("warning: %v; using vmlinuz", err)
+	} else {
+		if ks.PVH, err = HasPVHNote(bytes.NewReader(elfKernel)); err != nil {
+			return nil, err
+		}
+		if err := put(FileVmlinux, elfKernel); err != nil {
+			return nil, err
+		}
+		b.progress("vmlinux: %s, PVH entry: %v", humanBytes(int64(len(elfKernel))), ks.PVH)
+	}
+
+	modRoot, err := findModuleRoot(kroot, release)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.Name, err)
+	}
+	mt, err := openModTree(modRoot, b.log)
+	if err != nil {
+		return nil, err
+	}
+	order, builtin, absent, err := mt.selectModules(b.opts.Modules)
+	if err != nil {
+		return nil, fmt.Errorf("ordering kernel modules: %w", err)
+	}
+	ks.BuiltIn, ks.Absent = builtin, absent
+	for _, name := range order {
+		data, err := mt.readModule(name)
+		if err != nil {
+			return nil, err
+		}
+		guestPath := path.Join("/lib/modules", release, plainModulePath(mt.paths[name]))
+		if err := put(strings.TrimPrefix(guestPath, "/"), data); err != nil {
+			return nil, err
+		}
+		ks.Modules = append(ks.Modules, guestPath)
+	}
+	b.progress("modules: %d in load order (%s)", len(order), strings.Join(order, ", "))
+	if len(absent) > 0 {
+		b.progress("warning: not in this kernel: %s", strings.Join(absent, ", "))
+	}
+
+	data, err := json.MarshalIndent(ks, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", kernelStageFile, err)
+	}
+	if err := os.WriteFile(filepath.Join(out, kernelStageFile), data, 0o644); err != nil {
+		return nil, fmt.Errorf("writing %s: %w", kernelStageFile, err)
+	}
+	if err := publishDir(out, dir, work); err != nil {
+		return nil, err
+	}
+	b.pruneKernelStages(dir)
+	return ks, nil
+}
+
+// pruneKernelStages keeps the current kernel stage and the newest other
+// one, so going back one kernel does not mean unpacking it again.
+func (b *builder) pruneKernelStages(current string) {
+	kernels := filepath.Dir(current)
+	ents, err := os.ReadDir(kernels)
+	if err != nil {
+		return
+	}
+	type stage struct {
+		dir string
+		mod time.Time
+	}
+	var others []stage
+	for _, e := range ents {
+		p := filepath.Join(kernels, e.Name())
+		if !e.IsDir() || p == current {
+			continue
+		}
+		if info, err := e.Info(); err == nil {
+			others = append(others, stage{p, info.ModTime()})
+		}
+	}
+	sort.Slice(others, func(i, j int) bool { return others[i].mod.After(others[j].mod) })
+	for i, s := range others {
+		if i < 1 {
+			continue
+		}
+		if err := os.RemoveAll(s.dir); err == nil {
+			b.log.Info("removed an old kernel stage", "dir", s.dir)
+		}
+	}
+}
+
+// linkOrCopy hard-links src to dst, copying when linking is impossible
+// (another file system).
+func linkOrCopy(src, dst string) error {
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", src, err)
+	}
+	if err := os.WriteFile(dst, data, 0o644); err != nil {
+		return fmt.Errorf("writing %s: %w", dst, err)
+	}
+	return nil
 }
 
 // writeAsset writes one output file and records its hash in the manifest.
@@ -206,7 +399,7 @@ func publishDir(out, final, work string) error {
 	if err == nil {
 		return nil
 	}
-	if !errors.Is(err, os.ErrExist) && !isNotEmpty(err) {
+	if !errors.Is(err, os.ErrExist) && !errors.Is(err, syscall.ENOTEMPTY) {
 		return fmt.Errorf("publishing the assets: %w", err)
 	}
 	if err := os.Rename(final, filepath.Join(work, "previous")); err != nil {
@@ -216,11 +409,6 @@ func publishDir(out, final, work string) error {
 		return fmt.Errorf("publishing the assets: %w", err)
 	}
 	return nil
-}
-
-func isNotEmpty(err error) bool {
-	var le *os.LinkError
-	return errors.As(err, &le) && strings.Contains(le.Err.Error(), "not empty")
 }
 
 // pruneBuilds keeps the newest keepBuilds asset directories (always keeping

@@ -240,7 +240,18 @@ func Ensure(ctx context.Context, opts Options) (*Assets, error) {
 	if a, ok := b.cached(in); ok { // another builder finished meanwhile
 		return a, nil
 	}
-	return b.build(ctx, in, res)
+	a, err := b.build(ctx, in, res)
+	var ferr *fetchError
+	if errors.As(err, &ferr) {
+		// Offline with lists naming a newer package: booting the last good
+		// build beats not booting at all.
+		if fb := b.cachedFallback(); fb != nil {
+			b.log.Warn("cannot fetch the packages; using the newest cached assets for this guest binary", "err", err, "dir", fb.Dir)
+			b.progress("warning: %v; using the cached assets in %s", err, fb.Dir)
+			return fb, nil
+		}
+	}
+	return a, err
 }
 
 // Build builds the assets unconditionally (capsem image build --force),
@@ -250,6 +261,7 @@ func Build(ctx context.Context, opts Options) (*Assets, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.force = true
 	unlock, err := lockDir(ctx, b)
 	if err != nil {
 		return nil, err
@@ -266,6 +278,7 @@ type builder struct {
 	opts    Options
 	log     *slog.Logger
 	updated bool // apt-get update already ran in this build
+	force   bool // Build: remake the kernel stage too
 	guest   string
 }
 

@@ -273,3 +273,53 @@ func TestCachedFallbackAndPrune(t *testing.T) {
 		t.Fatalf("after pruning: %v (current %s, oldest %s)", left, current.Dir, old.Dir)
 	}
 }
+
+func TestKernelStageVerify(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{FileVmlinuz: "bzImage", "lib/modules/6.1.0-99-amd64/kernel/fs/9p/9p.ko": "\x7fELF 9p"}
+	ks := &kernelStage{dir: dir, Files: map[string]FileSum{}}
+	for rel, data := range files {
+		p := filepath.Join(dir, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sum, err := fileSHA256(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks.Files[rel] = FileSum{Size: int64(len(data)), SHA256: sum}
+	}
+	if err := ks.verify(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lib/modules/6.1.0-99-amd64/kernel/fs/9p/9p.ko"), []byte("\x7fELF 9P"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.verify(); err == nil || !strings.Contains(err.Error(), "sha256") {
+		t.Fatalf("verify after a module changed: %v", err)
+	}
+	ks.Files = map[string]FileSum{FileVmlinuz: ks.Files[FileVmlinuz], "../escape": {}}
+	if err := ks.verify(); err == nil || !strings.Contains(err.Error(), "invalid file") {
+		t.Fatalf("verify with an escaping path: %v", err)
+	}
+}
+
+func TestPublishDirReplaces(t *testing.T) {
+	b := testBuilder(t, t.TempDir())
+	in := Inputs{Builder: "test"}
+	first := writeFakeBuild(t, b, in, time.Now().Add(-time.Minute))
+	second := writeFakeBuild(t, b, in, time.Now())
+	if first.Dir != second.Dir {
+		t.Fatal("same inputs, different directories")
+	}
+	a, err := Load(second.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.BuiltAt.Equal(second.BuiltAt) {
+		t.Fatal("the second publish did not replace the first")
+	}
+}

@@ -217,6 +217,7 @@ type modTree struct {
 	depFile        map[string][]string // from modules.dep, nil when absent
 	info           map[string]modInfo
 	aliasIndex     map[string][]string // lazily built: alias pattern -> module names
+	indexed        map[string]bool     // modules already in aliasIndex
 }
 
 func openModTree(root string, log *slog.Logger) (*modTree, error) {
@@ -371,24 +372,39 @@ func (t *modTree) resolveAlias(alias string) (mod string, builtin bool, err erro
 	if t.builtin[n] || len(t.builtinAliases[alias]) > 0 {
 		return "", true, nil
 	}
-	if t.aliasIndex == nil {
-		if err := t.buildAliasIndex(); err != nil {
-			return "", false, err
-		}
-	}
-	var cands []string
-	for pattern, mods := range t.aliasIndex {
-		if ok, _ := path.Match(pattern, alias); ok || pattern == alias {
-			cands = append(cands, mods...)
-		}
-	}
 	for pattern := range t.builtinAliases {
 		if ok, _ := path.Match(pattern, alias); ok {
 			return "", true, nil
 		}
 	}
-	if len(cands) == 0 {
-		return "", false, nil
+	// Reading aliases means reading every module (decompressing each in
+	// .ko.xz trees), so look where soft dependencies point in practice
+	// first: crypto-* aliases live in the crypto directories.
+	tiers := []func(rel string) bool{func(string) bool { return true }}
+	if strings.HasPrefix(alias, "crypto-") {
+		tiers = append([]func(string) bool{func(rel string) bool { return strings.Contains(rel, "/crypto/") }}, tiers...)
+	}
+	for _, tier := range tiers {
+		t.indexAliases(tier)
+		if cands := t.aliasCandidates(alias); len(cands) > 0 {
+			return cands[0], false, nil
+		}
+	}
+	return "", false, nil
+}
+
+// aliasCandidates returns the indexed modules providing alias, the
+// portable ones (outside kernel/arch/) first, then by path.
+func (t *modTree) aliasCandidates(alias string) []string {
+	var cands []string
+	for pattern, mods := range t.aliasIndex {
+		if ok, _ := path.Match(pattern, alias); ok || pattern == alias {
+			for _, m := range mods {
+				if !slices.Contains(cands, m) {
+					cands = append(cands, m)
+				}
+			}
+		}
 	}
 	sort.Slice(cands, func(i, j int) bool {
 		ai := strings.HasPrefix(t.paths[cands[i]], "kernel/arch/")
@@ -398,19 +414,25 @@ func (t *modTree) resolveAlias(alias string) (mod string, builtin bool, err erro
 		}
 		return t.paths[cands[i]] < t.paths[cands[j]]
 	})
-	return cands[0], false, nil
+	return cands
 }
 
-// buildAliasIndex reads every module's aliases. Only soft dependencies that
-// name an alias need it, and only once per build.
-func (t *modTree) buildAliasIndex() error {
-	t.aliasIndex = map[string][]string{}
+// indexAliases adds the aliases of the modules whose path passes filter
+// and that are not indexed yet.
+func (t *modTree) indexAliases(filter func(rel string) bool) {
+	if t.aliasIndex == nil {
+		t.aliasIndex, t.indexed = map[string][]string{}, map[string]bool{}
+	}
 	names := make([]string, 0, len(t.paths))
-	for n := range t.paths {
-		names = append(names, n)
+	for n, rel := range t.paths {
+		if !t.indexed[n] && filter(rel) {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	for _, n := range names {
+		t.indexed[n] = true
+		_, had := t.info[n]
 		mi, err := t.modinfo(n)
 		if err != nil {
 			// One unreadable module should not block resolving others.
@@ -420,12 +442,11 @@ func (t *modTree) buildAliasIndex() error {
 		for _, a := range mi.Aliases {
 			t.aliasIndex[a] = append(t.aliasIndex[a], n)
 		}
-		if len(mi.Aliases) == 0 {
+		if !had {
 			// Keep memory small: the alias index is all we need of most.
 			delete(t.info, n)
 		}
 	}
-	return nil
 }
 
 // depsOf returns what must be loaded before name: hard dependencies

@@ -166,6 +166,9 @@ func writeModTree(t *testing.T, withDepFile bool) string {
 	mod("kernel/crypto/crc32c_generic.ko", "alias=crypto-crc32c", "alias=crc32c", "depends=", "name=crc32c_generic")
 	mod("kernel/fs/overlayfs/overlay.ko", "softdep=pre: not-there", "depends=", "name=overlay")
 	mod("kernel/net/broken.ko", "depends=nowhere", "name=broken")
+	// A non-crypto alias, found only by indexing the whole tree.
+	mod("kernel/fs/squash/squash.ko", "softdep=pre: fs-helper", "depends=", "name=squash")
+	mod("kernel/lib/helper.ko", "alias=fs-help*", "depends=", "name=helper")
 	put("modules.builtin", []byte("kernel/fs/mbcache_builtin.ko\nkernel/drivers/virtio/virtio_pci.ko\n"))
 	put("modules.order", []byte("kernel/drivers/virtio/virtio.ko\n"))
 	if withDepFile {
@@ -202,6 +205,9 @@ func TestModTreeSelect(t *testing.T) {
 	}
 	if got := plainModulePath(mt.paths["ext4"]); got != "kernel/fs/ext4/ext4.ko" {
 		t.Fatalf("guest path %s", got)
+	}
+	if order, _, _, err := mt.selectModules([]string{"squash"}); err != nil || !slices.Equal(order, []string{"helper", "squash"}) {
+		t.Fatalf("alias softdep: order %v, err %v", order, err)
 	}
 	if _, _, _, err := mt.selectModules([]string{"broken"}); err == nil || !strings.Contains(err.Error(), "neither a module nor built in") {
 		t.Fatalf("missing hard dependency: error %v", err)

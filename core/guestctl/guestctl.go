@@ -20,25 +20,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestwire"
 )
 
-// Logical ports of the guest channel this package uses (the same numbers as
-// core/guestchan; repeated here so this package does not depend on the
-// transport).
-const (
-	PortControl    uint32 = 5000
-	PortExecOutput uint32 = 5005
-)
-
-// Channel is the host's view of the guest channel (core/guestchan.Channel
-// satisfies it).
-type Channel interface {
-	Dial(ctx context.Context, port uint32) (net.Conn, error)
-	Listen(port uint32) (net.Listener, error)
-	Close() error
-	Done() <-chan struct{}
-}
+// Channel is the host's view of the guest channel.
+type Channel = guestchan.Channel
 
 // ErrClosed is returned (wrapped, with the cause) by every call once the
 // control connection is gone: closed here, by the guest, or with the channel.
@@ -87,21 +74,21 @@ type Client struct {
 // control port, reads its Hello, and returns a Client. It listens on the
 // exec output port first, so output streams always find a listener.
 func Accept(ctx context.Context, ch Channel, opts Options) (*Client, error) {
-	outputs, err := ch.Listen(PortExecOutput)
+	outputs, err := ch.Listen(guestchan.PortExecOutput)
 	if err != nil {
-		return nil, fmt.Errorf("guestctl: listen on exec output port %d: %w", PortExecOutput, err)
+		return nil, fmt.Errorf("guestctl: listen on exec output port %d: %w", guestchan.PortExecOutput, err)
 	}
-	ln, err := ch.Listen(PortControl)
+	ln, err := ch.Listen(guestchan.PortControl)
 	if err != nil {
 		outputs.Close()
-		return nil, fmt.Errorf("guestctl: listen on control port %d: %w", PortControl, err)
+		return nil, fmt.Errorf("guestctl: listen on control port %d: %w", guestchan.PortControl, err)
 	}
 	// One control connection per guest: the listener goes once it has come.
 	defer ln.Close()
 	conn, err := acceptCtx(ctx, ln, ch.Done())
 	if err != nil {
 		outputs.Close()
-		return nil, fmt.Errorf("guestctl: waiting for the guest agent on port %d: %w", PortControl, err)
+		return nil, fmt.Errorf("guestctl: waiting for the guest agent on port %d: %w", guestchan.PortControl, err)
 	}
 	c, err := New(ctx, conn, outputs, opts)
 	if err != nil {

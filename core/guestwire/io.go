@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 )
 
@@ -106,20 +107,12 @@ func (r *Reader) Read(m *Message) error {
 		}
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooLarge, n, r.max)
 	}
-	if cap(r.buf) < int(n) {
-		r.buf = make([]byte, n)
-	}
-	buf := r.buf[:n]
-	if _, err := io.ReadFull(r.r, buf); err != nil {
-		return fmt.Errorf("guestwire: short message: %w", io.ErrUnexpectedEOF)
+	buf, err := r.readPayload(int(n))
+	if err != nil {
+		return err
 	}
 	*m = Message{}
-	_, err := m.UnmarshalMsg(buf)
-	// Byte slices in m alias buf only when msgp reuses storage, which it does
-	// not for nil destinations; still, drop a huge buffer rather than keep it.
-	if cap(r.buf) > 1<<20 {
-		r.buf = nil
-	}
+	_, err = m.UnmarshalMsg(buf)
 	if err != nil {
 		de := &DecodeError{Err: err}
 		var h Header
@@ -129,6 +122,33 @@ func (r *Reader) Read(m *Message) error {
 		return de
 	}
 	return nil
+}
+
+// readPayload reads n bytes. A large frame's buffer grows as its bytes
+// arrive, so a length prefix alone cannot make the reader allocate 65 MiB.
+func (r *Reader) readPayload(n int) ([]byte, error) {
+	const chunk = 1 << 20
+	if n <= chunk {
+		if cap(r.buf) < n {
+			r.buf = make([]byte, n, max(n, 4<<10))
+		}
+		buf := r.buf[:n]
+		if _, err := io.ReadFull(r.r, buf); err != nil {
+			return nil, fmt.Errorf("guestwire: short message: %w", io.ErrUnexpectedEOF)
+		}
+		return buf, nil
+	}
+	buf := make([]byte, 0, chunk)
+	for len(buf) < n {
+		step := min(n-len(buf), chunk)
+		buf = slices.Grow(buf, step)
+		got, err := io.ReadFull(r.r, buf[len(buf):len(buf)+step])
+		buf = buf[:len(buf)+got]
+		if err != nil {
+			return nil, fmt.Errorf("guestwire: short message: %w", io.ErrUnexpectedEOF)
+		}
+	}
+	return buf, nil
 }
 
 // DecodeError is a well-framed message whose msgpack did not decode. ID is

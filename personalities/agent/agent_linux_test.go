@@ -18,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alecthomas/kong"
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestctl"
 	"github.com/capsem/capsem/core/guestctl/memchan"
 	"github.com/capsem/capsem/core/guestwire"
@@ -37,14 +39,52 @@ func testLog(t testing.TB) *slog.Logger {
 type harness struct {
 	client *guestctl.Client
 	srv    *Server
-	host   *memchan.End
+	host   guestctl.Channel
 	served chan error // Serve's result
 }
 
-func start(t *testing.T, tune func(*Server)) *harness {
+// channelPair makes the two ends of a guest channel.
+type channelPair func(t *testing.T) (host, guest guestctl.Channel)
+
+func memPair(*testing.T) (guestctl.Channel, guestctl.Channel) {
+	h, g := memchan.Pair()
+	return h, g
+}
+
+// sessionPair is the real transport: yamux sessions (core/guestchan) over a
+// socketpair standing in for the virtio-serial port.
+func sessionPair(t *testing.T) (guestctl.Channel, guestctl.Channel) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := make([]net.Conn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "carrier")
+		conns[i], err = net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	host, err := guestchan.Server(conns[0], testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest, err := guestchan.Client(conns[1], testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { guest.Close() })
+	return host, guest
+}
+
+func start(t *testing.T, tune func(*Server)) *harness { return startOn(t, memPair, tune) }
+
+func startOn(t *testing.T, pair channelPair, tune func(*Server)) *harness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	host, guest := memchan.Pair()
+	host, guest := pair(t)
 	reaper := NewReaper(testLog(t), false)
 	srv := &Server{Log: testLog(t), Dial: guest.Dial, Reaper: reaper,
 		Hello: guestwire.Hello{AgentVersion: "test", Boot: guestwire.BootTimings{ChannelMS: 1}}}
@@ -57,7 +97,7 @@ func start(t *testing.T, tune func(*Server)) *harness {
 		var conn net.Conn
 		var err error
 		for range 500 {
-			if conn, err = guest.Dial(ctx, guestctl.PortControl); err == nil {
+			if conn, err = guest.Dial(ctx, guestchan.PortControl); err == nil {
 				break
 			}
 			time.Sleep(2 * time.Millisecond)
@@ -259,17 +299,7 @@ func TestExecCancelKillsTheCommand(t *testing.T) {
 		_, err := h.client.Exec(ctx, &guestwire.Exec{Shell: "echo $$ > " + pidFile + "; exec sleep 1000"}, nil, nil)
 		done <- err
 	}()
-	var pid int
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if b, err := os.ReadFile(pidFile); err == nil && strings.HasSuffix(string(b), "\n") {
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the command did not start")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	pid := waitPidFile(t, pidFile)
 	cancel()
 	select {
 	case err := <-done:
@@ -284,12 +314,13 @@ func TestExecCancelKillsTheCommand(t *testing.T) {
 
 func TestExecChannelDeathFailsAtOnce(t *testing.T) {
 	h := start(t, nil)
+	pidFile := filepath.Join(t.TempDir(), "pid")
 	done := make(chan error, 1)
 	go func() {
-		_, err := h.client.Exec(context.Background(), &guestwire.Exec{Shell: "sleep 1000"}, nil, nil)
+		_, err := h.client.Exec(context.Background(), &guestwire.Exec{Shell: "echo $$ > " + pidFile + "; exec sleep 1000"}, nil, nil)
 		done <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	pid := waitPidFile(t, pidFile)
 	h.host.Close()
 	select {
 	case err := <-done:
@@ -301,6 +332,44 @@ func TestExecChannelDeathFailsAtOnce(t *testing.T) {
 	}
 	if _, err := h.client.Ping(context.Background()); !errors.Is(err, guestctl.ErrClosed) {
 		t.Fatalf("ping after death: %v", err)
+	}
+	// The guest side kills what it was running for a host that is gone.
+	waitGone(t, pid)
+}
+
+func waitPidFile(t *testing.T, path string) int {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if b, err := os.ReadFile(path); err == nil && strings.HasSuffix(string(b), "\n") {
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestCancelBeforeStart(t *testing.T) {
+	h := start(t, nil)
+	e := &guestwire.Exec{Argv: []string{"true"}, StreamID: 77}
+	id, run, err := h.srv.registerExec(1, e)
+	if err != nil || id != 77 {
+		t.Fatal(id, err)
+	}
+	if _, _, err := h.srv.registerExec(2, e); !isCode(err, guestwire.CodeBusy) {
+		t.Fatalf("duplicate exec id: %v", err)
+	}
+	h.srv.cancelExec(77)
+	if _, err := h.srv.exec(context.Background(), id, run, e); err == nil || !strings.Contains(err.Error(), "cancelled before it started") {
+		t.Fatalf("got %v", err)
+	}
+	if _, _, err := h.srv.registerExec(3, e); err != nil {
+		t.Fatalf("the id was not released: %v", err)
 	}
 }
 
@@ -674,7 +743,7 @@ func TestUnknownAndUndecodableRequests(t *testing.T) {
 func TestMCPBridge(t *testing.T) {
 	host, guest := memchan.Pair()
 	defer host.Close()
-	ln, err := host.Listen(PortMCP)
+	ln, err := host.Listen(guestchan.PortMCP)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -794,5 +863,102 @@ func TestGuestBuildIsCGOFree(t *testing.T) {
 	build.Env = append(build.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("CGO_ENABLED=0 build: %v\n%s", err, out)
+	}
+}
+
+// TestOverGuestchanSession runs the main paths over the real multiplexer
+// instead of the in-memory channel.
+func TestOverGuestchanSession(t *testing.T) {
+	h := startOn(t, sessionPair, nil)
+	ctx := context.Background()
+	o := h.exec(t, &guestwire.Exec{Shell: "echo out; echo err >&2; exit 4"})
+	if o.stdout.String() != "out\n" || o.stderr.String() != "err\n" || o.res.ExitCode != 4 {
+		t.Fatalf("%q %q %+v", o.stdout.String(), o.stderr.String(), o.res)
+	}
+	o = h.exec(t, &guestwire.Exec{Shell: "head -c 20971520 /dev/urandom"})
+	if o.stdout.Len() != guestwire.MinOutputCap || !o.res.StdoutTruncated || o.res.StdoutBytes != 20<<20 {
+		t.Fatalf("truncation: %d %+v", o.stdout.Len(), o.res)
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var out bytes.Buffer
+			res, err := h.client.Exec(ctx, &guestwire.Exec{Argv: []string{"echo", strconv.Itoa(i)}}, &out, nil)
+			if err != nil || res.ExitCode != 0 || out.String() != strconv.Itoa(i)+"\n" {
+				t.Errorf("exec %d: %v %q", i, err, out.String())
+			}
+		}()
+	}
+	wg.Wait()
+	data := make([]byte, 5<<20)
+	rand.Read(data)
+	path := filepath.Join(realTempDir(t), "f.bin")
+	if err := h.client.WriteFile(ctx, path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if back, err := h.client.ReadFile(ctx, path); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("round trip: %v", err)
+	}
+	if _, err := h.client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The carrier dies under a running exec: the caller hears within a second.
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.client.Exec(ctx, &guestwire.Exec{Shell: "sleep 1000"}, nil, nil)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	h.host.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, guestctl.ErrClosed) {
+			t.Fatalf("got %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("no error within a second of the channel's death")
+	}
+}
+
+func TestInitSignals(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	stop := handleInitSignals(testLog(t), cancel)
+	defer stop()
+	unix.Kill(os.Getpid(), unix.SIGHUP)
+	time.Sleep(50 * time.Millisecond)
+	if ctx.Err() != nil {
+		t.Fatal("SIGHUP must be ignored by init")
+	}
+	unix.Kill(os.Getpid(), unix.SIGUSR2)
+	select {
+	case <-ctx.Done():
+		if !errors.Is(context.Cause(ctx), errGuestPowerOff) {
+			t.Fatalf("cause %v", context.Cause(ctx))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("SIGUSR2 (busybox poweroff) did not stop init")
+	}
+}
+
+// TestCmdParsesKernelArgs: the kernel may pass init extra words; a parse
+// error in PID 1 would panic the kernel.
+func TestCmdParsesKernelArgs(t *testing.T) {
+	for _, args := range [][]string{{"agent"}, {"agent", "single", "-x", "--weird"}, {"agent", "--allow-not-pid1"}} {
+		var cli struct {
+			Agent Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli, kong.Exit(func(int) { t.Fatalf("kong exited on %q", args) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Parse(args); err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+		if args[len(args)-1] == "--allow-not-pid1" && !cli.Agent.AllowNotPID1 {
+			t.Fatal("flag not parsed")
+		}
 	}
 }

@@ -10,10 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-)
 
-// PortMCP is the logical port of the host MCP endpoint.
-const PortMCP uint32 = 5002
+	"github.com/capsem/capsem/core/guestchan"
+)
 
 // ServeMCPBridge listens on the Unix socket path (mode 0666: any guest user
 // may run capsem-mcp-server) and bridges every connection to the host's MCP
@@ -58,7 +57,7 @@ func ServeMCPBridge(ctx context.Context, log *slog.Logger, path string, dial Dia
 // passing a half-close on in each direction.
 func bridge(ctx context.Context, log *slog.Logger, local net.Conn, dial DialFunc) {
 	defer local.Close()
-	remote, err := dial(ctx, PortMCP)
+	remote, err := dial(ctx, guestchan.PortMCP)
 	if err != nil {
 		// The relay sees the close and answers its pending calls with an
 		// error; it reconnects for the next one.

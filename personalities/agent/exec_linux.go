@@ -14,11 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestwire"
 )
-
-// PortExecOutput is the logical port exec output streams are opened to.
-const PortExecOutput uint32 = 5005
 
 // runningExec is an exec that a Cancel can reach.
 type runningExec struct {
@@ -96,13 +94,11 @@ func (p *outPump) finish() int64 {
 	return p.sent
 }
 
-// exec runs one command to completion: it opens both output streams first
-// (a failure there means nothing ran), starts the process in its own process
-// group, forwards its outputs, kills the group on timeout, cancel or Serve's
-// end, and answers only once both streams are closed.
-func (s *Server) exec(ctx context.Context, reqID uint64, e *guestwire.Exec) (*guestwire.ExecResult, error) {
+// registerExec makes an exec reachable by Cancel before it runs: Serve calls
+// it in its read loop, so a Cancel read after the Exec always finds it.
+func (s *Server) registerExec(reqID uint64, e *guestwire.Exec) (uint64, *runningExec, error) {
 	if err := guestwire.ValidateExec(e); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	id := e.StreamID
 	if id == 0 {
@@ -110,20 +106,32 @@ func (s *Server) exec(ctx context.Context, reqID uint64, e *guestwire.Exec) (*gu
 	}
 	run := &runningExec{cancel: make(chan struct{})}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.execs == nil {
 		s.execs = map[uint64]*runningExec{}
 	}
 	if _, dup := s.execs[id]; dup {
-		s.mu.Unlock()
-		return nil, guestwire.Errorf(guestwire.CodeBusy, "exec id %d is already running", id)
+		return 0, nil, guestwire.Errorf(guestwire.CodeBusy, "exec id %d is already running", id)
 	}
 	s.execs[id] = run
-	s.mu.Unlock()
+	return id, run, nil
+}
+
+// exec runs one registered command to completion: it opens both output
+// streams first (a failure there means nothing ran), starts the process in
+// its own process group, forwards its outputs, kills the group on timeout,
+// cancel or Serve's end, and answers only once both streams are closed.
+func (s *Server) exec(ctx context.Context, id uint64, run *runningExec, e *guestwire.Exec) (*guestwire.ExecResult, error) {
 	defer func() {
 		s.mu.Lock()
 		delete(s.execs, id)
 		s.mu.Unlock()
 	}()
+	select {
+	case <-run.cancel:
+		return nil, guestwire.Errorf(guestwire.CodeInvalid, "exec %d was cancelled before it started", id)
+	default:
+	}
 
 	env := s.execEnv(e.Env)
 	argv := e.Argv
@@ -148,16 +156,31 @@ func (s *Server) exec(ctx context.Context, reqID uint64, e *guestwire.Exec) (*gu
 		{which: guestwire.StreamStdout, cap: guestwire.OutputCap(e.StdoutCap), done: make(chan struct{})},
 		{which: guestwire.StreamStderr, cap: guestwire.OutputCap(e.StderrCap), done: make(chan struct{})},
 	}
+	// Both streams at once: each open is a round trip to the host.
+	streamsStart := time.Now()
+	var (
+		dialed  sync.WaitGroup
+		dialErr [2]error
+	)
 	for i, p := range pumps {
-		c, err := s.openStream(ctx, id, p.which)
+		dialed.Add(1)
+		go func() {
+			defer dialed.Done()
+			p.stream, dialErr[i] = s.openStream(ctx, id, p.which)
+		}()
+	}
+	dialed.Wait()
+	for _, err := range dialErr {
 		if err != nil {
-			for _, q := range pumps[:i] {
-				q.stream.Close()
+			for _, p := range pumps {
+				if p.stream != nil {
+					p.stream.Close()
+				}
 			}
 			return nil, err
 		}
-		p.stream = c
 	}
+	streamsMS := time.Since(streamsStart).Milliseconds()
 	closeStreams := func() {
 		for _, p := range pumps {
 			p.finish()
@@ -201,7 +224,7 @@ func (s *Server) exec(ctx context.Context, reqID uint64, e *guestwire.Exec) (*gu
 		go p.run(readEnds[i])
 	}
 	log := s.log().With("exec_id", id, "pid", pid)
-	log.Debug("exec started", "argv0", argv[0])
+	log.Debug("exec started", "argv0", argv[0], "streams_ms", streamsMS, "start_ms", time.Since(streamsStart).Milliseconds())
 
 	var timeout <-chan time.Time
 	if e.TimeoutMS > 0 {
@@ -291,7 +314,7 @@ func (s *Server) exec(ctx context.Context, reqID uint64, e *guestwire.Exec) (*gu
 func (s *Server) openStream(ctx context.Context, id uint64, which string) (net.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	c, err := s.Dial(dctx, PortExecOutput)
+	c, err := s.Dial(dctx, guestchan.PortExecOutput)
 	if err != nil {
 		return nil, guestwire.Errorf(guestwire.CodeIO, "exec: opening the %s stream to the host: %v", which, err)
 	}

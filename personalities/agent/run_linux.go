@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"time"
 
@@ -42,20 +43,63 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: this is the guest's init and must run as PID 1 (it is PID %d); set %s=1 to run it anyway for a test",
 			os.Getpid(), AllowNotPID1Env)
 	}
-	err := c.boot(ctx, log, pid1)
 	if !pid1 {
+		err := c.boot(ctx, log, false)
 		if errors.Is(err, ErrShutdown) {
 			return nil
 		}
 		return err
 	}
-	if !errors.Is(err, ErrShutdown) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopSignals := handleInitSignals(log, cancel)
+	defer stopSignals()
+	err := c.boot(ctx, log, true)
+	switch {
+	case errors.Is(err, ErrShutdown):
+		log.Info("powering off: the host asked")
+	case errors.Is(context.Cause(ctx), errGuestPowerOff):
+		log.Info("powering off: asked from inside the guest")
+	default:
 		log.Error("the guest agent failed; powering off", "err", err)
-	} else {
-		log.Info("powering off")
 	}
 	powerOff(log)
 	return nil
+}
+
+// errGuestPowerOff is the cause when a guest process asked init to stop.
+var errGuestPowerOff = errors.New("agent: power off requested inside the guest")
+
+// handleInitSignals keeps PID 1 alive against signals: the Go runtime would
+// exit on an unhandled SIGTERM, SIGHUP or SIGINT, and init exiting panics the
+// kernel. busybox halt/poweroff/reboot send SIGUSR1/SIGUSR2/SIGTERM to init,
+// so those power off cleanly (a sandbox has nothing to reboot into); the rest
+// are logged and dropped. Notify, not Ignore: ignored signals would stay
+// ignored in every exec'd command.
+func handleInitSignals(log *slog.Logger, stop context.CancelCauseFunc) func() {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGHUP, unix.SIGINT, unix.SIGTERM, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case s := <-sigs:
+				switch s {
+				case unix.SIGTERM, unix.SIGUSR1, unix.SIGUSR2:
+					log.Info("init received a power-off signal", "signal", s.String())
+					stop(errGuestPowerOff)
+				default:
+					log.Info("init ignores a signal", "signal", s.String())
+				}
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(done)
+	}
 }
 
 func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {

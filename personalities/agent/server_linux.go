@@ -152,11 +152,23 @@ func (s *Server) Serve(ctx context.Context, conn net.Conn) error {
 			reply(errorMessage(m.ID, guestwire.Errorf(guestwire.CodeBusy, "%d requests are already in flight", maxInFlight)))
 			continue
 		}
+		var (
+			execID uint64
+			run    *runningExec
+		)
+		if m.Type == guestwire.TypeExec {
+			var err error
+			if execID, run, err = s.registerExec(m.ID, m.Exec); err != nil {
+				<-sem
+				reply(errorMessage(m.ID, err))
+				continue
+			}
+		}
 		wg.Add(1)
 		go func(m guestwire.Message) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			reply(s.handle(ctx, &m))
+			reply(s.handleRegistered(ctx, &m, execID, run))
 		}(m)
 	}
 }
@@ -169,8 +181,13 @@ func errorMessage(id uint64, err error) *guestwire.Message {
 	return &guestwire.Message{Type: guestwire.TypeError, ID: id, Error: we}
 }
 
-// handle answers one request.
+// handle answers one request. An exec may come registered (id, run) by
+// Serve's read loop; otherwise it is registered here.
 func (s *Server) handle(ctx context.Context, m *guestwire.Message) *guestwire.Message {
+	return s.handleRegistered(ctx, m, 0, nil)
+}
+
+func (s *Server) handleRegistered(ctx context.Context, m *guestwire.Message, id uint64, run *runningExec) *guestwire.Message {
 	var (
 		resp *guestwire.Message
 		err  error
@@ -180,8 +197,14 @@ func (s *Server) handle(ctx context.Context, m *guestwire.Message) *guestwire.Me
 		err = s.bootConfig(m.BootConfig)
 		resp = &guestwire.Message{Type: guestwire.TypeOK}
 	case guestwire.TypeExec:
+		if run == nil {
+			id, run, err = s.registerExec(m.ID, m.Exec)
+			if err != nil {
+				break
+			}
+		}
 		var res *guestwire.ExecResult
-		res, err = s.exec(ctx, m.ID, m.Exec)
+		res, err = s.exec(ctx, id, run, m.Exec)
 		resp = &guestwire.Message{Type: guestwire.TypeExecResult, ExecResult: res}
 	case guestwire.TypeFileRead, guestwire.TypeFileWrite, guestwire.TypeFileStat, guestwire.TypeMkdir:
 		var res *guestwire.FileResult

@@ -38,10 +38,14 @@ type BuildCmd struct {
 // Run builds (or, without --force, checks and reuses) the assets, printing
 // progress on stderr and the resulting paths on stdout.
 func (c *BuildCmd) Run(ctx context.Context) error {
-	return c.run(ctx, os.Stdout, os.Stderr)
+	return c.run(ctx, os.Stdout, os.Stderr, guestfs.Ensure, guestfs.Build)
 }
 
-func (c *BuildCmd) run(ctx context.Context, stdout, progress io.Writer) error {
+type buildFunc func(context.Context, guestfs.Options) (*guestfs.Assets, error)
+
+// run is Run with its outputs and the guestfs entry points passed in, so
+// tests can check the wiring without building a kernel.
+func (c *BuildCmd) run(ctx context.Context, stdout, progress io.Writer, ensure, rebuild buildFunc) error {
 	opts, err := DefaultOptions(progress)
 	if err != nil {
 		return err
@@ -56,9 +60,9 @@ func (c *BuildCmd) run(ctx context.Context, stdout, progress io.Writer) error {
 	if _, err := os.Stat(opts.GuestBinary); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("image build: guest binary %s not found: build one with CGO_ENABLED=0 go build -o %s . or pass --guest-binary", opts.GuestBinary, opts.GuestBinary)
 	}
-	build := guestfs.Ensure
+	build := ensure
 	if c.Force {
-		build = guestfs.Build
+		build = rebuild
 	}
 	a, err := build(ctx, opts)
 	if err != nil {

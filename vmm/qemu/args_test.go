@@ -103,7 +103,7 @@ func TestArgsInvariants(t *testing.T) {
 		args, _ := Args(g.spec, g.accel)
 		joined := " " + strings.Join(args, " ") + " "
 		for _, want := range []string{" -nodefaults ", " -no-user-config ", " -nographic ", " -no-reboot ", " -nic none ",
-			" -accel " + g.accel + " ", "name=org.capsem.channel", ",server=off"} {
+			" -accel " + g.accel + " ", "name=org.capsem.channel", ",server=off", " -sandbox on,"} {
 			if !strings.Contains(joined, want) {
 				t.Errorf("%s: argv lacks %q", name, want)
 			}

@@ -33,6 +33,7 @@ var (
 	assetsOnce sync.Once
 	assets     bootAssets
 	assetsErr  error
+	assetsDir  string // per-process build output, removed by TestMain
 )
 
 // testAssets returns the kernel and initramfs, building them once. A missing
@@ -70,6 +71,7 @@ func buildAssets(root string) (bootAssets, error) {
 	if err != nil {
 		return bootAssets{}, err
 	}
+	assetsDir = out
 	guest := filepath.Join(out, "testguest")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", guest, "./vmm/qemu/internal/testguest")
 	build.Dir = root

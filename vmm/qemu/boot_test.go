@@ -58,7 +58,7 @@ func bootSpec(t *testing.T, dir string) vmm.Spec {
 		Name:          "boot-test",
 		Kernel:        a.Kernel,
 		Initramfs:     a.Initramfs,
-		Cmdline:       strings.TrimSpace("console=ttyS0 panic=-1 quiet capsem.channel=serial " + os.Getenv("XTRA")),
+		Cmdline:       "console=ttyS0 panic=-1 quiet capsem.channel=serial",
 		CPUs:          2,
 		MemoryMiB:     512,
 		Disks:         []vmm.Disk{{ID: "base", Path: disk, ReadOnly: true}},
@@ -253,4 +253,53 @@ func TestBootCancelKillsQEMU(t *testing.T) {
 	if err := vm.Stop(context.Background()); err != nil {
 		t.Errorf("Stop after exit: %v", err)
 	}
+}
+
+// TestRealQEMUAcceptsOddPaths: real QEMU parses the argv for paths with
+// commas (escaped ",,") in every option string, a writable disk and a
+// share, and runs the kernel until Stop; Stop is then a clean end.
+func TestRealQEMUAcceptsOddPaths(t *testing.T) {
+	dir := filepath.Join(shortDir(t), "a,b")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	spec := bootSpec(t, dir)
+	spec.Cmdline = "console=ttyS0 panic=-1" // not quiet: the console must show the kernel
+	rw := filepath.Join(dir, "rw,disk.img")
+	if err := os.WriteFile(rw, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec.Disks = append(spec.Disks, vmm.Disk{ID: "upper", Path: rw})
+	vm, err := (&Backend{Log: testLogger(t)}).Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b, _ := os.ReadFile(spec.ConsoleLog)
+		if bytes.Contains(b, []byte("Linux version")) {
+			break
+		}
+		select {
+		case <-vm.Done():
+			t.Fatalf("QEMU exited: %v", vm.Wait())
+		default:
+		}
+		if time.Now().After(deadline) {
+			vm.Stop(context.Background())
+			t.Fatalf("no kernel banner on the console log after 60 s:\n%s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	pid := vm.PID()
+	if err := vm.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Wait(); err != nil {
+		t.Fatalf("Wait after Stop: %v", err)
+	}
+	assertReaped(t, pid)
 }

@@ -240,7 +240,7 @@ func (m *Machine) finishUnstarted(err error) {
 // runtime may retire idle threads, which would kill a healthy VM. The same
 // goroutine reaps QEMU and closes done.
 func (m *Machine) spawn() error {
-	cmd := exec.Command(m.bin, append(m.args, strings.Fields(os.Getenv("XQEMU"))...)...) // EXPERIMENT
+	cmd := exec.Command(m.bin, m.args...)
 	cmd.Stdin = nil
 	w := &logWriter{log: m.log, tail: &m.stderr}
 	cmd.Stdout, cmd.Stderr = w, w

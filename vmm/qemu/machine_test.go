@@ -37,7 +37,11 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(ownerEnv); dir != "" {
 		os.Exit(vmOwner(dir))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if assetsDir != "" {
+		os.RemoveAll(assetsDir)
+	}
+	os.Exit(code)
 }
 
 // fakeQEMU behaves like QEMU towards the backend: it connects to the

@@ -1,0 +1,25 @@
+package vmm
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestValidate(t *testing.T) {
+	good := Spec{
+		Name: "dev-1", Kernel: "/k", Initramfs: "/i", Cmdline: "console=ttyS0",
+		CPUs: 1, MemoryMiB: 256, ChannelSocket: "/s/c.sock", ConsoleLog: "/s/console.log",
+		Disks:  []Disk{{ID: "base", Path: "/b.img", ReadOnly: true}},
+		Shares: []Share{{Tag: "workspace", HostPath: "/w"}},
+	}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("good spec: %v", err)
+	}
+	bad := good
+	bad.Name = "../etc"
+	err := bad.Validate()
+	if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "../etc") {
+		t.Fatalf("path-like name: %v", err)
+	}
+}
