@@ -1,0 +1,319 @@
+package process_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/testkit"
+)
+
+// vmProc is one real `capsem process` with its QEMU guest.
+type vmProc struct {
+	cmd        *exec.Cmd
+	client     *api.ProcessClient
+	sessionDir string
+	info       *api.Info
+	log        string
+	exited     chan error
+}
+
+// capsemHome is shared by every VM of this test binary so the guest assets
+// are built once (under the repository's .tools unless CAPSEM_HOME is set).
+func capsemHome(t testing.TB) string {
+	if h := os.Getenv("CAPSEM_TEST_HOME"); h != "" {
+		return h
+	}
+	return filepath.Join(testkit.ModuleRoot(t), ".tools", "capsem-home")
+}
+
+func startVM(t testing.TB, name string) *vmProc {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "capsem-vm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &vmProc{sessionDir: filepath.Join(dir, "session"), log: filepath.Join(dir, "process.log"), exited: make(chan error, 1)}
+	sock := filepath.Join(dir, "process.sock")
+	logFile, _ := os.Create(v.log)
+	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
+		"--guest-binary", testkit.GuestBinary(t))
+	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t))
+	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
+	if err := v.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { v.exited <- v.cmd.Wait(); logFile.Close() }()
+	v.client = api.NewProcessClient(sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	info, err := v.client.WaitReady(ctx)
+	if err != nil {
+		b, _ := os.ReadFile(v.log)
+		v.cmd.Process.Kill()
+		t.Fatalf("VM %s not ready: %v\n%s", name, err, b)
+	}
+	v.info = info
+	return v
+}
+
+func (v *vmProc) stop(t testing.TB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = v.client.Stop(ctx)
+	select {
+	case <-v.exited:
+	case <-time.After(30 * time.Second):
+		v.cmd.Process.Kill()
+		<-v.exited
+		t.Errorf("VM process did not exit after stop")
+	}
+	os.RemoveAll(filepath.Dir(v.sessionDir))
+}
+
+type execOut struct {
+	ev             *api.ExecEvent
+	stdout, stderr bytes.Buffer
+	err            error
+}
+
+func (v *vmProc) exec(ctx context.Context, req *api.ExecRequest) *execOut {
+	var o execOut
+	o.ev, o.err = v.client.Exec(ctx, req, &o.stdout, &o.stderr)
+	return &o
+}
+
+var (
+	sharedOnce sync.Once
+	shared     *vmProc
+	sharedErr  string
+)
+
+// sharedVM is one VM for every test that does not need a fresh one.
+func sharedVM(t *testing.T) *vmProc {
+	t.Helper()
+	sharedOnce.Do(func() {
+		defer func() {
+			if r := recover(); r != nil {
+				sharedErr = fmt.Sprint(r)
+			}
+		}()
+		shared = startVM(t, "shared")
+	})
+	if shared == nil {
+		t.Fatalf("shared VM failed to boot %s", sharedErr)
+	}
+	return shared
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared != nil {
+		shared.stop(&testing.T{})
+	}
+	os.Exit(code)
+}
+
+func TestExecBasics(t *testing.T) {
+	v := sharedVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cases := []struct {
+		name           string
+		req            api.ExecRequest
+		stdout, stderr string
+		exit           int
+	}{
+		{"echo", api.ExecRequest{Argv: []string{"echo", "hello", "guest"}}, "hello guest\n", "", 0},
+		{"stderr only", api.ExecRequest{Command: "echo oops >&2"}, "", "oops\n", 0},
+		{"non-zero exit", api.ExecRequest{Command: "exit 42"}, "", "", 42},
+		{"env injection", api.ExecRequest{Command: `echo "$CAPSEM_TEST_VAR"`, Env: map[string]string{"CAPSEM_TEST_VAR": "injected value"}}, "injected value\n", "", 0},
+		{"cwd", api.ExecRequest{Command: "pwd", Cwd: "/tmp"}, "/tmp\n", "", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := v.exec(ctx, &tc.req)
+			if o.err != nil {
+				t.Fatal(o.err)
+			}
+			if o.stdout.String() != tc.stdout || o.stderr.String() != tc.stderr || o.ev.ExitCode != tc.exit {
+				t.Fatalf("got stdout %q stderr %q exit %d; want %q %q %d", o.stdout.String(), o.stderr.String(), o.ev.ExitCode, tc.stdout, tc.stderr, tc.exit)
+			}
+		})
+	}
+	// The guest runs Debian's generic kernel, not the host's.
+	if o := v.exec(ctx, &api.ExecRequest{Argv: []string{"uname", "-r"}}); o.err != nil || !strings.HasSuffix(o.stdout.String(), "-amd64\n") {
+		t.Errorf("uname -r: %v %q", o.err, o.stdout.String())
+	}
+	for _, key := range []string{"LD_PRELOAD", "BASH_ENV", "ENV", "IFS"} {
+		o := v.exec(ctx, &api.ExecRequest{Command: "true", Env: map[string]string{key: "x"}})
+		if o.err == nil || !strings.Contains(o.err.Error(), key) {
+			t.Errorf("env %s must be refused by name, got %v", key, o.err)
+		}
+	}
+}
+
+func TestExecOutputCapAndConcurrency(t *testing.T) {
+	v := sharedVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	o := v.exec(ctx, &api.ExecRequest{Command: "head -c 20971520 /dev/zero"})
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if !o.ev.StdoutTruncated || o.ev.StdoutBytes != 20<<20 || o.stdout.Len() != 10<<20 {
+		t.Fatalf("20 MiB: truncated=%v bytes=%d received=%d", o.ev.StdoutTruncated, o.ev.StdoutBytes, o.stdout.Len())
+	}
+	var wg sync.WaitGroup
+	results := make([]*execOut, 8)
+	start := time.Now()
+	for i := range results {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			results[i] = v.exec(ctx, &api.ExecRequest{Command: fmt.Sprintf("sleep 1; echo %d", i)})
+		}(i)
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.err != nil || r.stdout.String() != fmt.Sprintf("%d\n", i) {
+			t.Fatalf("exec %d: %v %q", i, r.err, r.stdout.String())
+		}
+	}
+	if d := time.Since(start); d > 6*time.Second {
+		t.Fatalf("8 concurrent 1 s execs took %v: they did not run at once", d)
+	}
+}
+
+func TestExecTimeoutKillsProcessGroup(t *testing.T) {
+	v := sharedVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	o := v.exec(ctx, &api.ExecRequest{Command: "sleep 1000 & sleep 1000", TimeoutMS: 500})
+	if o.err != nil || !o.ev.TimedOut {
+		t.Fatalf("timeout: %v %+v", o.err, o.ev)
+	}
+	ps := v.exec(ctx, &api.ExecRequest{Command: "ps -o args | grep -c '^sleep 1000' || true"})
+	if strings.TrimSpace(ps.stdout.String()) != "0" {
+		t.Fatalf("sleep processes survived the timeout: %q", ps.stdout.String())
+	}
+}
+
+func TestFilesRoundTripAndSymlinks(t *testing.T) {
+	v := sharedVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	data := make([]byte, 5<<20)
+	rand.Read(data)
+	if err := v.client.WriteFile(ctx, "/root/blob.bin", data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	back, err := v.client.ReadFile(ctx, "/root/blob.bin")
+	if err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("5 MiB round trip: %v (len %d)", err, len(back))
+	}
+	sum := v.exec(ctx, &api.ExecRequest{Command: "wc -c < /root/blob.bin"})
+	if strings.TrimSpace(sum.stdout.String()) != fmt.Sprint(5<<20) {
+		t.Fatalf("guest sees %q bytes", sum.stdout.String())
+	}
+	v.exec(ctx, &api.ExecRequest{Command: "mkdir -p /tmp/real && ln -sfn /etc /tmp/linkdir && ln -sf /etc/hostname /tmp/linkfile"})
+	if err := v.client.WriteFile(ctx, "/tmp/linkdir/evil", []byte("x"), 0o644); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Fatalf("write through a symlinked directory: %v", err)
+	}
+	if _, err := v.client.ReadFile(ctx, "/tmp/linkfile"); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Fatalf("read of a symlink: %v", err)
+	}
+	if _, err := v.client.ReadFile(ctx, "/nonexistent/file"); err == nil {
+		t.Fatal("missing file read succeeded")
+	}
+}
+
+func TestGuestMCPThroughTheRelay(t *testing.T) {
+	v := sharedVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	script := `printf '%s\n' ` +
+		`'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"guest","version":"1"}}}' ` +
+		`'{"jsonrpc":"2.0","method":"notifications/initialized"}' ` +
+		`'{"jsonrpc":"2.0","id":2,"method":"tools/list"}' ` +
+		`'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"builtin__http_head","arguments":{"url":"http://127.0.0.1:9/"}}}' ` +
+		`| capsem-mcp-server`
+	o := v.exec(ctx, &api.ExecRequest{Command: script})
+	if o.err != nil || o.ev.ExitCode != 0 {
+		t.Fatalf("relay in the guest: %v exit %d stderr %s", o.err, o.ev.ExitCode, o.stderr.String())
+	}
+	out := o.stdout.String()
+	for _, want := range []string{`"id":1,"result"`, `"capsem-gateway"`, `"builtin__fetch_http"`, `"id":3,"result"`, `private or loopback`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("relay output lacks %s:\n%.2000s", want, out)
+		}
+	}
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(v.sessionDir, "session.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	// The relay's parent in the guest is the shell running the pipeline.
+	db.QueryRow(`SELECT COUNT(*) FROM mcp_calls WHERE method IN ('initialize','tools/list','tools/call') AND process_name='sh' AND transport='frame'`).Scan(&n)
+	if n != 3 {
+		t.Errorf("%d ledger rows attributed to the guest's sh, want 3", n)
+	}
+	db.QueryRow(`SELECT COUNT(*) FROM net_events WHERE domain='127.0.0.1' AND decision='denied'`).Scan(&n)
+	if n != 1 {
+		t.Errorf("net_events denied rows: %d", n)
+	}
+	db.QueryRow(`SELECT COUNT(*) FROM exec_events WHERE command LIKE '%capsem-mcp-server%' AND exit_code = 0`).Scan(&n)
+	if n != 1 {
+		t.Errorf("exec_events rows for the relay run: %d", n)
+	}
+}
+
+func TestKillingQEMUFailsTheExecAtOnce(t *testing.T) {
+	v := startVM(t, "victim")
+	defer os.RemoveAll(filepath.Dir(v.sessionDir))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done := make(chan *execOut, 1)
+	go func() { done <- v.exec(ctx, &api.ExecRequest{Command: "sleep 1000"}) }()
+	time.Sleep(500 * time.Millisecond)
+	qemu := v.info.QEMUPID
+	killed := time.Now()
+	if err := syscall.Kill(qemu, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case o := <-done:
+		if o.err == nil {
+			t.Fatalf("exec survived QEMU's death: %+v", o.ev)
+		}
+		if d := time.Since(killed); d > time.Second {
+			t.Fatalf("exec failed %v after QEMU died, want < 1s", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("exec still waiting 10 s after QEMU died")
+	}
+	select {
+	case <-v.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the VM process did not exit after QEMU died")
+	}
+	// QEMU was reaped: no zombie remains.
+	if err := syscall.Kill(qemu, 0); err == nil {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", qemu))
+		t.Fatalf("QEMU %d still exists: %s", qemu, b)
+	}
+}
