@@ -13,9 +13,11 @@ export CAPSEM_CACHE_DIR ?= $(TOOLS)/cache
 EVERYTHING_VERSION := 2026.8.31
 export CAPSEM_EVERYTHING_PKG := @modelcontextprotocol/server-everything@$(EVERYTHING_VERSION)
 export CAPSEM_TEST_BIN := $(CURDIR)/bin/capsem
+# Guest assets for the VM tests are built once into this CAPSEM_HOME.
+export CAPSEM_TEST_HOME ?= $(TOOLS)/capsem-home
 FUZZTIME ?= 5s
 
-.PHONY: build run test bench generate deps fuzz vet clean FORCE
+.PHONY: build run deps-vm demo-gateway test bench generate deps fuzz vet clean FORCE
 
 build: bin/capsem
 
@@ -27,9 +29,18 @@ bin/capsem: FORCE
 	CGO_ENABLED=0 $(GO) build -ldflags "-s -w $(LDFLAGS)" -o bin/capsem-guest .
 	@ln -sf capsem bin/capsem-mcp-server
 
-# run: the main job for now: a gateway with the builtin tools, driven through the
-# real relay (initialize, tools/list, one builtin call), then the ledger rows.
-run: build
+# run: the main job: boot an ephemeral VM, run a command in it, remove it.
+run: build deps-vm
+	bin/capsem run -- uname -a
+
+# deps-vm: just what booting a VM needs.
+deps-vm:
+	@command -v qemu-system-x86_64 >/dev/null || (apt-get update -q && apt-get install -y -q qemu-system-x86)
+	@command -v mkfs.ext4 >/dev/null || (apt-get update -q && apt-get install -y -q e2fsprogs)
+
+# demo-gateway: a gateway with the builtin tools, driven through the real
+# relay (initialize, tools/list, one builtin call), then the ledger rows.
+demo-gateway: build
 	@set -e; d=$$(mktemp -d); trap 'kill $$gw 2>/dev/null; wait $$gw 2>/dev/null; rm -rf $$d' EXIT; \
 	bin/capsem --log-level warn gateway --listen unix:$$d/gw.sock --session-dir $$d/session & gw=$$!; \
 	for i in $$(seq 100); do [ -S $$d/gw.sock ] && break; sleep 0.05; done; \
@@ -46,9 +57,18 @@ run: build
 
 # deps installs what the tests need: Go modules, and the real MCP reference
 # server from npm, fetched once into the shared cache the sandbox may read.
+# Debian packages the tests need: gcc (cgo), node/npm (MCP peers), QEMU (the
+# VM tests boot real guests under TCG), e2fsprogs (per-VM disks), dpkg-deb
+# and apt-get download (guest assets come from Debian packages).
+# Each entry is command:package; a missing command installs its package.
+APT_NEEDS := gcc:gcc node:nodejs qemu-system-x86_64:qemu-system-x86 mkfs.ext4:e2fsprogs dpkg-deb:dpkg
 deps:
-	@command -v gcc >/dev/null || (apt-get update && apt-get install -y gcc)
-	@command -v node >/dev/null || (apt-get update && apt-get install -y nodejs npm)
+	@missing=""; \
+	for need in $(APT_NEEDS); do command -v $${need%%:*} >/dev/null || missing="$$missing $${need#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
 	$(GO) mod download
 	@mkdir -p $(CAPSEM_CACHE_DIR)
 	@# The launcher prints its usage (and exits 1) for an unknown transport:
