@@ -120,7 +120,11 @@ type BootTimings struct {
 	KernelToInitMS int64 `msg:"kernel_to_init_ms"`
 	MountsMS       int64 `msg:"mounts_ms"`
 	ModulesMS      int64 `msg:"modules_ms"`
-	ChannelMS      int64 `msg:"channel_ms"`
+	// StorageMS is finding and mounting the per-VM disk, switching the
+	// root to the overlay on it and mounting the workspace; omitted (0)
+	// when the VM has neither, so older peers decode it unchanged.
+	StorageMS int64 `msg:"storage_ms,omitempty"`
+	ChannelMS int64 `msg:"channel_ms"`
 }
 
 // BootConfig is sent by the host once after Hello, before any exec.

@@ -654,6 +654,12 @@ func (z *BootTimings) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "ModulesMS")
 				return
 			}
+		case "storage_ms":
+			z.StorageMS, err = dc.ReadInt64()
+			if err != nil {
+				err = msgp.WrapError(err, "StorageMS")
+				return
+			}
 		case "channel_ms":
 			z.ChannelMS, err = dc.ReadInt64()
 			if err != nil {
@@ -673,46 +679,74 @@ func (z *BootTimings) DecodeMsg(dc *msgp.Reader) (err error) {
 
 // EncodeMsg implements msgp.Encodable
 func (z *BootTimings) EncodeMsg(en *msgp.Writer) (err error) {
-	// map header, size 4
-	// write "kernel_to_init_ms"
-	err = en.Append(0x84, 0xb1, 0x6b, 0x65, 0x72, 0x6e, 0x65, 0x6c, 0x5f, 0x74, 0x6f, 0x5f, 0x69, 0x6e, 0x69, 0x74, 0x5f, 0x6d, 0x73)
+	// check for omitted fields
+	zb0001Len := uint32(5)
+	var zb0001Mask uint8 /* 5 bits */
+	_ = zb0001Mask
+	if z.StorageMS == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x8
+	}
+	// variable map header, size zb0001Len
+	err = en.Append(0x80 | uint8(zb0001Len))
 	if err != nil {
 		return
 	}
-	err = en.WriteInt64(z.KernelToInitMS)
-	if err != nil {
-		err = msgp.WrapError(err, "KernelToInitMS")
-		return
-	}
-	// write "mounts_ms"
-	err = en.Append(0xa9, 0x6d, 0x6f, 0x75, 0x6e, 0x74, 0x73, 0x5f, 0x6d, 0x73)
-	if err != nil {
-		return
-	}
-	err = en.WriteInt64(z.MountsMS)
-	if err != nil {
-		err = msgp.WrapError(err, "MountsMS")
-		return
-	}
-	// write "modules_ms"
-	err = en.Append(0xaa, 0x6d, 0x6f, 0x64, 0x75, 0x6c, 0x65, 0x73, 0x5f, 0x6d, 0x73)
-	if err != nil {
-		return
-	}
-	err = en.WriteInt64(z.ModulesMS)
-	if err != nil {
-		err = msgp.WrapError(err, "ModulesMS")
-		return
-	}
-	// write "channel_ms"
-	err = en.Append(0xaa, 0x63, 0x68, 0x61, 0x6e, 0x6e, 0x65, 0x6c, 0x5f, 0x6d, 0x73)
-	if err != nil {
-		return
-	}
-	err = en.WriteInt64(z.ChannelMS)
-	if err != nil {
-		err = msgp.WrapError(err, "ChannelMS")
-		return
+
+	// skip if no fields are to be emitted
+	if zb0001Len != 0 {
+		// write "kernel_to_init_ms"
+		err = en.Append(0xb1, 0x6b, 0x65, 0x72, 0x6e, 0x65, 0x6c, 0x5f, 0x74, 0x6f, 0x5f, 0x69, 0x6e, 0x69, 0x74, 0x5f, 0x6d, 0x73)
+		if err != nil {
+			return
+		}
+		err = en.WriteInt64(z.KernelToInitMS)
+		if err != nil {
+			err = msgp.WrapError(err, "KernelToInitMS")
+			return
+		}
+		// write "mounts_ms"
+		err = en.Append(0xa9, 0x6d, 0x6f, 0x75, 0x6e, 0x74, 0x73, 0x5f, 0x6d, 0x73)
+		if err != nil {
+			return
+		}
+		err = en.WriteInt64(z.MountsMS)
+		if err != nil {
+			err = msgp.WrapError(err, "MountsMS")
+			return
+		}
+		// write "modules_ms"
+		err = en.Append(0xaa, 0x6d, 0x6f, 0x64, 0x75, 0x6c, 0x65, 0x73, 0x5f, 0x6d, 0x73)
+		if err != nil {
+			return
+		}
+		err = en.WriteInt64(z.ModulesMS)
+		if err != nil {
+			err = msgp.WrapError(err, "ModulesMS")
+			return
+		}
+		if (zb0001Mask & 0x8) == 0 { // if not omitted
+			// write "storage_ms"
+			err = en.Append(0xaa, 0x73, 0x74, 0x6f, 0x72, 0x61, 0x67, 0x65, 0x5f, 0x6d, 0x73)
+			if err != nil {
+				return
+			}
+			err = en.WriteInt64(z.StorageMS)
+			if err != nil {
+				err = msgp.WrapError(err, "StorageMS")
+				return
+			}
+		}
+		// write "channel_ms"
+		err = en.Append(0xaa, 0x63, 0x68, 0x61, 0x6e, 0x6e, 0x65, 0x6c, 0x5f, 0x6d, 0x73)
+		if err != nil {
+			return
+		}
+		err = en.WriteInt64(z.ChannelMS)
+		if err != nil {
+			err = msgp.WrapError(err, "ChannelMS")
+			return
+		}
 	}
 	return
 }
@@ -720,19 +754,37 @@ func (z *BootTimings) EncodeMsg(en *msgp.Writer) (err error) {
 // MarshalMsg implements msgp.Marshaler
 func (z *BootTimings) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 4
-	// string "kernel_to_init_ms"
-	o = append(o, 0x84, 0xb1, 0x6b, 0x65, 0x72, 0x6e, 0x65, 0x6c, 0x5f, 0x74, 0x6f, 0x5f, 0x69, 0x6e, 0x69, 0x74, 0x5f, 0x6d, 0x73)
-	o = msgp.AppendInt64(o, z.KernelToInitMS)
-	// string "mounts_ms"
-	o = append(o, 0xa9, 0x6d, 0x6f, 0x75, 0x6e, 0x74, 0x73, 0x5f, 0x6d, 0x73)
-	o = msgp.AppendInt64(o, z.MountsMS)
-	// string "modules_ms"
-	o = append(o, 0xaa, 0x6d, 0x6f, 0x64, 0x75, 0x6c, 0x65, 0x73, 0x5f, 0x6d, 0x73)
-	o = msgp.AppendInt64(o, z.ModulesMS)
-	// string "channel_ms"
-	o = append(o, 0xaa, 0x63, 0x68, 0x61, 0x6e, 0x6e, 0x65, 0x6c, 0x5f, 0x6d, 0x73)
-	o = msgp.AppendInt64(o, z.ChannelMS)
+	// check for omitted fields
+	zb0001Len := uint32(5)
+	var zb0001Mask uint8 /* 5 bits */
+	_ = zb0001Mask
+	if z.StorageMS == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x8
+	}
+	// variable map header, size zb0001Len
+	o = append(o, 0x80|uint8(zb0001Len))
+
+	// skip if no fields are to be emitted
+	if zb0001Len != 0 {
+		// string "kernel_to_init_ms"
+		o = append(o, 0xb1, 0x6b, 0x65, 0x72, 0x6e, 0x65, 0x6c, 0x5f, 0x74, 0x6f, 0x5f, 0x69, 0x6e, 0x69, 0x74, 0x5f, 0x6d, 0x73)
+		o = msgp.AppendInt64(o, z.KernelToInitMS)
+		// string "mounts_ms"
+		o = append(o, 0xa9, 0x6d, 0x6f, 0x75, 0x6e, 0x74, 0x73, 0x5f, 0x6d, 0x73)
+		o = msgp.AppendInt64(o, z.MountsMS)
+		// string "modules_ms"
+		o = append(o, 0xaa, 0x6d, 0x6f, 0x64, 0x75, 0x6c, 0x65, 0x73, 0x5f, 0x6d, 0x73)
+		o = msgp.AppendInt64(o, z.ModulesMS)
+		if (zb0001Mask & 0x8) == 0 { // if not omitted
+			// string "storage_ms"
+			o = append(o, 0xaa, 0x73, 0x74, 0x6f, 0x72, 0x61, 0x67, 0x65, 0x5f, 0x6d, 0x73)
+			o = msgp.AppendInt64(o, z.StorageMS)
+		}
+		// string "channel_ms"
+		o = append(o, 0xaa, 0x63, 0x68, 0x61, 0x6e, 0x6e, 0x65, 0x6c, 0x5f, 0x6d, 0x73)
+		o = msgp.AppendInt64(o, z.ChannelMS)
+	}
 	return
 }
 
@@ -772,6 +824,12 @@ func (z *BootTimings) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "ModulesMS")
 				return
 			}
+		case "storage_ms":
+			z.StorageMS, bts, err = msgp.ReadInt64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "StorageMS")
+				return
+			}
 		case "channel_ms":
 			z.ChannelMS, bts, err = msgp.ReadInt64Bytes(bts)
 			if err != nil {
@@ -792,7 +850,7 @@ func (z *BootTimings) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *BootTimings) Msgsize() (s int) {
-	s = 1 + 18 + msgp.Int64Size + 10 + msgp.Int64Size + 11 + msgp.Int64Size + 11 + msgp.Int64Size
+	s = 1 + 18 + msgp.Int64Size + 10 + msgp.Int64Size + 11 + msgp.Int64Size + 11 + msgp.Int64Size + 11 + msgp.Int64Size
 	return
 }
 

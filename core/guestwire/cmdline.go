@@ -1,0 +1,38 @@
+package guestwire
+
+import "strings"
+
+// Kernel command line parameters by which the per-VM process tells the agent
+// what storage it attached. They are on the command line, not in BootConfig,
+// because the agent needs them before the channel exists: the root switches to
+// the per-VM disk before anything else runs.
+const (
+	// CmdlineUpperDisk names (by virtio serial) the disk that holds the
+	// overlay's upper layer; absent means the root stays the initramfs.
+	CmdlineUpperDisk = "capsem.upper"
+	// CmdlineWorkspace is the 9p mount tag of the host workspace, mounted at
+	// GuestWorkspace; absent means no workspace.
+	CmdlineWorkspace = "capsem.workspace"
+)
+
+// Storage defaults shared by the host and the guest.
+const (
+	// UpperDiskID is the per-VM disk's ID, also its virtio serial.
+	UpperDiskID = "capsem-upper"
+	// WorkspaceTag is the workspace share's 9p mount tag.
+	WorkspaceTag = "workspace"
+	// GuestWorkspace is where the guest mounts the workspace.
+	GuestWorkspace = "/root/workspace"
+)
+
+// CmdlineValue returns the value of key=value on a kernel command line. The
+// last occurrence wins, as with the kernel's own parameters; ok is false when
+// the key is absent.
+func CmdlineValue(cmdline, key string) (value string, ok bool) {
+	for _, f := range strings.Fields(cmdline) {
+		if v, found := strings.CutPrefix(f, key+"="); found {
+			value, ok = v, true
+		}
+	}
+	return value, ok
+}

@@ -1,0 +1,218 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/guestwire"
+)
+
+// Where the storage is staged. The disk and the read-only view of the
+// initramfs live under /run so that they move into the new root with it and
+// stay visible (and get unmounted cleanly at power off); the overlay is
+// assembled on /mnt, an empty directory of the initramfs, so the switch leaves
+// no stray directory behind in the guest's root.
+const (
+	storageRun = "/run/capsem"
+	diskMount  = "/run/capsem/disk"
+	lowerMount = "/run/capsem/lower"
+	newRoot    = "/mnt"
+)
+
+// Storage bounds. Under TCG the kernel probes virtio devices synchronously
+// while the module loads, so the disk is normally there at once; the wait
+// only covers slow or asynchronous probing.
+var (
+	diskWait      = 10 * time.Second
+	workspaceWait = 5 * time.Second
+)
+
+// workspaceOptions mount the 9p workspace: 9p2000.L for Linux semantics;
+// msize 256 KiB, below the virtio transport's ceiling on 6.1 kernels (about
+// 500 KiB) so no kernel clamps it, and far above the 8 KiB default that QEMU
+// warns about; cache=mmap keeps no data or attribute cache (host edits show
+// at once, guest writes reach the host at once) yet allows shared writable
+// mmap, which SQLite's WAL and many build tools need.
+const workspaceOptions = "trans=virtio,version=9p2000.L,msize=262144,cache=mmap"
+
+// storagePlan is what the host attached, from the kernel command line.
+type storagePlan struct {
+	upperSerial  string // virtio serial of the upper-layer disk; "" for none
+	workspaceTag string // 9p tag of the workspace; "" for none
+}
+
+func planStorage(cmdline string) storagePlan {
+	var p storagePlan
+	p.upperSerial, _ = guestwire.CmdlineValue(cmdline, guestwire.CmdlineUpperDisk)
+	p.workspaceTag, _ = guestwire.CmdlineValue(cmdline, guestwire.CmdlineWorkspace)
+	return p
+}
+
+func (p storagePlan) empty() bool { return p.upperSerial == "" && p.workspaceTag == "" }
+
+// setupStorage makes the per-VM disk the guest's root and mounts the
+// workspace, as the command line asks. A failure is fatal: carrying on from
+// the initramfs would silently drop everything the user writes.
+func setupStorage(ctx context.Context, log *slog.Logger, p storagePlan) error {
+	if p.upperSerial != "" {
+		dev, err := waitForDisk(ctx, "/sys/block", p.upperSerial, diskWait)
+		if err != nil {
+			return err
+		}
+		if err := overlayRoot(log, dev); err != nil {
+			return err
+		}
+	}
+	if p.workspaceTag != "" {
+		if err := mountWorkspace(ctx, p.workspaceTag, guestwire.GuestWorkspace); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// findDisk returns the /dev path of the block device whose virtio serial
+// (sysBlock/<name>/serial) is serial, or "" when none has it yet.
+func findDisk(sysBlock, serial string) string {
+	ents, err := os.ReadDir(sysBlock)
+	if err != nil {
+		return ""
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(sysBlock, e.Name(), "serial"))
+		if err == nil && strings.TrimSpace(string(b)) == serial {
+			return "/dev/" + e.Name()
+		}
+	}
+	return ""
+}
+
+// waitForDisk polls for the disk and its device node (devtmpfs makes it).
+func waitForDisk(ctx context.Context, sysBlock, serial string, limit time.Duration) (string, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		if dev := findDisk(sysBlock, serial); dev != "" {
+			if _, err := os.Stat(dev); err == nil {
+				return dev, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("agent: no disk with virtio serial %q appeared in %s within %v (is virtio_blk loaded?)", serial, sysBlock, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("agent: waiting for disk %q: %w", serial, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// overlayOptions are the overlay's mount data: the read-only initramfs view
+// below, the disk's upper/ and work/ on top.
+func overlayOptions(lower, disk string) string {
+	return "lowerdir=" + lower + ",upperdir=" + filepath.Join(disk, "upper") + ",workdir=" + filepath.Join(disk, "work")
+}
+
+// overlayRoot mounts dev (ext4) and switches the root to an overlay of the
+// initramfs under the disk's upper layer. pivot_root cannot leave rootfs, so
+// this is switch_root's technique: assemble the new root on a directory,
+// move the pseudo filesystems into it, move it onto / and chroot. The
+// initramfs stays in memory as the overlay's lower layer.
+func overlayRoot(log *slog.Logger, dev string) error {
+	for _, d := range []string{diskMount, lowerMount} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("agent: creating %s: %w", d, err)
+		}
+	}
+	// discard: deleting files in the guest punches holes in the host's
+	// image (QEMU runs the disk with discard=unmap), so it stays sparse.
+	if err := unix.Mount(dev, diskMount, "ext4", 0, "discard"); err != nil {
+		return fmt.Errorf("agent: mounting the per-VM disk %s (ext4) on %s: %w", dev, diskMount, err)
+	}
+	// upper/ is the merged root's own directory: its mode is the root's.
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{{filepath.Join(diskMount, "upper"), 0o755}, {filepath.Join(diskMount, "work"), 0o700}} {
+		if err := os.Mkdir(d.path, d.mode); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("agent: creating %s on the per-VM disk: %w", d.path, err)
+		}
+	}
+	// The lower layer must not change under the overlay: a read-only bind
+	// of the initramfs root (not recursive, so no mounts show through).
+	if err := unix.Mount("/", lowerMount, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("agent: binding the initramfs root on %s: %w", lowerMount, err)
+	}
+	if err := unix.Mount("", lowerMount, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("agent: making %s read-only: %w", lowerMount, err)
+	}
+	if err := unix.Mount("overlay", newRoot, "overlay", 0, overlayOptions(lowerMount, diskMount)); err != nil {
+		return fmt.Errorf("agent: mounting the root overlay on %s: %w", newRoot, err)
+	}
+	// Move every early mount into the new root; /proc last, since
+	// isMountPoint reads /proc/self/mountinfo.
+	var moves []string
+	for _, m := range earlyMounts {
+		top := "/" + strings.Split(strings.TrimPrefix(m.target, "/"), "/")[0]
+		if top == m.target && top != "/proc" && isMountPoint(top) {
+			moves = append(moves, top)
+		}
+	}
+	moves = append(moves, "/proc")
+	for _, m := range moves {
+		target := filepath.Join(newRoot, m)
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			return fmt.Errorf("agent: creating %s in the new root: %w", target, err)
+		}
+		if err := unix.Mount(m, target, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("agent: moving %s into the new root: %w", m, err)
+		}
+	}
+	if err := unix.Chdir(newRoot); err != nil {
+		return fmt.Errorf("agent: entering the new root: %w", err)
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("agent: moving the new root onto /: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("agent: chroot into the new root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("agent: entering / of the new root: %w", err)
+	}
+	log.Info("root is an overlay on the per-VM disk", "disk", dev, "upper", filepath.Join(diskMount, "upper"))
+	return nil
+}
+
+// mountWorkspace mounts the host's 9p share tag on dir. nosuid and nodev:
+// files the host put there must not gain privileges in the guest. The 9p
+// device registers its tag while its module loads; a short retry covers a
+// late probe (ENOENT: no channel with that tag yet).
+func mountWorkspace(ctx context.Context, tag, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("agent: creating the workspace mount point %s: %w", dir, err)
+	}
+	deadline := time.Now().Add(workspaceWait)
+	for {
+		err := unix.Mount(tag, dir, "9p", unix.MS_NOSUID|unix.MS_NODEV, workspaceOptions)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.ENOENT) || time.Now().After(deadline) {
+			return fmt.Errorf("agent: mounting the workspace (9p tag %q) on %s: %w", tag, dir, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent: mounting the workspace: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
