@@ -130,13 +130,27 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	loaded, failed := loadModules(log, ModuleLoadOrder)
 	hello.Boot.ModulesMS = time.Since(t).Milliseconds()
 	log.Info("kernel modules loaded", "loaded", loaded, "failed", len(failed), "ms", hello.Boot.ModulesMS)
-	ensureSymlinks(log)
 
-	t = time.Now()
 	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
 		return fmt.Errorf("agent: reading the kernel command line: %w", err)
 	}
+	// Storage comes before anything else writes a file: after it, / is
+	// the overlay on the per-VM disk.
+	switch plan := planStorage(string(cmdline)); {
+	case plan.empty():
+	case !pid1:
+		log.Warn("not PID 1: leaving the root and the workspace as they are", "plan", plan)
+	default:
+		t = time.Now()
+		if err := setupStorage(ctx, log, plan); err != nil {
+			return err
+		}
+		hello.Boot.StorageMS = time.Since(t).Milliseconds()
+	}
+	ensureSymlinks(log)
+
+	t = time.Now()
 	kind, err := guestchan.FromCmdline(string(cmdline))
 	if err != nil {
 		return err
@@ -154,7 +168,8 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	}
 	hello.Boot.ChannelMS = time.Since(t).Milliseconds()
 	log.Info("connected to the host", "channel", kind, "kernel_to_init_ms", hello.Boot.KernelToInitMS,
-		"mounts_ms", hello.Boot.MountsMS, "modules_ms", hello.Boot.ModulesMS, "channel_ms", hello.Boot.ChannelMS)
+		"mounts_ms", hello.Boot.MountsMS, "modules_ms", hello.Boot.ModulesMS, "storage_ms", hello.Boot.StorageMS,
+		"channel_ms", hello.Boot.ChannelMS)
 
 	srv := &Server{Log: log, Dial: ch.Dial, Reaper: reaper, Hello: hello, SetClock: setClock, SetHostname: setHostname}
 	bridgeCtx, stopBridge := context.WithCancel(ctx)

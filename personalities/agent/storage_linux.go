@@ -62,20 +62,30 @@ func (p storagePlan) empty() bool { return p.upperSerial == "" && p.workspaceTag
 // workspace, as the command line asks. A failure is fatal: carrying on from
 // the initramfs would silently drop everything the user writes.
 func setupStorage(ctx context.Context, log *slog.Logger, p storagePlan) error {
+	// One log line for the whole stage: each line costs milliseconds on
+	// an emulated serial console.
+	attrs := []any{}
 	if p.upperSerial != "" {
+		t := time.Now()
 		dev, err := waitForDisk(ctx, "/sys/block", p.upperSerial, diskWait)
 		if err != nil {
 			return err
 		}
-		if err := overlayRoot(log, dev); err != nil {
+		found := time.Since(t)
+		if err := overlayRoot(dev); err != nil {
 			return err
 		}
+		attrs = append(attrs, "disk", dev, "upper", filepath.Join(diskMount, "upper"),
+			"find_disk_ms", found.Milliseconds(), "root_ms", time.Since(t).Milliseconds())
 	}
 	if p.workspaceTag != "" {
+		t := time.Now()
 		if err := mountWorkspace(ctx, p.workspaceTag, guestwire.GuestWorkspace); err != nil {
 			return err
 		}
+		attrs = append(attrs, "workspace", guestwire.GuestWorkspace, "workspace_ms", time.Since(t).Milliseconds())
 	}
+	log.Info("storage ready", attrs...)
 	return nil
 }
 
@@ -110,7 +120,7 @@ func waitForDisk(ctx context.Context, sysBlock, serial string, limit time.Durati
 		select {
 		case <-ctx.Done():
 			return "", fmt.Errorf("agent: waiting for disk %q: %w", serial, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
@@ -126,7 +136,7 @@ func overlayOptions(lower, disk string) string {
 // this is switch_root's technique: assemble the new root on a directory,
 // move the pseudo filesystems into it, move it onto / and chroot. The
 // initramfs stays in memory as the overlay's lower layer.
-func overlayRoot(log *slog.Logger, dev string) error {
+func overlayRoot(dev string) error {
 	for _, d := range []string{diskMount, lowerMount} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("agent: creating %s: %w", d, err)
@@ -161,9 +171,9 @@ func overlayRoot(log *slog.Logger, dev string) error {
 	// isMountPoint reads /proc/self/mountinfo.
 	var moves []string
 	for _, m := range earlyMounts {
-		top := "/" + strings.Split(strings.TrimPrefix(m.target, "/"), "/")[0]
-		if top == m.target && top != "/proc" && isMountPoint(top) {
-			moves = append(moves, top)
+		// Top-level ones only: /dev/pts and /dev/shm move with /dev.
+		if strings.Count(m.target, "/") == 1 && m.target != "/proc" && isMountPoint(m.target) {
+			moves = append(moves, m.target)
 		}
 	}
 	moves = append(moves, "/proc")
@@ -188,7 +198,6 @@ func overlayRoot(log *slog.Logger, dev string) error {
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("agent: entering / of the new root: %w", err)
 	}
-	log.Info("root is an overlay on the per-VM disk", "disk", dev, "upper", filepath.Join(diskMount, "upper"))
 	return nil
 }
 

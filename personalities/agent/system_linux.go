@@ -237,12 +237,18 @@ func unmountWritable(log *slog.Logger) {
 	// Deepest first: /a/b before /a.
 	slices.SortFunc(targets, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 	for _, t := range targets {
+		// Read-only first: a lazy unmount of the per-VM disk leaves it
+		// mounted underneath the root overlay, and only a read-only
+		// remount writes its journal out and marks it clean.
+		if err := unix.Mount("", t, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			log.Debug("remount read-only", "target", t, "err", err)
+		}
 		if err := unix.Unmount(t, unix.MNT_DETACH); err != nil {
 			log.Debug("unmount", "target", t, "err", err)
 		}
 	}
 	// The root itself cannot be unmounted; make it read-only so its journal
-	// is clean.
+	// is clean (an overlay root syncs its upper layer).
 	unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_RDONLY, "")
 }
 

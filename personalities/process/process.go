@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,6 +40,7 @@ type Cmd struct {
 	CPUs       int    `default:"2" help:"Virtual CPUs."`
 	MemoryMiB  int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	GuestBin   string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
+	DiskGiB    int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
 }
 
 // Run boots the VM and serves until it stops.
@@ -55,7 +57,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 
 func (c *Cmd) options(log *slog.Logger) Options {
 	return Options{SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config,
-		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBinary: c.GuestBin, Logger: log}
+		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log}
 }
 
 // Options configure Boot.
@@ -67,7 +69,10 @@ type Options struct {
 	CPUs        int
 	MemoryMiB   int
 	GuestBinary string
-	Logger      *slog.Logger
+	// DiskGiB sizes the per-VM disk (SessionDir/disk.img) when it has to
+	// be created; an existing one is reused. 0 means no disk.
+	DiskGiB int
+	Logger  *slog.Logger
 }
 
 // VM is a booted guest and everything the process owns for it.
@@ -83,6 +88,7 @@ type VM struct {
 	timings map[string]int64
 
 	stopOnce sync.Once
+	stopping atomic.Bool // Stop began: QEMU exiting from now on is expected
 	stopped  chan struct{}
 }
 
@@ -143,13 +149,22 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, err
 	}
 
+	t = time.Now()
+	disks, shares, storageArgs, err := prepareStorage(ctx, o.Logger, o.SessionDir, o.DiskGiB)
+	if err != nil {
+		return nil, err
+	}
+	t = mark("disk", t)
+
 	spec := vmm.Spec{
 		Name:          o.Name,
 		Kernel:        assets.Kernel,
 		Initramfs:     assets.Initramfs,
-		Cmdline:       "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial",
+		Cmdline:       "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs,
 		CPUs:          o.CPUs,
 		MemoryMiB:     o.MemoryMiB,
+		Disks:         disks,
+		Shares:        shares,
 		ChannelSocket: chanSock,
 		ConsoleLog:    filepath.Join(o.SessionDir, "console.log"),
 	}
@@ -173,6 +188,11 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	}
 	t = mark("kernel_to_hello", t)
 	v.hello = v.ctl.Hello()
+	if v.hello.Boot.StorageMS > 0 {
+		// Part of kernel_to_hello: the guest's own figure for its root
+		// switch and workspace mount.
+		timings["guest_storage"] = v.hello.Boot.StorageMS
+	}
 	if err := v.ctl.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano()}); err != nil {
 		return nil, fmt.Errorf("sending boot config: %w", err)
 	}
@@ -192,6 +212,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 // and everything the process owns is closed. Safe to call more than once.
 func (v *VM) Stop(ctx context.Context) {
 	v.stopOnce.Do(func() {
+		v.stopping.Store(true)
 		v.teardown(ctx)
 		close(v.stopped)
 	})
@@ -248,8 +269,12 @@ func (v *VM) ServeAPI(ctx context.Context, sock string) error {
 	case <-ctx.Done():
 	case <-v.stopped:
 	case <-v.machine.Done():
-		exitErr = errors.New("QEMU exited unexpectedly")
-		v.log.Error("QEMU exited", "err", v.machine.Wait())
+		// A requested stop powers the guest off before it closes
+		// v.stopped: that exit is the stop, not a failure.
+		if !v.stopping.Load() {
+			exitErr = errors.New("QEMU exited unexpectedly")
+			v.log.Error("QEMU exited", "err", v.machine.Wait())
+		}
 	}
 	v.Stop(context.WithoutCancel(ctx))
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

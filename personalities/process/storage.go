@@ -1,0 +1,159 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/vmm"
+)
+
+// Files of a session directory that hold the VM's state.
+const (
+	// DiskFile is the per-VM disk: ext4 with the root overlay's upper layer.
+	DiskFile = "disk.img"
+	// WorkspaceDir is the host side of the guest's /root/workspace.
+	WorkspaceDir = "workspace"
+	// DefaultDiskGiB is the per-VM disk's apparent size. It is sparse, so
+	// only what the guest writes takes room on the host.
+	DefaultDiskGiB = 8
+	// MaxDiskGiB bounds --disk-gib (ext4 with 4 KiB blocks goes further,
+	// but nothing here needs more).
+	MaxDiskGiB = 4096
+)
+
+// diskLabel is the filesystem label of the per-VM disk (e2label/blkid).
+const diskLabel = "capsem-upper"
+
+// DiskUsage is a disk image's apparent and allocated size.
+type DiskUsage struct {
+	Size, Allocated int64
+}
+
+// diskUsage stats path: Allocated counts the blocks really taken (st_blocks
+// is in 512-byte units whatever the filesystem's block size).
+func diskUsage(path string) (DiskUsage, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return DiskUsage{}, fmt.Errorf("stat of the per-VM disk %s: %w", path, err)
+	}
+	return DiskUsage{Size: st.Size, Allocated: st.Blocks * 512}, nil
+}
+
+// ensureDisk returns the per-VM disk at path, creating it when missing: a
+// sparse file of sizeGiB formatted ext4 on the host. An existing disk is
+// reused as it is, whatever its size: that is what booting a named VM again
+// means. created tells which happened.
+func ensureDisk(ctx context.Context, path string, sizeGiB int) (created bool, err error) {
+	if st, err := os.Stat(path); err == nil {
+		if !st.Mode().IsRegular() {
+			return false, fmt.Errorf("the per-VM disk %s is not a regular file (%s)", path, st.Mode().Type())
+		}
+		return false, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return false, fmt.Errorf("checking the per-VM disk %s: %w", path, err)
+	}
+	mkfs, err := findMkfs()
+	if err != nil {
+		return false, err
+	}
+	// Formatted under a temporary name and renamed into place, so a crash
+	// midway never leaves a half-made disk that the next boot would reuse.
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return false, fmt.Errorf("creating the per-VM disk %s: %w", tmp, err)
+	}
+	defer os.Remove(tmp) // a no-op once renamed
+	// Truncate extends without allocating: the file is all hole.
+	err = f.Truncate(int64(sizeGiB) << 30)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, fmt.Errorf("sizing the per-VM disk to %d GiB: %w", sizeGiB, err)
+	}
+	// Lazy inode table and journal init: mkfs writes only the superblocks,
+	// group descriptors and bitmaps, so the image stays a few MiB.
+	// root_owner: the guest's root owns the disk's root whoever runs us.
+	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-L", diskLabel,
+		"-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", tmp)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return false, fmt.Errorf("formatting the per-VM disk (mkfs.ext4): %w: %s", err, out)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return false, fmt.Errorf("publishing the per-VM disk %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// findMkfs finds mkfs.ext4 on PATH or in the sbin directories, which an
+// ordinary user's PATH often lacks.
+func findMkfs() (string, error) {
+	p, err := exec.LookPath("mkfs.ext4")
+	if err == nil {
+		return p, nil
+	}
+	for _, d := range []string{"/usr/sbin", "/sbin"} {
+		if p := filepath.Join(d, "mkfs.ext4"); unix.Access(p, unix.X_OK) == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("creating the per-VM disk needs mkfs.ext4 (Debian package e2fsprogs; `make deps` installs it): %w", err)
+}
+
+// workspaceSecurityModel picks QEMU's 9p security model for the workspace.
+// "none" shows host tools the guest's files exactly (real modes and
+// symlinks, owned by the user running QEMU), which snapshots need. But as
+// root QEMU would then carry out the guest's chown, setuid bits and mknod
+// for real: guest root could make a device node onto a host disk and open
+// it through the share. So a root host gets "mapped-xattr": host files stay
+// plain files owned by root with modes 0600/0700, and the guest's owners,
+// modes and special files live in xattrs (the host filesystem must support
+// user xattrs; ext4, xfs and btrfs do).
+func workspaceSecurityModel(euid int) string {
+	if euid == 0 {
+		return "mapped-xattr"
+	}
+	return "none"
+}
+
+// prepareStorage creates or reuses the session's disk and workspace and
+// returns what to add to the VM spec and the kernel command line. With
+// diskGiB 0 there is no disk: the guest runs from the initramfs, in RAM.
+func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, diskGiB int) (disks []vmm.Disk, shares []vmm.Share, cmdline string, err error) {
+	if diskGiB < 0 || diskGiB > MaxDiskGiB {
+		return nil, nil, "", fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
+	}
+	if diskGiB > 0 {
+		path := filepath.Join(sessionDir, DiskFile)
+		t := time.Now()
+		created, err := ensureDisk(ctx, path, diskGiB)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		u, err := diskUsage(path)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		log.Info("per-VM disk", "path", path, "created", created, "size_bytes", u.Size,
+			"allocated_bytes", u.Allocated, "ms", time.Since(t).Milliseconds())
+		disks = append(disks, vmm.Disk{ID: guestwire.UpperDiskID, Path: path})
+		cmdline += " " + guestwire.CmdlineUpperDisk + "=" + guestwire.UpperDiskID
+	}
+	ws := filepath.Join(sessionDir, WorkspaceDir)
+	if err := os.Mkdir(ws, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, nil, "", fmt.Errorf("creating the workspace %s: %w", ws, err)
+	}
+	shares = append(shares, vmm.Share{Tag: guestwire.WorkspaceTag, HostPath: ws, SecurityModel: workspaceSecurityModel(os.Geteuid())})
+	cmdline += " " + guestwire.CmdlineWorkspace + "=" + guestwire.WorkspaceTag
+	return disks, shares, cmdline, nil
+}

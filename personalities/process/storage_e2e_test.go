@@ -1,0 +1,187 @@
+package process_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/testkit"
+	"github.com/capsem/capsem/personalities/process"
+)
+
+// bootVMIn starts `capsem process` on dir/session, which may hold a VM
+// already: that is how a named VM boots again. Unlike startVM it leaves dir
+// alone when the VM stops (see shutdown).
+func bootVMIn(t *testing.T, name, dir string) *vmProc {
+	t.Helper()
+	v := &vmProc{sessionDir: filepath.Join(dir, "session"), log: filepath.Join(dir, "process.log"), exited: make(chan error, 1)}
+	sock := filepath.Join(dir, "process.sock")
+	logFile, err := os.OpenFile(v.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
+		"--guest-binary", testkit.GuestBinary(t))
+	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t))
+	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
+	if err := v.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { v.exited <- v.cmd.Wait(); logFile.Close() }()
+	// Whatever fails later, no VM outlives the test.
+	t.Cleanup(func() {
+		select {
+		case <-v.exited:
+		default:
+			v.cmd.Process.Kill()
+		}
+	})
+	v.client = api.NewProcessClient(sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	info, err := v.client.WaitReady(ctx)
+	if err != nil {
+		b, _ := os.ReadFile(v.log)
+		t.Fatalf("VM %s not ready: %v\n%s", name, err, b)
+	}
+	v.info = info
+	return v
+}
+
+// shutdown stops the VM through the API and waits for its process to exit,
+// keeping the session directory.
+func (v *vmProc) shutdown(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := v.client.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	select {
+	case err := <-v.exited:
+		if err != nil {
+			t.Fatalf("the VM process exited with %v after stop", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the VM process did not exit after stop")
+	}
+}
+
+// guestSh runs a shell script in the guest and returns its stdout; a
+// non-zero exit fails the test.
+func (v *vmProc) guestSh(t *testing.T, script string) (string, *api.ExecEvent) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	o := v.exec(ctx, &api.ExecRequest{Command: script})
+	if o.err != nil || o.ev.ExitCode != 0 {
+		ev := o.ev
+		if ev == nil {
+			ev = &api.ExecEvent{}
+		}
+		t.Fatalf("guest script failed: %v exit %d\nstdout: %s\nstderr: %s\nscript: %s", o.err, ev.ExitCode, o.stdout.String(), o.stderr.String(), script)
+	}
+	return o.stdout.String(), o.ev
+}
+
+// TestNamedVMKeepsFilesAcrossBoots is "stop and boot again with files
+// intact (named VM)": files written anywhere in the guest land on the
+// per-VM disk through the root overlay, workspace files on the host, and a
+// second `capsem process` on the same session directory finds them all.
+func TestNamedVMKeepsFilesAcrossBoots(t *testing.T) {
+	dir, err := os.MkdirTemp("", "capsem-vm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	session := filepath.Join(dir, "session")
+	ws := filepath.Join(session, process.WorkspaceDir)
+
+	v := bootVMIn(t, "keeper", dir)
+	t.Logf("first boot (disk created): %v", v.info.BootTimings)
+	out, _ := v.guestSh(t, `set -e
+awk '$2 == "/" {print "root=" $3} $2 == "/root/workspace" {print "workspace=" $3}' /proc/mounts
+echo persisted-etc > /etc/capsem-persist
+head -c 1048576 /dev/urandom > /root/one-mib.bin
+echo "sum=$(sha256sum /root/one-mib.bin | cut -d' ' -f1)"
+mkdir -p /usr/local/bin
+printf '#!/bin/sh\necho tool-ok\n' > /usr/local/bin/capsem-tool
+chmod 755 /usr/local/bin/capsem-tool
+rm /etc/shells
+echo from-guest > /root/workspace/guest.txt
+`)
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		k, val, _ := strings.Cut(line, "=")
+		got[k] = val
+	}
+	if got["root"] != "overlay" || got["workspace"] != "9p" || len(got["sum"]) != 64 {
+		t.Fatalf("first boot: want an overlay root, a 9p workspace and a checksum; got %q", out)
+	}
+	sum := got["sum"]
+
+	// The workspace is the host's directory, both ways.
+	if b, err := os.ReadFile(filepath.Join(ws, "guest.txt")); err != nil || string(b) != "from-guest\n" {
+		t.Fatalf("the guest's workspace file on the host: %q %v", b, err)
+	}
+	hostData := make([]byte, 8<<20)
+	rand.Read(hostData)
+	if err := os.WriteFile(filepath.Join(ws, "host.bin"), hostData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hostSum := sha256.Sum256(hostData)
+	out, read := v.guestSh(t, "sha256sum /root/workspace/host.bin | cut -d' ' -f1")
+	if strings.TrimSpace(out) != hex.EncodeToString(hostSum[:]) {
+		t.Fatalf("8 MiB written by the host reads back in the guest as %q", out)
+	}
+	_, write := v.guestSh(t, "dd if=/dev/zero of=/root/workspace/zero.bin bs=1M count=8 2>/dev/null")
+	if b, err := os.ReadFile(filepath.Join(ws, "zero.bin")); err != nil || !bytes.Equal(b, make([]byte, 8<<20)) {
+		t.Fatalf("8 MiB of zeros written by the guest: %d bytes on the host, %v", len(b), err)
+	}
+	t.Logf("workspace (9p): guest read+sha256 of 8 MiB in %d ms, guest write of 8 MiB in %d ms", read.DurationMS, write.DurationMS)
+
+	v.shutdown(t)
+	disk := filepath.Join(session, process.DiskFile)
+	var st unix.Stat_t
+	if err := unix.Stat(disk, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("disk.img after the first boot: %d bytes allocated of %d", st.Blocks*512, st.Size)
+	if st.Size != process.DefaultDiskGiB<<30 || st.Blocks*512 > 64<<20 {
+		t.Fatalf("disk.img: size %d, %d bytes allocated; want %d GiB and sparse (under 64 MiB)", st.Size, st.Blocks*512, process.DefaultDiskGiB)
+	}
+	// The guest unmounted its disk cleanly: fsck finds nothing to do.
+	if e2fsck, err := exec.LookPath("e2fsck"); err == nil {
+		if out, err := exec.Command(e2fsck, "-fn", disk).CombinedOutput(); err != nil {
+			t.Fatalf("e2fsck -fn after stop: %v\n%s", err, out)
+		}
+	}
+
+	v = bootVMIn(t, "keeper", dir)
+	t.Logf("second boot (disk reused): %v", v.info.BootTimings)
+	if v.info.BootTimings["guest_storage"] <= 0 {
+		t.Errorf("boot timings lack guest_storage: %v", v.info.BootTimings)
+	}
+	out, _ = v.guestSh(t, `cat /etc/capsem-persist
+sha256sum /root/one-mib.bin | cut -d' ' -f1
+/usr/local/bin/capsem-tool
+if [ -e /etc/shells ]; then echo shells-back; else echo shells-gone; fi
+cat /root/workspace/guest.txt
+`)
+	want := "persisted-etc\n" + sum + "\ntool-ok\nshells-gone\nfrom-guest\n"
+	if out != want {
+		t.Fatalf("after boot again:\n%s\nwant:\n%s", out, want)
+	}
+	v.shutdown(t)
+}

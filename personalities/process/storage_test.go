@@ -1,0 +1,108 @@
+package process
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capsem/capsem/core/guestwire"
+)
+
+func needMkfs(t *testing.T) {
+	t.Helper()
+	if _, err := findMkfs(); err != nil {
+		t.Skipf("%v", err)
+	}
+}
+
+func TestEnsureDiskIsSparseExt4AndReused(t *testing.T) {
+	needMkfs(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), DiskFile)
+	created, err := ensureDisk(ctx, path, DefaultDiskGiB)
+	if err != nil || !created {
+		t.Fatalf("first ensureDisk: created=%v %v", created, err)
+	}
+	u, err := diskUsage(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fresh %d GiB disk: %d bytes allocated", DefaultDiskGiB, u.Allocated)
+	if u.Size != DefaultDiskGiB<<30 || u.Allocated > 32<<20 {
+		t.Fatalf("size %d, allocated %d: want %d, sparse (under 32 MiB)", u.Size, u.Allocated, DefaultDiskGiB<<30)
+	}
+	st, _ := os.Stat(path)
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("disk mode %v, want 0600", st.Mode().Perm())
+	}
+	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
+		t.Errorf("the temporary image was left behind: %v", err)
+	}
+	if dumpe2fs, err := exec.LookPath("dumpe2fs"); err == nil {
+		out, err := exec.Command(dumpe2fs, "-h", path).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "Filesystem volume name:   "+diskLabel) || !strings.Contains(string(out), "Filesystem state:         clean") {
+			t.Fatalf("dumpe2fs: %v\n%s", err, out)
+		}
+	}
+	// A second boot reuses it untouched, even when asked for another size.
+	created, err = ensureDisk(ctx, path, 1)
+	if err != nil || created {
+		t.Fatalf("second ensureDisk: created=%v %v", created, err)
+	}
+	st2, _ := os.Stat(path)
+	if !os.SameFile(st, st2) || st2.ModTime() != st.ModTime() || st2.Size() != st.Size() {
+		t.Fatal("the existing disk was replaced or changed")
+	}
+}
+
+func TestEnsureDiskRefusesANonFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), DiskFile)
+	os.Mkdir(path, 0o700)
+	if _, err := ensureDisk(context.Background(), path, 1); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("a directory as disk: %v", err)
+	}
+}
+
+func TestPrepareStorage(t *testing.T) {
+	needMkfs(t)
+	ctx, log := context.Background(), slog.New(slog.DiscardHandler)
+	dir := t.TempDir()
+	disks, shares, cmdline, err := prepareStorage(ctx, log, dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(disks) != 1 || disks[0].ID != guestwire.UpperDiskID || disks[0].Path != filepath.Join(dir, DiskFile) || disks[0].ReadOnly {
+		t.Fatalf("disks %+v", disks)
+	}
+	ws := filepath.Join(dir, WorkspaceDir)
+	if len(shares) != 1 || shares[0].Tag != guestwire.WorkspaceTag || shares[0].HostPath != ws || shares[0].ReadOnly ||
+		shares[0].SecurityModel != workspaceSecurityModel(os.Geteuid()) {
+		t.Fatalf("shares %+v", shares)
+	}
+	if st, err := os.Stat(ws); err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 {
+		t.Fatalf("workspace: %v %v", st.Mode(), err)
+	}
+	if cmdline != " capsem.upper=capsem-upper capsem.workspace=workspace" {
+		t.Fatalf("cmdline %q", cmdline)
+	}
+	// Without a disk the workspace is still shared.
+	disks, shares, cmdline, err = prepareStorage(ctx, log, t.TempDir(), 0)
+	if err != nil || len(disks) != 0 || len(shares) != 1 || cmdline != " capsem.workspace=workspace" {
+		t.Fatalf("no disk: %+v %+v %q %v", disks, shares, cmdline, err)
+	}
+	for _, bad := range []int{-1, MaxDiskGiB + 1} {
+		if _, _, _, err := prepareStorage(ctx, log, t.TempDir(), bad); err == nil {
+			t.Errorf("disk size %d accepted", bad)
+		}
+	}
+}
+
+func TestWorkspaceSecurityModel(t *testing.T) {
+	if workspaceSecurityModel(0) != "mapped-xattr" || workspaceSecurityModel(1000) != "none" {
+		t.Fatal("root must get mapped-xattr, anyone else none")
+	}
+}
