@@ -54,6 +54,9 @@ func TestRealAssets(t *testing.T) {
 	}
 	for _, tool := range []string{"apt-get", "apt-cache", "dpkg-deb"} {
 		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s not found: make deps installs the Debian tools the asset build needs", tool)
+			}
 			t.Skipf("%s not found: not a Debian host", tool)
 		}
 	}
@@ -160,6 +163,9 @@ func TestRealAssets(t *testing.T) {
 
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("qemu-system-x86_64 not installed (make deps installs qemu-system-x86)")
+		}
 		t.Log("qemu-system-x86_64 not installed: boot check skipped")
 		return
 	}
