@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"sync"
 	"sync/atomic"
@@ -19,7 +20,8 @@ import (
 )
 
 // Spawner builds (but does not start) the aggregator command. Stdin and
-// Stdout must be left unset; the client connects them.
+// Stdout must be left unset; the client connects them. A *os.File Stderr
+// (other than os.Stderr) is closed in this process once the child started.
 type Spawner func(ctx context.Context) (*exec.Cmd, error)
 
 // ErrClosed is returned after Close.
@@ -122,7 +124,13 @@ func (c *Client) launch() (*instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("aggregator stdout: %w", err)
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// A log file the spawner opened for the child's stderr is the child's
+	// now: close this process's copy so restarts do not leak descriptors.
+	if f, ok := cmd.Stderr.(*os.File); ok && f != os.Stderr {
+		f.Close()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("starting aggregator: %w", err)
 	}
 	inst := &instance{cmd: cmd, w: aggwire.NewWriter(stdin), stdin: stdin, pending: map[uint64]chan *aggwire.Response{}, dead: make(chan struct{})}
