@@ -12,6 +12,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -211,4 +213,30 @@ func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte,
 // Stop shuts the VM down (cleanly if the guest answers).
 func (c *ProcessClient) Stop(ctx context.Context) error {
 	return c.post(ctx, "/stop", struct{}{}, nil)
+}
+
+// Logs returns the tail of the guest's serial console log (tail lines,
+// optionally only those containing grep).
+func (c *ProcessClient) Logs(ctx context.Context, tail int, grep string) (string, error) {
+	q := url.Values{}
+	if tail > 0 {
+		q.Set("tail", strconv.Itoa(tail))
+	}
+	if grep != "" {
+		q.Set("grep", grep)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://capsem/logs?"+q.Encode(), nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("/logs: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return "", decode("/logs", resp, nil)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 2<<20))
+	return string(b), err
 }

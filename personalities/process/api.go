@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +32,7 @@ func (v *VM) routes() http.Handler {
 	mux.HandleFunc("POST /files/stat", v.handleFile)
 	mux.HandleFunc("POST /files/mkdir", v.handleFile)
 	mux.HandleFunc("POST /stop", v.handleStop)
+	mux.HandleFunc("GET /logs", v.handleLogs)
 	return mux
 }
 
@@ -180,4 +184,48 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 		out.IsDir = info.Mode&0o170000 == 0o040000 // S_IFDIR
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// maxLogBytes bounds how much of the serial console log one request reads.
+const maxLogBytes = 1 << 20
+
+// handleLogs returns the tail of the guest's serial console log:
+// ?tail=N lines (default 200), optionally only lines containing ?grep=TEXT.
+func (v *VM) handleLogs(w http.ResponseWriter, r *http.Request) {
+	tail := 200
+	if s := r.URL.Query().Get("tail"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 100000 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("tail=%q: want a number of lines from 1 to 100000", s))
+			return
+		}
+		tail = n
+	}
+	grep := r.URL.Query().Get("grep")
+	f, err := os.Open(filepath.Join(v.opts.SessionDir, "console.log"))
+	if err != nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("console log: %w", err))
+		return
+	}
+	defer f.Close()
+	st, _ := f.Stat()
+	if st != nil && st.Size() > maxLogBytes {
+		f.Seek(st.Size()-maxLogBytes, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, maxLogBytes))
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if grep != "" {
+		kept := lines[:0]
+		for _, l := range lines {
+			if strings.Contains(l, grep) {
+				kept = append(kept, l)
+			}
+		}
+		lines = kept
+	}
+	if len(lines) > tail {
+		lines = lines[len(lines)-tail:]
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, strings.Join(lines, "\n")+"\n")
 }

@@ -317,3 +317,24 @@ func TestKillingQEMUFailsTheExecAtOnce(t *testing.T) {
 		t.Fatalf("QEMU %d still exists: %s", qemu, b)
 	}
 }
+
+func TestConsoleLogs(t *testing.T) {
+	v := sharedVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	logs, err := v.client.Logs(ctx, 500, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent logs to the console; its connect line is always there.
+	if !strings.Contains(logs, "connected to the host") {
+		t.Fatalf("console log lacks the agent's connect line:\n%.1500s", logs)
+	}
+	only, err := v.client.Logs(ctx, 5, "connected to the host")
+	if err != nil || strings.Count(strings.TrimSpace(only), "\n") > 4 || !strings.Contains(only, "connected") {
+		t.Fatalf("grep/tail: %v %q", err, only)
+	}
+	if _, err := v.client.Logs(ctx, -1, ""); err != nil {
+		t.Fatalf("tail<=0 means the default: %v", err)
+	}
+}
