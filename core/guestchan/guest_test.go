@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -100,24 +99,4 @@ func TestOpenGuestUnknownKind(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch.Close()
-}
-
-// TestCGOFree proves the package builds for the guest: static, no cgo.
-func TestCGOFree(t *testing.T) {
-	cmd := exec.Command("go", "build", "-o", os.DevNull, ".")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
-	}
-	list := exec.Command("go", "list", "-deps", ".")
-	list.Env = cmd.Env
-	out, err := list.Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, dep := range strings.Fields(string(out)) {
-		if dep == "runtime/cgo" || strings.Contains(dep, "sqlite") || strings.Contains(dep, "Code-Hex/vz") {
-			t.Errorf("guest-side package depends on %s", dep)
-		}
-	}
 }

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -842,27 +841,6 @@ func TestMountHelpers(t *testing.T) {
 	}
 	if up, err := kernelUptime(); err != nil || up <= 0 {
 		t.Fatalf("uptime %v %v", up, err)
-	}
-}
-
-// TestGuestBuildIsCGOFree proves the guest agent builds without cgo and
-// links neither sqlite nor the host-only backends.
-func TestGuestBuildIsCGOFree(t *testing.T) {
-	cmd := exec.Command("go", "list", "-deps", ".")
-	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	for _, forbidden := range []string{"go-sqlite3", "core/ledger", "Code-Hex/vz"} {
-		if strings.Contains(string(out), forbidden) {
-			t.Errorf("the guest agent depends on %s", forbidden)
-		}
-	}
-	build := exec.Command("go", "build", "-o", filepath.Join(t.TempDir(), "agent"), ".")
-	build.Env = append(build.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("CGO_ENABLED=0 build: %v\n%s", err, out)
 	}
 }
 

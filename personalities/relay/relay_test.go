@@ -311,24 +311,3 @@ func TestParentProcessName(t *testing.T) {
 		t.Fatalf("missing process: %q", got)
 	}
 }
-
-// TestGuestBuildIsCGOFree proves the relay (a guest personality) builds
-// without cgo and links no sqlite.
-func TestGuestBuildIsCGOFree(t *testing.T) {
-	cmd := exec.Command("go", "list", "-deps", ".")
-	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	for _, forbidden := range []string{"go-sqlite3", "core/ledger", "Code-Hex/vz"} {
-		if strings.Contains(string(out), forbidden) {
-			t.Errorf("relay depends on %s", forbidden)
-		}
-	}
-	build := exec.Command("go", "build", "-o", filepath.Join(t.TempDir(), "relay"), ".")
-	build.Env = append(build.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("CGO_ENABLED=0 build: %v\n%s", err, out)
-	}
-}

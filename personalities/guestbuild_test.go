@@ -1,0 +1,36 @@
+package personalities
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// guestPackages run inside the VM: they must build without cgo and must not
+// link SQLite, the ledger, the service or the macOS hypervisor.
+var guestPackages = []string{
+	"github.com/capsem/capsem/personalities/agent",
+	"github.com/capsem/capsem/personalities/relay",
+	"github.com/capsem/capsem/core/guestchan",
+	"github.com/capsem/capsem/core/guestwire",
+	"github.com/capsem/capsem/core/guestctl",
+}
+
+func TestGuestPackagesAreCGOFree(t *testing.T) {
+	forbidden := []string{"github.com/mattn/go-sqlite3", "github.com/capsem/capsem/core/ledger", "github.com/Code-Hex/vz", "database/sql"}
+	for _, pkg := range guestPackages {
+		cmd := exec.Command("go", "list", "-deps", pkg)
+		cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Split(string(out), "\n") {
+			for _, f := range forbidden {
+				if dep == f || strings.HasPrefix(dep, f+"/") {
+					t.Errorf("%s depends on %s", pkg, dep)
+				}
+			}
+		}
+	}
+}
