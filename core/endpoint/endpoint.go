@@ -7,11 +7,8 @@ package endpoint
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -212,8 +209,7 @@ func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, 
 		NetEvents:     out.netEvents,
 	}
 	if out.redactReq {
-		sum := sha256.Sum256(msg.Params)
-		r.Request = fmt.Sprintf(`{"redacted_by_policy":true,"sha256":"%s"}`, hex.EncodeToString(sum[:]))
+		r.Request = policy.Redact(msg.Params)
 	} else {
 		r.Request = string(msg.Params)
 	}
