@@ -6,6 +6,12 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
+// Size limits for msgp deserialization
+const (
+	zdcb357adlimitArrays = 65536
+	zdcb357adlimitMaps   = 4096
+)
+
 // DecodeMsg implements msgp.Decodable
 func (z *Annotations) DecodeMsg(dc *msgp.Reader) (err error) {
 	var field []byte
@@ -14,6 +20,10 @@ func (z *Annotations) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -186,6 +196,10 @@ func (z *Annotations) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -250,6 +264,10 @@ func (z *NetEvent) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -598,6 +616,10 @@ func (z *NetEvent) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -712,6 +734,10 @@ func (z *Prompt) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -751,7 +777,10 @@ func (z *Prompt) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "arguments":
-			z.Arguments, err = dc.ReadBytes(z.Arguments)
+			z.Arguments, err = dc.ReadBytesLimit(z.Arguments, zdcb357adlimitArrays)
+			if err == nil && z.Arguments == nil {
+				z.Arguments = []byte{}
+			}
 			if err != nil {
 				err = msgp.WrapError(err, "Arguments")
 				return
@@ -925,6 +954,10 @@ func (z *Prompt) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -964,11 +997,27 @@ func (z *Prompt) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "arguments":
-			z.Arguments, bts, err = msgp.ReadBytesBytes(bts, z.Arguments)
+			var zb0002 uint32
+			zb0002, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Arguments")
 				return
 			}
+			if zb0002 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.Arguments == nil || uint32(cap(z.Arguments)) < zb0002 {
+				z.Arguments = make([]byte, zb0002)
+			} else {
+				z.Arguments = z.Arguments[:zb0002]
+			}
+			if uint32(len(bts)) < zb0002 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.Arguments, bts[:zb0002])
+			bts = bts[zb0002:]
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -995,6 +1044,10 @@ func (z *Request) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -1030,6 +1083,10 @@ func (z *Request) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Servers")
 				return
 			}
+			if zb0002 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Servers) >= int(zb0002) {
 				z.Servers = (z.Servers)[:zb0002]
 			} else {
@@ -1055,7 +1112,10 @@ func (z *Request) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "arguments":
-			z.Arguments, err = dc.ReadBytes(z.Arguments)
+			z.Arguments, err = dc.ReadBytesLimit(z.Arguments, zdcb357adlimitArrays)
+			if err == nil && z.Arguments == nil {
+				z.Arguments = []byte{}
+			}
 			if err != nil {
 				err = msgp.WrapError(err, "Arguments")
 				return
@@ -1311,6 +1371,10 @@ func (z *Request) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1344,6 +1408,10 @@ func (z *Request) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Servers")
 				return
 			}
+			if zb0002 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Servers) >= int(zb0002) {
 				z.Servers = (z.Servers)[:zb0002]
 			} else {
@@ -1369,11 +1437,27 @@ func (z *Request) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "arguments":
-			z.Arguments, bts, err = msgp.ReadBytesBytes(bts, z.Arguments)
+			var zb0003 uint32
+			zb0003, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Arguments")
 				return
 			}
+			if zb0003 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.Arguments == nil || uint32(cap(z.Arguments)) < zb0003 {
+				z.Arguments = make([]byte, zb0003)
+			} else {
+				z.Arguments = z.Arguments[:zb0003]
+			}
+			if uint32(len(bts)) < zb0003 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.Arguments, bts[:zb0003])
+			bts = bts[zb0003:]
 		case "target":
 			z.Target, bts, err = msgp.ReadUint64Bytes(bts)
 			if err != nil {
@@ -1410,6 +1494,10 @@ func (z *Resource) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -1656,6 +1744,10 @@ func (z *Resource) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1734,6 +1826,10 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -1773,6 +1869,10 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Servers")
 				return
 			}
+			if zb0002 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Servers) >= int(zb0002) {
 				z.Servers = (z.Servers)[:zb0002]
 			} else {
@@ -1790,6 +1890,10 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0003, err = dc.ReadArrayHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Tools")
+				return
+			}
+			if zb0003 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Tools) >= int(zb0003) {
@@ -1811,6 +1915,10 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Resources")
 				return
 			}
+			if zb0004 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Resources) >= int(zb0004) {
 				z.Resources = (z.Resources)[:zb0004]
 			} else {
@@ -1830,6 +1938,10 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Prompts")
 				return
 			}
+			if zb0005 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Prompts) >= int(zb0005) {
 				z.Prompts = (z.Prompts)[:zb0005]
 			} else {
@@ -1843,7 +1955,10 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 				}
 			}
 		case "result":
-			z.Result, err = dc.ReadBytes(z.Result)
+			z.Result, err = dc.ReadBytesLimit(z.Result, zdcb357adlimitArrays)
+			if err == nil && z.Result == nil {
+				z.Result = []byte{}
+			}
 			if err != nil {
 				err = msgp.WrapError(err, "Result")
 				return
@@ -1853,6 +1968,10 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0006, err = dc.ReadArrayHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "NetEvents")
+				return
+			}
+			if zb0006 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.NetEvents) >= int(zb0006) {
@@ -2230,6 +2349,10 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2269,6 +2392,10 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Servers")
 				return
 			}
+			if zb0002 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Servers) >= int(zb0002) {
 				z.Servers = (z.Servers)[:zb0002]
 			} else {
@@ -2286,6 +2413,10 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0003, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Tools")
+				return
+			}
+			if zb0003 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Tools) >= int(zb0003) {
@@ -2307,6 +2438,10 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Resources")
 				return
 			}
+			if zb0004 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Resources) >= int(zb0004) {
 				z.Resources = (z.Resources)[:zb0004]
 			} else {
@@ -2326,6 +2461,10 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Prompts")
 				return
 			}
+			if zb0005 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Prompts) >= int(zb0005) {
 				z.Prompts = (z.Prompts)[:zb0005]
 			} else {
@@ -2339,22 +2478,42 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				}
 			}
 		case "result":
-			z.Result, bts, err = msgp.ReadBytesBytes(bts, z.Result)
+			var zb0006 uint32
+			zb0006, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Result")
 				return
 			}
+			if zb0006 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.Result == nil || uint32(cap(z.Result)) < zb0006 {
+				z.Result = make([]byte, zb0006)
+			} else {
+				z.Result = z.Result[:zb0006]
+			}
+			if uint32(len(bts)) < zb0006 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.Result, bts[:zb0006])
+			bts = bts[zb0006:]
 		case "net_events":
-			var zb0006 uint32
-			zb0006, bts, err = msgp.ReadArrayHeaderBytes(bts)
+			var zb0007 uint32
+			zb0007, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "NetEvents")
 				return
 			}
-			if cap(z.NetEvents) >= int(zb0006) {
-				z.NetEvents = (z.NetEvents)[:zb0006]
+			if zb0007 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if cap(z.NetEvents) >= int(zb0007) {
+				z.NetEvents = (z.NetEvents)[:zb0007]
 			} else {
-				z.NetEvents = make([]NetEvent, zb0006)
+				z.NetEvents = make([]NetEvent, zb0007)
 			}
 			for za0005 := range z.NetEvents {
 				bts, err = z.NetEvents[za0005].UnmarshalMsg(bts)
@@ -2410,6 +2569,10 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -2437,6 +2600,10 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Args")
 				return
 			}
+			if zb0002 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Args) >= int(zb0002) {
 				z.Args = (z.Args)[:zb0002]
 			} else {
@@ -2454,6 +2621,10 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0003, err = dc.ReadMapHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
+				return
+			}
+			if zb0003 > zdcb357adlimitMaps {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -2488,6 +2659,10 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0004, err = dc.ReadMapHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Headers")
+				return
+			}
+			if zb0004 > zdcb357adlimitMaps {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Headers == nil {
@@ -2827,6 +3002,10 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2854,6 +3033,10 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Args")
 				return
 			}
+			if zb0002 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Args) >= int(zb0002) {
 				z.Args = (z.Args)[:zb0002]
 			} else {
@@ -2871,6 +3054,10 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0003, bts, err = msgp.ReadMapHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
+				return
+			}
+			if zb0003 > zdcb357adlimitMaps {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -2905,6 +3092,10 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0004, bts, err = msgp.ReadMapHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Headers")
+				return
+			}
+			if zb0004 > zdcb357adlimitMaps {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Headers == nil {
@@ -2990,6 +3181,10 @@ func (z *ServerStatus) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -3219,6 +3414,10 @@ func (z *ServerStatus) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3303,6 +3502,10 @@ func (z *Tool) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -3342,13 +3545,19 @@ func (z *Tool) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "input_schema":
-			z.InputSchema, err = dc.ReadBytes(z.InputSchema)
+			z.InputSchema, err = dc.ReadBytesLimit(z.InputSchema, zdcb357adlimitArrays)
+			if err == nil && z.InputSchema == nil {
+				z.InputSchema = []byte{}
+			}
 			if err != nil {
 				err = msgp.WrapError(err, "InputSchema")
 				return
 			}
 		case "output_schema":
-			z.OutputSchema, err = dc.ReadBytes(z.OutputSchema)
+			z.OutputSchema, err = dc.ReadBytesLimit(z.OutputSchema, zdcb357adlimitArrays)
+			if err == nil && z.OutputSchema == nil {
+				z.OutputSchema = []byte{}
+			}
 			if err != nil {
 				err = msgp.WrapError(err, "OutputSchema")
 				return
@@ -3605,6 +3814,10 @@ func (z *Tool) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > zdcb357adlimitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3644,17 +3857,49 @@ func (z *Tool) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "input_schema":
-			z.InputSchema, bts, err = msgp.ReadBytesBytes(bts, z.InputSchema)
+			var zb0002 uint32
+			zb0002, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "InputSchema")
 				return
 			}
+			if zb0002 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.InputSchema == nil || uint32(cap(z.InputSchema)) < zb0002 {
+				z.InputSchema = make([]byte, zb0002)
+			} else {
+				z.InputSchema = z.InputSchema[:zb0002]
+			}
+			if uint32(len(bts)) < zb0002 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.InputSchema, bts[:zb0002])
+			bts = bts[zb0002:]
 		case "output_schema":
-			z.OutputSchema, bts, err = msgp.ReadBytesBytes(bts, z.OutputSchema)
+			var zb0003 uint32
+			zb0003, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "OutputSchema")
 				return
 			}
+			if zb0003 > zdcb357adlimitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.OutputSchema == nil || uint32(cap(z.OutputSchema)) < zb0003 {
+				z.OutputSchema = make([]byte, zb0003)
+			} else {
+				z.OutputSchema = z.OutputSchema[:zb0003]
+			}
+			if uint32(len(bts)) < zb0003 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.OutputSchema, bts[:zb0003])
+			bts = bts[zb0003:]
 		case "annotations":
 			if msgp.IsNil(bts) {
 				bts, err = msgp.ReadNilBytes(bts)

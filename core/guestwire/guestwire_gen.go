@@ -6,6 +6,12 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
+// Size limits for msgp deserialization
+const (
+	z064408b1limitArrays = 65536
+	z064408b1limitMaps   = 4096
+)
+
 // DecodeMsg implements msgp.Decodable
 func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 	var field []byte
@@ -14,6 +20,10 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -29,6 +39,10 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0002, err = dc.ReadMapHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
+				return
+			}
+			if zb0002 > z064408b1limitMaps {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -59,6 +73,10 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Files")
 				return
 			}
+			if zb0003 > z064408b1limitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Files) >= int(zb0003) {
 				z.Files = (z.Files)[:zb0003]
 			} else {
@@ -69,6 +87,10 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 				zb0004, err = dc.ReadMapHeader()
 				if err != nil {
 					err = msgp.WrapError(err, "Files", za0003)
+					return
+				}
+				if zb0004 > z064408b1limitMaps {
+					err = msgp.ErrLimitExceeded
 					return
 				}
 				for zb0004 > 0 {
@@ -92,7 +114,10 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 							return
 						}
 					case "data":
-						z.Files[za0003].Data, err = dc.ReadBytes(z.Files[za0003].Data)
+						z.Files[za0003].Data, err = dc.ReadBytesLimit(z.Files[za0003].Data, z064408b1limitArrays)
+						if err == nil && z.Files[za0003].Data == nil {
+							z.Files[za0003].Data = []byte{}
+						}
 						if err != nil {
 							err = msgp.WrapError(err, "Files", za0003, "Data")
 							return
@@ -334,6 +359,10 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -347,6 +376,10 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0002, bts, err = msgp.ReadMapHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
+				return
+			}
+			if zb0002 > z064408b1limitMaps {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -377,6 +410,10 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Files")
 				return
 			}
+			if zb0003 > z064408b1limitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.Files) >= int(zb0003) {
 				z.Files = (z.Files)[:zb0003]
 			} else {
@@ -387,6 +424,10 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				zb0004, bts, err = msgp.ReadMapHeaderBytes(bts)
 				if err != nil {
 					err = msgp.WrapError(err, "Files", za0003)
+					return
+				}
+				if zb0004 > z064408b1limitMaps {
+					err = msgp.ErrLimitExceeded
 					return
 				}
 				for zb0004 > 0 {
@@ -410,11 +451,27 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 							return
 						}
 					case "data":
-						z.Files[za0003].Data, bts, err = msgp.ReadBytesBytes(bts, z.Files[za0003].Data)
+						var zb0005 uint32
+						zb0005, bts, err = msgp.ReadBytesHeader(bts)
 						if err != nil {
 							err = msgp.WrapError(err, "Files", za0003, "Data")
 							return
 						}
+						if zb0005 > z064408b1limitArrays {
+							err = msgp.ErrLimitExceeded
+							return
+						}
+						if z.Files[za0003].Data == nil || uint32(cap(z.Files[za0003].Data)) < zb0005 {
+							z.Files[za0003].Data = make([]byte, zb0005)
+						} else {
+							z.Files[za0003].Data = z.Files[za0003].Data[:zb0005]
+						}
+						if uint32(len(bts)) < zb0005 {
+							err = msgp.ErrShortBytes
+							return
+						}
+						copy(z.Files[za0003].Data, bts[:zb0005])
+						bts = bts[zb0005:]
 					default:
 						bts, err = msgp.Skip(bts)
 						if err != nil {
@@ -475,6 +532,10 @@ func (z *BootFile) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -496,7 +557,10 @@ func (z *BootFile) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "data":
-			z.Data, err = dc.ReadBytes(z.Data)
+			z.Data, err = dc.ReadBytesLimit(z.Data, z064408b1limitArrays)
+			if err == nil && z.Data == nil {
+				z.Data = []byte{}
+			}
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
@@ -574,6 +638,10 @@ func (z *BootFile) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -595,11 +663,27 @@ func (z *BootFile) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "data":
-			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
+			var zb0002 uint32
+			zb0002, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
 			}
+			if zb0002 > z064408b1limitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.Data == nil || uint32(cap(z.Data)) < zb0002 {
+				z.Data = make([]byte, zb0002)
+			} else {
+				z.Data = z.Data[:zb0002]
+			}
+			if uint32(len(bts)) < zb0002 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.Data, bts[:zb0002])
+			bts = bts[zb0002:]
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -626,6 +710,10 @@ func (z *BootTimings) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -798,6 +886,10 @@ func (z *BootTimings) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -862,6 +954,10 @@ func (z *Error) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -944,6 +1040,10 @@ func (z *Error) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -992,6 +1092,10 @@ func (z *Exec) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -1005,6 +1109,10 @@ func (z *Exec) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0002, err = dc.ReadArrayHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Argv")
+				return
+			}
+			if zb0002 > z064408b1limitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Argv) >= int(zb0002) {
@@ -1030,6 +1138,10 @@ func (z *Exec) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0003, err = dc.ReadMapHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
+				return
+			}
+			if zb0003 > z064408b1limitMaps {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -1364,6 +1476,10 @@ func (z *Exec) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1377,6 +1493,10 @@ func (z *Exec) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0002, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Argv")
+				return
+			}
+			if zb0002 > z064408b1limitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Argv) >= int(zb0002) {
@@ -1402,6 +1522,10 @@ func (z *Exec) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0003, bts, err = msgp.ReadMapHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
+				return
+			}
+			if zb0003 > z064408b1limitMaps {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -1492,6 +1616,10 @@ func (z *ExecResult) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -1826,6 +1954,10 @@ func (z *ExecResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1926,6 +2058,10 @@ func (z *FileInfo) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -2079,6 +2215,10 @@ func (z *FileInfo) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2139,6 +2279,10 @@ func (z *FileRequest) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -2154,7 +2298,10 @@ func (z *FileRequest) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "data":
-			z.Data, err = dc.ReadBytes(z.Data)
+			z.Data, err = dc.ReadBytesLimit(z.Data, z064408b1limitArrays)
+			if err == nil && z.Data == nil {
+				z.Data = []byte{}
+			}
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
@@ -2376,6 +2523,10 @@ func (z *FileRequest) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2391,11 +2542,27 @@ func (z *FileRequest) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "data":
-			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
+			var zb0002 uint32
+			zb0002, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
 			}
+			if zb0002 > z064408b1limitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.Data == nil || uint32(cap(z.Data)) < zb0002 {
+				z.Data = make([]byte, zb0002)
+			} else {
+				z.Data = z.Data[:zb0002]
+			}
+			if uint32(len(bts)) < zb0002 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.Data, bts[:zb0002])
+			bts = bts[zb0002:]
 		case "mode":
 			z.Mode, bts, err = msgp.ReadUint32Bytes(bts)
 			if err != nil {
@@ -2448,6 +2615,10 @@ func (z *FileResult) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -2457,7 +2628,10 @@ func (z *FileResult) DecodeMsg(dc *msgp.Reader) (err error) {
 		}
 		switch msgp.UnsafeString(field) {
 		case "data":
-			z.Data, err = dc.ReadBytes(z.Data)
+			z.Data, err = dc.ReadBytesLimit(z.Data, z064408b1limitArrays)
+			if err == nil && z.Data == nil {
+				z.Data = []byte{}
+			}
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
@@ -2600,6 +2774,10 @@ func (z *FileResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2609,11 +2787,27 @@ func (z *FileResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		}
 		switch msgp.UnsafeString(field) {
 		case "data":
-			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
+			var zb0002 uint32
+			zb0002, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
 			}
+			if zb0002 > z064408b1limitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.Data == nil || uint32(cap(z.Data)) < zb0002 {
+				z.Data = make([]byte, zb0002)
+			} else {
+				z.Data = z.Data[:zb0002]
+			}
+			if uint32(len(bts)) < zb0002 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.Data, bts[:zb0002])
+			bts = bts[zb0002:]
 		case "info":
 			if msgp.IsNil(bts) {
 				bts, err = msgp.ReadNilBytes(bts)
@@ -2662,6 +2856,10 @@ func (z *Header) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -2744,6 +2942,10 @@ func (z *Header) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2790,6 +2992,10 @@ func (z *Hello) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -2947,6 +3153,10 @@ func (z *Hello) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3005,6 +3215,10 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -3135,6 +3349,10 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 					err = msgp.WrapError(err, "FileResult")
 					return
 				}
+				if zb0002 > z064408b1limitMaps {
+					err = msgp.ErrLimitExceeded
+					return
+				}
 				for zb0002 > 0 {
 					zb0002--
 					field, err = dc.ReadMapKeyPtr()
@@ -3144,7 +3362,10 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 					}
 					switch msgp.UnsafeString(field) {
 					case "data":
-						z.FileResult.Data, err = dc.ReadBytes(z.FileResult.Data)
+						z.FileResult.Data, err = dc.ReadBytesLimit(z.FileResult.Data, z064408b1limitArrays)
+						if err == nil && z.FileResult.Data == nil {
+							z.FileResult.Data = []byte{}
+						}
 						if err != nil {
 							err = msgp.WrapError(err, "FileResult", "Data")
 							return
@@ -3192,6 +3413,10 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 				zb0003, err = dc.ReadMapHeader()
 				if err != nil {
 					err = msgp.WrapError(err, "Error")
+					return
+				}
+				if zb0003 > z064408b1limitMaps {
+					err = msgp.ErrLimitExceeded
 					return
 				}
 				for zb0003 > 0 {
@@ -3711,6 +3936,10 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3833,6 +4062,10 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					err = msgp.WrapError(err, "FileResult")
 					return
 				}
+				if zb0002 > z064408b1limitMaps {
+					err = msgp.ErrLimitExceeded
+					return
+				}
 				for zb0002 > 0 {
 					zb0002--
 					field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3842,11 +4075,27 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					}
 					switch msgp.UnsafeString(field) {
 					case "data":
-						z.FileResult.Data, bts, err = msgp.ReadBytesBytes(bts, z.FileResult.Data)
+						var zb0003 uint32
+						zb0003, bts, err = msgp.ReadBytesHeader(bts)
 						if err != nil {
 							err = msgp.WrapError(err, "FileResult", "Data")
 							return
 						}
+						if zb0003 > z064408b1limitArrays {
+							err = msgp.ErrLimitExceeded
+							return
+						}
+						if z.FileResult.Data == nil || uint32(cap(z.FileResult.Data)) < zb0003 {
+							z.FileResult.Data = make([]byte, zb0003)
+						} else {
+							z.FileResult.Data = z.FileResult.Data[:zb0003]
+						}
+						if uint32(len(bts)) < zb0003 {
+							err = msgp.ErrShortBytes
+							return
+						}
+						copy(z.FileResult.Data, bts[:zb0003])
+						bts = bts[zb0003:]
 					case "info":
 						if msgp.IsNil(bts) {
 							bts, err = msgp.ReadNilBytes(bts)
@@ -3884,14 +4133,18 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				if z.Error == nil {
 					z.Error = new(Error)
 				}
-				var zb0003 uint32
-				zb0003, bts, err = msgp.ReadMapHeaderBytes(bts)
+				var zb0004 uint32
+				zb0004, bts, err = msgp.ReadMapHeaderBytes(bts)
 				if err != nil {
 					err = msgp.WrapError(err, "Error")
 					return
 				}
-				for zb0003 > 0 {
-					zb0003--
+				if zb0004 > z064408b1limitMaps {
+					err = msgp.ErrLimitExceeded
+					return
+				}
+				for zb0004 > 0 {
+					zb0004--
 					field, bts, err = msgp.ReadMapKeyZC(bts)
 					if err != nil {
 						err = msgp.WrapError(err, "Error")
@@ -4000,6 +4253,10 @@ func (z *StreamHeader) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -4078,6 +4335,10 @@ func (z *StreamHeader) UnmarshalMsg(bts []byte) (o []byte, err error) {
 	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z064408b1limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
