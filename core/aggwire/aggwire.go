@@ -8,10 +8,6 @@ package aggwire
 
 //go:generate go tool msgp -file aggwire.go -o aggwire_gen.go -tests=false
 
-// Decoding must not trust a peer's element counts: a forged array header
-// would otherwise allocate gigabytes before any element is read.
-//msgp:limit arrays:65536 maps:4096
-
 // ProtocolVersion is bumped on any incompatible change to these messages.
 const ProtocolVersion = 1
 

@@ -6,12 +6,6 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
-// Size limits for msgp deserialization
-const (
-	zdcb357adlimitArrays = 65536
-	zdcb357adlimitMaps   = 4096
-)
-
 // DecodeMsg implements msgp.Decodable
 func (z *Annotations) DecodeMsg(dc *msgp.Reader) (err error) {
 	var field []byte
@@ -20,10 +14,6 @@ func (z *Annotations) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -196,10 +186,6 @@ func (z *Annotations) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -264,10 +250,6 @@ func (z *NetEvent) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -616,10 +598,6 @@ func (z *NetEvent) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -734,10 +712,6 @@ func (z *Prompt) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -777,10 +751,7 @@ func (z *Prompt) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "arguments":
-			z.Arguments, err = dc.ReadBytesLimit(z.Arguments, zdcb357adlimitArrays)
-			if err == nil && z.Arguments == nil {
-				z.Arguments = []byte{}
-			}
+			z.Arguments, err = dc.ReadBytes(z.Arguments)
 			if err != nil {
 				err = msgp.WrapError(err, "Arguments")
 				return
@@ -954,10 +925,6 @@ func (z *Prompt) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -997,27 +964,11 @@ func (z *Prompt) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "arguments":
-			var zb0002 uint32
-			zb0002, bts, err = msgp.ReadBytesHeader(bts)
+			z.Arguments, bts, err = msgp.ReadBytesBytes(bts, z.Arguments)
 			if err != nil {
 				err = msgp.WrapError(err, "Arguments")
 				return
 			}
-			if zb0002 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if z.Arguments == nil || uint32(cap(z.Arguments)) < zb0002 {
-				z.Arguments = make([]byte, zb0002)
-			} else {
-				z.Arguments = z.Arguments[:zb0002]
-			}
-			if uint32(len(bts)) < zb0002 {
-				err = msgp.ErrShortBytes
-				return
-			}
-			copy(z.Arguments, bts[:zb0002])
-			bts = bts[zb0002:]
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -1044,10 +995,6 @@ func (z *Request) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -1083,10 +1030,6 @@ func (z *Request) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Servers")
 				return
 			}
-			if zb0002 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Servers) >= int(zb0002) {
 				z.Servers = (z.Servers)[:zb0002]
 			} else {
@@ -1112,10 +1055,7 @@ func (z *Request) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "arguments":
-			z.Arguments, err = dc.ReadBytesLimit(z.Arguments, zdcb357adlimitArrays)
-			if err == nil && z.Arguments == nil {
-				z.Arguments = []byte{}
-			}
+			z.Arguments, err = dc.ReadBytes(z.Arguments)
 			if err != nil {
 				err = msgp.WrapError(err, "Arguments")
 				return
@@ -1371,10 +1311,6 @@ func (z *Request) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1408,10 +1344,6 @@ func (z *Request) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Servers")
 				return
 			}
-			if zb0002 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Servers) >= int(zb0002) {
 				z.Servers = (z.Servers)[:zb0002]
 			} else {
@@ -1437,27 +1369,11 @@ func (z *Request) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "arguments":
-			var zb0003 uint32
-			zb0003, bts, err = msgp.ReadBytesHeader(bts)
+			z.Arguments, bts, err = msgp.ReadBytesBytes(bts, z.Arguments)
 			if err != nil {
 				err = msgp.WrapError(err, "Arguments")
 				return
 			}
-			if zb0003 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if z.Arguments == nil || uint32(cap(z.Arguments)) < zb0003 {
-				z.Arguments = make([]byte, zb0003)
-			} else {
-				z.Arguments = z.Arguments[:zb0003]
-			}
-			if uint32(len(bts)) < zb0003 {
-				err = msgp.ErrShortBytes
-				return
-			}
-			copy(z.Arguments, bts[:zb0003])
-			bts = bts[zb0003:]
 		case "target":
 			z.Target, bts, err = msgp.ReadUint64Bytes(bts)
 			if err != nil {
@@ -1494,10 +1410,6 @@ func (z *Resource) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -1744,10 +1656,6 @@ func (z *Resource) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1826,10 +1734,6 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -1869,10 +1773,6 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Servers")
 				return
 			}
-			if zb0002 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Servers) >= int(zb0002) {
 				z.Servers = (z.Servers)[:zb0002]
 			} else {
@@ -1890,10 +1790,6 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0003, err = dc.ReadArrayHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Tools")
-				return
-			}
-			if zb0003 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Tools) >= int(zb0003) {
@@ -1915,10 +1811,6 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Resources")
 				return
 			}
-			if zb0004 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Resources) >= int(zb0004) {
 				z.Resources = (z.Resources)[:zb0004]
 			} else {
@@ -1938,10 +1830,6 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Prompts")
 				return
 			}
-			if zb0005 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Prompts) >= int(zb0005) {
 				z.Prompts = (z.Prompts)[:zb0005]
 			} else {
@@ -1955,10 +1843,7 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 				}
 			}
 		case "result":
-			z.Result, err = dc.ReadBytesLimit(z.Result, zdcb357adlimitArrays)
-			if err == nil && z.Result == nil {
-				z.Result = []byte{}
-			}
+			z.Result, err = dc.ReadBytes(z.Result)
 			if err != nil {
 				err = msgp.WrapError(err, "Result")
 				return
@@ -1968,10 +1853,6 @@ func (z *Response) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0006, err = dc.ReadArrayHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "NetEvents")
-				return
-			}
-			if zb0006 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.NetEvents) >= int(zb0006) {
@@ -2349,10 +2230,6 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2392,10 +2269,6 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Servers")
 				return
 			}
-			if zb0002 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Servers) >= int(zb0002) {
 				z.Servers = (z.Servers)[:zb0002]
 			} else {
@@ -2413,10 +2286,6 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0003, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Tools")
-				return
-			}
-			if zb0003 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Tools) >= int(zb0003) {
@@ -2438,10 +2307,6 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Resources")
 				return
 			}
-			if zb0004 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Resources) >= int(zb0004) {
 				z.Resources = (z.Resources)[:zb0004]
 			} else {
@@ -2461,10 +2326,6 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Prompts")
 				return
 			}
-			if zb0005 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Prompts) >= int(zb0005) {
 				z.Prompts = (z.Prompts)[:zb0005]
 			} else {
@@ -2478,42 +2339,22 @@ func (z *Response) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				}
 			}
 		case "result":
-			var zb0006 uint32
-			zb0006, bts, err = msgp.ReadBytesHeader(bts)
+			z.Result, bts, err = msgp.ReadBytesBytes(bts, z.Result)
 			if err != nil {
 				err = msgp.WrapError(err, "Result")
 				return
 			}
-			if zb0006 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if z.Result == nil || uint32(cap(z.Result)) < zb0006 {
-				z.Result = make([]byte, zb0006)
-			} else {
-				z.Result = z.Result[:zb0006]
-			}
-			if uint32(len(bts)) < zb0006 {
-				err = msgp.ErrShortBytes
-				return
-			}
-			copy(z.Result, bts[:zb0006])
-			bts = bts[zb0006:]
 		case "net_events":
-			var zb0007 uint32
-			zb0007, bts, err = msgp.ReadArrayHeaderBytes(bts)
+			var zb0006 uint32
+			zb0006, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "NetEvents")
 				return
 			}
-			if zb0007 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if cap(z.NetEvents) >= int(zb0007) {
-				z.NetEvents = (z.NetEvents)[:zb0007]
+			if cap(z.NetEvents) >= int(zb0006) {
+				z.NetEvents = (z.NetEvents)[:zb0006]
 			} else {
-				z.NetEvents = make([]NetEvent, zb0007)
+				z.NetEvents = make([]NetEvent, zb0006)
 			}
 			for za0005 := range z.NetEvents {
 				bts, err = z.NetEvents[za0005].UnmarshalMsg(bts)
@@ -2569,10 +2410,6 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -2600,10 +2437,6 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Args")
 				return
 			}
-			if zb0002 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Args) >= int(zb0002) {
 				z.Args = (z.Args)[:zb0002]
 			} else {
@@ -2621,10 +2454,6 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0003, err = dc.ReadMapHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
-				return
-			}
-			if zb0003 > zdcb357adlimitMaps {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -2659,10 +2488,6 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0004, err = dc.ReadMapHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Headers")
-				return
-			}
-			if zb0004 > zdcb357adlimitMaps {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Headers == nil {
@@ -3002,10 +2827,6 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3033,10 +2854,6 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Args")
 				return
 			}
-			if zb0002 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Args) >= int(zb0002) {
 				z.Args = (z.Args)[:zb0002]
 			} else {
@@ -3054,10 +2871,6 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0003, bts, err = msgp.ReadMapHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
-				return
-			}
-			if zb0003 > zdcb357adlimitMaps {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -3092,10 +2905,6 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0004, bts, err = msgp.ReadMapHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Headers")
-				return
-			}
-			if zb0004 > zdcb357adlimitMaps {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Headers == nil {
@@ -3181,10 +2990,6 @@ func (z *ServerStatus) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -3414,10 +3219,6 @@ func (z *ServerStatus) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3502,10 +3303,6 @@ func (z *Tool) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -3545,19 +3342,13 @@ func (z *Tool) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "input_schema":
-			z.InputSchema, err = dc.ReadBytesLimit(z.InputSchema, zdcb357adlimitArrays)
-			if err == nil && z.InputSchema == nil {
-				z.InputSchema = []byte{}
-			}
+			z.InputSchema, err = dc.ReadBytes(z.InputSchema)
 			if err != nil {
 				err = msgp.WrapError(err, "InputSchema")
 				return
 			}
 		case "output_schema":
-			z.OutputSchema, err = dc.ReadBytesLimit(z.OutputSchema, zdcb357adlimitArrays)
-			if err == nil && z.OutputSchema == nil {
-				z.OutputSchema = []byte{}
-			}
+			z.OutputSchema, err = dc.ReadBytes(z.OutputSchema)
 			if err != nil {
 				err = msgp.WrapError(err, "OutputSchema")
 				return
@@ -3814,10 +3605,6 @@ func (z *Tool) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > zdcb357adlimitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3857,49 +3644,17 @@ func (z *Tool) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "input_schema":
-			var zb0002 uint32
-			zb0002, bts, err = msgp.ReadBytesHeader(bts)
+			z.InputSchema, bts, err = msgp.ReadBytesBytes(bts, z.InputSchema)
 			if err != nil {
 				err = msgp.WrapError(err, "InputSchema")
 				return
 			}
-			if zb0002 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if z.InputSchema == nil || uint32(cap(z.InputSchema)) < zb0002 {
-				z.InputSchema = make([]byte, zb0002)
-			} else {
-				z.InputSchema = z.InputSchema[:zb0002]
-			}
-			if uint32(len(bts)) < zb0002 {
-				err = msgp.ErrShortBytes
-				return
-			}
-			copy(z.InputSchema, bts[:zb0002])
-			bts = bts[zb0002:]
 		case "output_schema":
-			var zb0003 uint32
-			zb0003, bts, err = msgp.ReadBytesHeader(bts)
+			z.OutputSchema, bts, err = msgp.ReadBytesBytes(bts, z.OutputSchema)
 			if err != nil {
 				err = msgp.WrapError(err, "OutputSchema")
 				return
 			}
-			if zb0003 > zdcb357adlimitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if z.OutputSchema == nil || uint32(cap(z.OutputSchema)) < zb0003 {
-				z.OutputSchema = make([]byte, zb0003)
-			} else {
-				z.OutputSchema = z.OutputSchema[:zb0003]
-			}
-			if uint32(len(bts)) < zb0003 {
-				err = msgp.ErrShortBytes
-				return
-			}
-			copy(z.OutputSchema, bts[:zb0003])
-			bts = bts[zb0003:]
 		case "annotations":
 			if msgp.IsNil(bts) {
 				bts, err = msgp.ReadNilBytes(bts)

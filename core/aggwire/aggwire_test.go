@@ -146,7 +146,7 @@ func FuzzUnmarshalRequest(f *testing.F) {
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var r Request
-		if _, err := r.UnmarshalMsg(data); err != nil {
+		if err := Unmarshal(data, &r); err != nil {
 			return
 		}
 		out, err := r.MarshalMsg(nil)
@@ -165,7 +165,7 @@ func FuzzUnmarshalResponse(f *testing.F) {
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var r Response
-		if _, err := r.UnmarshalMsg(data); err != nil {
+		if err := Unmarshal(data, &r); err != nil {
 			return
 		}
 		if _, err := r.MarshalMsg(nil); err != nil {

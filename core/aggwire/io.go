@@ -87,7 +87,7 @@ func (r *Reader) Read(m msgp.Unmarshaler) error {
 	if _, err := io.ReadFull(r.r, buf); err != nil {
 		return fmt.Errorf("aggwire: short message: %w", io.ErrUnexpectedEOF)
 	}
-	if _, err := m.UnmarshalMsg(buf); err != nil {
+	if err := Unmarshal(buf, m); err != nil {
 		return &DecodeError{Err: err}
 	}
 	return nil
@@ -103,4 +103,19 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 func IsRecoverable(err error) bool {
 	var de *DecodeError
 	return errors.As(err, &de) || errors.Is(err, ErrFrameTooLarge)
+}
+
+// Unmarshal decodes one message body the safe way: the structure is walked
+// first (msgp.Skip allocates nothing), so forged element counts fail fast
+// instead of sizing huge slices.
+func Unmarshal(buf []byte, m msgp.Unmarshaler) error {
+	rest, err := msgp.Skip(buf)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		return errors.New("trailing bytes after the message")
+	}
+	_, err = m.UnmarshalMsg(buf)
+	return err
 }

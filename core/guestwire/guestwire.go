@@ -13,10 +13,6 @@ package guestwire
 
 //go:generate go tool msgp -file guestwire.go -o guestwire_gen.go -tests=false
 
-// Decoding must not trust a peer's element counts: a forged array header
-// would otherwise allocate gigabytes before any element is read.
-//msgp:limit arrays:65536 maps:4096
-
 // ProtocolVersion is bumped on any incompatible change to these messages.
 // The host refuses a guest whose Hello carries another version.
 const ProtocolVersion = 1

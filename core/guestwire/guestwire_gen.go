@@ -6,12 +6,6 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
-// Size limits for msgp deserialization
-const (
-	z064408b1limitArrays = 65536
-	z064408b1limitMaps   = 4096
-)
-
 // DecodeMsg implements msgp.Decodable
 func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 	var field []byte
@@ -20,10 +14,6 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -39,10 +29,6 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0002, err = dc.ReadMapHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
-				return
-			}
-			if zb0002 > z064408b1limitMaps {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -73,10 +59,6 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Files")
 				return
 			}
-			if zb0003 > z064408b1limitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Files) >= int(zb0003) {
 				z.Files = (z.Files)[:zb0003]
 			} else {
@@ -87,10 +69,6 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 				zb0004, err = dc.ReadMapHeader()
 				if err != nil {
 					err = msgp.WrapError(err, "Files", za0003)
-					return
-				}
-				if zb0004 > z064408b1limitMaps {
-					err = msgp.ErrLimitExceeded
 					return
 				}
 				for zb0004 > 0 {
@@ -114,10 +92,7 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 							return
 						}
 					case "data":
-						z.Files[za0003].Data, err = dc.ReadBytesLimit(z.Files[za0003].Data, z064408b1limitArrays)
-						if err == nil && z.Files[za0003].Data == nil {
-							z.Files[za0003].Data = []byte{}
-						}
+						z.Files[za0003].Data, err = dc.ReadBytes(z.Files[za0003].Data)
 						if err != nil {
 							err = msgp.WrapError(err, "Files", za0003, "Data")
 							return
@@ -359,10 +334,6 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -376,10 +347,6 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0002, bts, err = msgp.ReadMapHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
-				return
-			}
-			if zb0002 > z064408b1limitMaps {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -410,10 +377,6 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Files")
 				return
 			}
-			if zb0003 > z064408b1limitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
 			if cap(z.Files) >= int(zb0003) {
 				z.Files = (z.Files)[:zb0003]
 			} else {
@@ -424,10 +387,6 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				zb0004, bts, err = msgp.ReadMapHeaderBytes(bts)
 				if err != nil {
 					err = msgp.WrapError(err, "Files", za0003)
-					return
-				}
-				if zb0004 > z064408b1limitMaps {
-					err = msgp.ErrLimitExceeded
 					return
 				}
 				for zb0004 > 0 {
@@ -451,27 +410,11 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 							return
 						}
 					case "data":
-						var zb0005 uint32
-						zb0005, bts, err = msgp.ReadBytesHeader(bts)
+						z.Files[za0003].Data, bts, err = msgp.ReadBytesBytes(bts, z.Files[za0003].Data)
 						if err != nil {
 							err = msgp.WrapError(err, "Files", za0003, "Data")
 							return
 						}
-						if zb0005 > z064408b1limitArrays {
-							err = msgp.ErrLimitExceeded
-							return
-						}
-						if z.Files[za0003].Data == nil || uint32(cap(z.Files[za0003].Data)) < zb0005 {
-							z.Files[za0003].Data = make([]byte, zb0005)
-						} else {
-							z.Files[za0003].Data = z.Files[za0003].Data[:zb0005]
-						}
-						if uint32(len(bts)) < zb0005 {
-							err = msgp.ErrShortBytes
-							return
-						}
-						copy(z.Files[za0003].Data, bts[:zb0005])
-						bts = bts[zb0005:]
 					default:
 						bts, err = msgp.Skip(bts)
 						if err != nil {
@@ -532,10 +475,6 @@ func (z *BootFile) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -557,10 +496,7 @@ func (z *BootFile) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "data":
-			z.Data, err = dc.ReadBytesLimit(z.Data, z064408b1limitArrays)
-			if err == nil && z.Data == nil {
-				z.Data = []byte{}
-			}
+			z.Data, err = dc.ReadBytes(z.Data)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
@@ -638,10 +574,6 @@ func (z *BootFile) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -663,27 +595,11 @@ func (z *BootFile) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "data":
-			var zb0002 uint32
-			zb0002, bts, err = msgp.ReadBytesHeader(bts)
+			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
 			}
-			if zb0002 > z064408b1limitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if z.Data == nil || uint32(cap(z.Data)) < zb0002 {
-				z.Data = make([]byte, zb0002)
-			} else {
-				z.Data = z.Data[:zb0002]
-			}
-			if uint32(len(bts)) < zb0002 {
-				err = msgp.ErrShortBytes
-				return
-			}
-			copy(z.Data, bts[:zb0002])
-			bts = bts[zb0002:]
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -710,10 +626,6 @@ func (z *BootTimings) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -886,10 +798,6 @@ func (z *BootTimings) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -954,10 +862,6 @@ func (z *Error) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -1040,10 +944,6 @@ func (z *Error) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1092,10 +992,6 @@ func (z *Exec) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -1109,10 +1005,6 @@ func (z *Exec) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0002, err = dc.ReadArrayHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Argv")
-				return
-			}
-			if zb0002 > z064408b1limitArrays {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Argv) >= int(zb0002) {
@@ -1138,10 +1030,6 @@ func (z *Exec) DecodeMsg(dc *msgp.Reader) (err error) {
 			zb0003, err = dc.ReadMapHeader()
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
-				return
-			}
-			if zb0003 > z064408b1limitMaps {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -1476,10 +1364,6 @@ func (z *Exec) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1493,10 +1377,6 @@ func (z *Exec) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0002, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Argv")
-				return
-			}
-			if zb0002 > z064408b1limitArrays {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Argv) >= int(zb0002) {
@@ -1522,10 +1402,6 @@ func (z *Exec) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0003, bts, err = msgp.ReadMapHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Env")
-				return
-			}
-			if zb0003 > z064408b1limitMaps {
-				err = msgp.ErrLimitExceeded
 				return
 			}
 			if z.Env == nil {
@@ -1616,10 +1492,6 @@ func (z *ExecResult) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -1954,10 +1826,6 @@ func (z *ExecResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2058,10 +1926,6 @@ func (z *FileInfo) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -2215,10 +2079,6 @@ func (z *FileInfo) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2279,10 +2139,6 @@ func (z *FileRequest) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -2298,10 +2154,7 @@ func (z *FileRequest) DecodeMsg(dc *msgp.Reader) (err error) {
 				return
 			}
 		case "data":
-			z.Data, err = dc.ReadBytesLimit(z.Data, z064408b1limitArrays)
-			if err == nil && z.Data == nil {
-				z.Data = []byte{}
-			}
+			z.Data, err = dc.ReadBytes(z.Data)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
@@ -2523,10 +2376,6 @@ func (z *FileRequest) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2542,27 +2391,11 @@ func (z *FileRequest) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "data":
-			var zb0002 uint32
-			zb0002, bts, err = msgp.ReadBytesHeader(bts)
+			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
 			}
-			if zb0002 > z064408b1limitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if z.Data == nil || uint32(cap(z.Data)) < zb0002 {
-				z.Data = make([]byte, zb0002)
-			} else {
-				z.Data = z.Data[:zb0002]
-			}
-			if uint32(len(bts)) < zb0002 {
-				err = msgp.ErrShortBytes
-				return
-			}
-			copy(z.Data, bts[:zb0002])
-			bts = bts[zb0002:]
 		case "mode":
 			z.Mode, bts, err = msgp.ReadUint32Bytes(bts)
 			if err != nil {
@@ -2615,10 +2448,6 @@ func (z *FileResult) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -2628,10 +2457,7 @@ func (z *FileResult) DecodeMsg(dc *msgp.Reader) (err error) {
 		}
 		switch msgp.UnsafeString(field) {
 		case "data":
-			z.Data, err = dc.ReadBytesLimit(z.Data, z064408b1limitArrays)
-			if err == nil && z.Data == nil {
-				z.Data = []byte{}
-			}
+			z.Data, err = dc.ReadBytes(z.Data)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
@@ -2774,10 +2600,6 @@ func (z *FileResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2787,27 +2609,11 @@ func (z *FileResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		}
 		switch msgp.UnsafeString(field) {
 		case "data":
-			var zb0002 uint32
-			zb0002, bts, err = msgp.ReadBytesHeader(bts)
+			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
 			}
-			if zb0002 > z064408b1limitArrays {
-				err = msgp.ErrLimitExceeded
-				return
-			}
-			if z.Data == nil || uint32(cap(z.Data)) < zb0002 {
-				z.Data = make([]byte, zb0002)
-			} else {
-				z.Data = z.Data[:zb0002]
-			}
-			if uint32(len(bts)) < zb0002 {
-				err = msgp.ErrShortBytes
-				return
-			}
-			copy(z.Data, bts[:zb0002])
-			bts = bts[zb0002:]
 		case "info":
 			if msgp.IsNil(bts) {
 				bts, err = msgp.ReadNilBytes(bts)
@@ -2856,10 +2662,6 @@ func (z *Header) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -2942,10 +2744,6 @@ func (z *Header) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -2992,10 +2790,6 @@ func (z *Hello) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -3153,10 +2947,6 @@ func (z *Hello) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -3215,10 +3005,6 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 	zb0001, err = dc.ReadMapHeader()
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -3349,10 +3135,6 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 					err = msgp.WrapError(err, "FileResult")
 					return
 				}
-				if zb0002 > z064408b1limitMaps {
-					err = msgp.ErrLimitExceeded
-					return
-				}
 				for zb0002 > 0 {
 					zb0002--
 					field, err = dc.ReadMapKeyPtr()
@@ -3362,10 +3144,7 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 					}
 					switch msgp.UnsafeString(field) {
 					case "data":
-						z.FileResult.Data, err = dc.ReadBytesLimit(z.FileResult.Data, z064408b1limitArrays)
-						if err == nil && z.FileResult.Data == nil {
-							z.FileResult.Data = []byte{}
-						}
+						z.FileResult.Data, err = dc.ReadBytes(z.FileResult.Data)
 						if err != nil {
 							err = msgp.WrapError(err, "FileResult", "Data")
 							return
@@ -3413,10 +3192,6 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 				zb0003, err = dc.ReadMapHeader()
 				if err != nil {
 					err = msgp.WrapError(err, "Error")
-					return
-				}
-				if zb0003 > z064408b1limitMaps {
-					err = msgp.ErrLimitExceeded
 					return
 				}
 				for zb0003 > 0 {
@@ -3936,10 +3711,6 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -4062,10 +3833,6 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					err = msgp.WrapError(err, "FileResult")
 					return
 				}
-				if zb0002 > z064408b1limitMaps {
-					err = msgp.ErrLimitExceeded
-					return
-				}
 				for zb0002 > 0 {
 					zb0002--
 					field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -4075,27 +3842,11 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					}
 					switch msgp.UnsafeString(field) {
 					case "data":
-						var zb0003 uint32
-						zb0003, bts, err = msgp.ReadBytesHeader(bts)
+						z.FileResult.Data, bts, err = msgp.ReadBytesBytes(bts, z.FileResult.Data)
 						if err != nil {
 							err = msgp.WrapError(err, "FileResult", "Data")
 							return
 						}
-						if zb0003 > z064408b1limitArrays {
-							err = msgp.ErrLimitExceeded
-							return
-						}
-						if z.FileResult.Data == nil || uint32(cap(z.FileResult.Data)) < zb0003 {
-							z.FileResult.Data = make([]byte, zb0003)
-						} else {
-							z.FileResult.Data = z.FileResult.Data[:zb0003]
-						}
-						if uint32(len(bts)) < zb0003 {
-							err = msgp.ErrShortBytes
-							return
-						}
-						copy(z.FileResult.Data, bts[:zb0003])
-						bts = bts[zb0003:]
 					case "info":
 						if msgp.IsNil(bts) {
 							bts, err = msgp.ReadNilBytes(bts)
@@ -4133,18 +3884,14 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				if z.Error == nil {
 					z.Error = new(Error)
 				}
-				var zb0004 uint32
-				zb0004, bts, err = msgp.ReadMapHeaderBytes(bts)
+				var zb0003 uint32
+				zb0003, bts, err = msgp.ReadMapHeaderBytes(bts)
 				if err != nil {
 					err = msgp.WrapError(err, "Error")
 					return
 				}
-				if zb0004 > z064408b1limitMaps {
-					err = msgp.ErrLimitExceeded
-					return
-				}
-				for zb0004 > 0 {
-					zb0004--
+				for zb0003 > 0 {
+					zb0003--
 					field, bts, err = msgp.ReadMapKeyZC(bts)
 					if err != nil {
 						err = msgp.WrapError(err, "Error")
@@ -4253,10 +4000,6 @@ func (z *StreamHeader) DecodeMsg(dc *msgp.Reader) (err error) {
 		err = msgp.WrapError(err)
 		return
 	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
-		return
-	}
 	for zb0001 > 0 {
 		zb0001--
 		field, err = dc.ReadMapKeyPtr()
@@ -4335,10 +4078,6 @@ func (z *StreamHeader) UnmarshalMsg(bts []byte) (o []byte, err error) {
 	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
 	if err != nil {
 		err = msgp.WrapError(err)
-		return
-	}
-	if zb0001 > z064408b1limitMaps {
-		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {

@@ -317,7 +317,7 @@ func FuzzUnmarshalMessage(f *testing.F) {
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var m Message
-		if _, err := m.UnmarshalMsg(data); err != nil {
+		if err := Unmarshal(data, &m); err != nil {
 			return
 		}
 		// Whatever decodes must encode, and then survive further round

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/tinylib/msgp/msgp"
 	"io"
 	"slices"
 	"sync"
@@ -112,7 +113,7 @@ func (r *Reader) Read(m *Message) error {
 		return err
 	}
 	*m = Message{}
-	_, err = m.UnmarshalMsg(buf)
+	err = Unmarshal(buf, m)
 	if err != nil {
 		de := &DecodeError{Err: err}
 		var h Header
@@ -207,4 +208,19 @@ func ReadStreamHeader(r io.Reader) (StreamHeader, error) {
 		return h, fmt.Errorf("guestwire: stream header names output %q, want %q or %q", h.Which, StreamStdout, StreamStderr)
 	}
 	return h, nil
+}
+
+// Unmarshal decodes one message body the safe way: the structure is walked
+// first (msgp.Skip allocates nothing), so forged element counts fail fast
+// instead of sizing huge slices.
+func Unmarshal(buf []byte, m msgp.Unmarshaler) error {
+	rest, err := msgp.Skip(buf)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		return errors.New("trailing bytes after the message")
+	}
+	_, err = m.UnmarshalMsg(buf)
+	return err
 }
