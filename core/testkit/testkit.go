@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 )
@@ -17,14 +16,25 @@ var (
 	built   = map[string]string{}
 )
 
-// ModuleRoot is the repository root.
+// ModuleRoot is the repository root: the nearest directory above the test's
+// working directory that holds go.mod (found without running the go tool,
+// whose environment a test may have changed).
 func ModuleRoot(t testing.TB) string {
 	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	dir, err := os.Getwd()
 	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
+		t.Fatalf("working directory: %v", err)
 	}
-	return filepath.Dir(strings.TrimSpace(string(out)))
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the working directory")
+		}
+		dir = parent
+	}
 }
 
 // build compiles a package of this module once per test process.
