@@ -7,17 +7,51 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
+	"sync"
 )
 
-// Rule is a content rule: every condition that is set must match. Rules are
-// evaluated after the server-level checks; among matching rules a Block wins
-// over an Allow.
+// Rank orders where a decision came from. A decision can only be relaxed by
+// one of the same or a higher rank: a user file can tighten what corp set but
+// never loosen it.
+type Rank int
+
+const (
+	RankBuiltin Rank = iota // the engine's own default (allow)
+	RankAuto                // servers auto-detected from AI CLI settings
+	RankUser                // user.toml (or --config)
+	RankCorp                // corp.toml
+)
+
+func (r Rank) String() string {
+	switch r {
+	case RankAuto:
+		return "auto-detected"
+	case RankUser:
+		return "user"
+	case RankCorp:
+		return "corp"
+	default:
+		return "built-in"
+	}
+}
+
+// Entry is a decision with its provenance.
+type Entry struct {
+	Decision Decision
+	Rank     Rank
+	Source   string // file that set it ("" for built-in)
+}
+
+// Rule is a content rule: every condition that is set must match. Among the
+// rules that match, a Block wins over an Allow.
 type Rule struct {
 	Name   string
 	Action Decision // Allow or Block
+	Rank   Rank
+	Source string
 	// Tool and ResourceURI are globs on the namespaced tool or prompt name
 	// and the namespaced resource URI: '*' matches any run of characters
 	// (slashes included, since URIs nest), '?' any one character.
@@ -30,95 +64,217 @@ type Rule struct {
 	Equals   json.RawMessage
 	Matches  *regexp.Regexp
 	// Returns is a dot path into the result, evaluated on the response; with
-	// ReturnsEquals / ReturnsMatches the value must match too.
+	// ReturnsEquals / ReturnsMatches the value must match too. A path may
+	// continue into a text item that holds JSON (content.0.text.field).
 	Returns        string
 	ReturnsEquals  json.RawMessage
 	ReturnsMatches *regexp.Regexp
+
+	argPath, retPath  []string
+	equals, retEquals *any // decoded once; nil: no equality condition
 }
 
 // responsePhase reports whether the rule looks at results.
 func (r *Rule) responsePhase() bool { return r.Returns != "" }
 
-// Engine is an immutable, evaluated-in-memory policy. It implements Hook.
-type Engine struct {
-	Default        Decision
-	BlockedServers map[string]bool
-	AllowedServers map[string]bool // empty: every server not blocked
-	Tools          map[string]Decision
-	Rules          []Rule
+// Validate reports why a rule cannot be used.
+func (r *Rule) Validate() error {
+	if r.Action != Allow && r.Action != Block {
+		return fmt.Errorf("action must be allow or block")
+	}
+	if r.Tool == "" && r.ResourceURI == "" && r.Argument == "" && r.Returns == "" {
+		return fmt.Errorf("needs at least one of tool, resource_uri, argument, returns")
+	}
+	if r.Tool != "" && r.ResourceURI != "" {
+		return fmt.Errorf("tool and resource_uri never match the same call; use two rules")
+	}
+	if r.Argument == "" && (len(r.Equals) > 0 || r.Matches != nil) {
+		return fmt.Errorf("equals and matches need argument")
+	}
+	if r.Returns == "" && (len(r.ReturnsEquals) > 0 || r.ReturnsMatches != nil) {
+		return fmt.Errorf("returns_equals and returns_matches need returns")
+	}
+	if r.Argument != "" && r.Returns != "" {
+		return fmt.Errorf("argument (request phase) and returns (response phase) cannot be combined in one rule")
+	}
+	for _, raw := range []json.RawMessage{r.Equals, r.ReturnsEquals} {
+		if len(raw) > 0 && !json.Valid(raw) {
+			return fmt.Errorf("equality value is not valid JSON")
+		}
+	}
+	for _, p := range []string{r.Argument, r.Returns} {
+		if p != "" && strings.Contains("."+p+".", "..") {
+			return fmt.Errorf("dot path %q has an empty segment", p)
+		}
+	}
+	return nil
 }
 
-var _ Hook = (*Engine)(nil)
+func (r *Rule) prepare() {
+	if r.Argument != "" {
+		r.argPath = strings.Split(r.Argument, ".")
+	}
+	if r.Returns != "" {
+		r.retPath = strings.Split(r.Returns, ".")
+	}
+	decode := func(raw json.RawMessage) *any {
+		if len(raw) == 0 {
+			return nil
+		}
+		var v any
+		if json.Unmarshal(raw, &v) != nil {
+			// Validate refuses this; an unusable value must never match.
+			v = unmatchable{}
+		}
+		return &v
+	}
+	r.equals, r.retEquals = decode(r.Equals), decode(r.ReturnsEquals)
+}
+
+type unmatchable struct{}
+
+// Engine is an immutable, in-memory policy; it implements Hook and Lister.
+// Build it, then share it: evaluation never writes to it.
+type Engine struct {
+	Default        Entry
+	BlockedServers map[string]string // server → source that blocked it
+	AllowedServers map[string]string // empty: every server not blocked
+	Tools          map[string]Entry  // namespaced tool or prompt → decision
+	Rules          []Rule
+
+	once          sync.Once
+	requestRules  []*Rule
+	responseRules []*Rule
+}
+
+var (
+	_ Hook   = (*Engine)(nil)
+	_ Lister = (*Engine)(nil)
+)
+
+func (e *Engine) prepare() {
+	e.once.Do(func() {
+		for i := range e.Rules {
+			r := &e.Rules[i]
+			r.prepare()
+			if r.responsePhase() {
+				e.responseRules = append(e.responseRules, r)
+			} else {
+				e.requestRules = append(e.requestRules, r)
+			}
+		}
+	})
+}
 
 // CheckRequest evaluates a request: blocked servers, the allowed-servers
-// whitelist, content rules (deny over allow), the per-tool decision, then
-// the default.
+// whitelist, then the per-tool decision or the default, then the content
+// rules (a matching Block always wins; a matching Allow relaxes the decision
+// only when it comes from the same or a higher rank).
 func (e *Engine) CheckRequest(_ context.Context, c *Call) Verdict {
 	if !isCall(c.Method) {
 		// initialize, ping and the lists are not calls into a server; lists
-		// are filtered item by item with the same rules.
+		// are filtered item by item (Visible).
 		return Verdict{Rule: "default"}
 	}
+	e.prepare()
 	if v, decided := e.serverVerdict(c); decided {
 		return v
 	}
-	var args any
-	if len(c.Arguments) > 0 {
-		_ = json.Unmarshal(c.Arguments, &args)
-	}
+	base := e.base(c)
 	var allow *Rule
-	for i := range e.Rules {
-		r := &e.Rules[i]
-		if r.responsePhase() || !r.matchesRequest(c, args) {
+	for _, r := range e.requestRules {
+		if !r.matchesRequest(c, c.Arguments) {
 			continue
 		}
 		if r.Action == Block {
-			return Verdict{Decision: Block, Rule: r.Name, Reason: "content rule " + r.Name + " blocks this request"}
+			return Verdict{Decision: Block, Rule: r.Name, Reason: "content rule " + r.Name + " blocks this request" + from(r.Source)}
 		}
-		if allow == nil {
+		if allow == nil && r.Rank >= base.entry.Rank {
 			allow = r
 		}
 	}
 	if allow != nil {
-		return Verdict{Decision: Allow, Rule: allow.Name, Reason: "content rule " + allow.Name + " allows this request"}
+		return Verdict{Decision: Allow, Rule: allow.Name, Reason: "content rule " + allow.Name + " allows this request" + from(allow.Source)}
 	}
-	if c.Name != "" {
-		if d, ok := e.Tools[c.Name]; ok {
-			return Verdict{Decision: d, Rule: "tools." + c.Name, Reason: "per-tool decision"}
-		}
-	}
-	return Verdict{Decision: e.Default, Rule: "default", Reason: "default decision"}
+	return Verdict{Decision: base.entry.Decision, Rule: base.rule, Reason: base.reason}
 }
 
 // CheckResponse evaluates the response-phase rules on a result.
 func (e *Engine) CheckResponse(_ context.Context, c *Call, result json.RawMessage) Verdict {
-	var res any
-	parsed := false
+	e.prepare()
 	var allow *Rule
-	for i := range e.Rules {
-		r := &e.Rules[i]
-		if !r.responsePhase() || !r.matchesTarget(c) {
+	for _, r := range e.responseRules {
+		if !r.matchesTarget(c) {
 			continue
 		}
-		if !parsed {
-			_ = json.Unmarshal(result, &res)
-			parsed = true
-		}
-		v, ok := lookup(res, r.Returns)
-		if !ok || !valueMatches(v, r.ReturnsEquals, r.ReturnsMatches) {
+		v, ok := findPath(result, r.retPath)
+		if !ok || !valueMatches(v, r.retEquals, r.ReturnsMatches) {
 			continue
 		}
 		if r.Action == Block {
-			return Verdict{Decision: Block, Rule: r.Name, Reason: "content rule " + r.Name + " blocks this response"}
+			return Verdict{Decision: Block, Rule: r.Name, Reason: "content rule " + r.Name + " blocks this response" + from(r.Source)}
 		}
 		if allow == nil {
 			allow = r
 		}
 	}
 	if allow != nil {
-		return Verdict{Decision: Allow, Rule: allow.Name}
+		return Verdict{Decision: Allow, Rule: allow.Name, Reason: "content rule " + allow.Name + " allows this response"}
 	}
 	return Verdict{Rule: "default"}
+}
+
+// Visible reports whether a listed tool, prompt or resource may be shown:
+// false when policy blocks it whatever the arguments (hide and deny).
+func (e *Engine) Visible(_ context.Context, c *Call) bool {
+	e.prepare()
+	if _, decided := e.serverVerdict(c); decided {
+		return false
+	}
+	base := e.base(c)
+	relaxable := false
+	for _, r := range e.requestRules {
+		if !r.matchesTarget(c) || (r.Tool == "" && r.ResourceURI == "") {
+			continue // rules on arguments alone depend on the call
+		}
+		if r.Action == Block && r.Argument == "" {
+			return false
+		}
+		if r.Action == Allow && r.Rank >= base.entry.Rank {
+			relaxable = true
+		}
+	}
+	return base.entry.Decision != Block || relaxable
+}
+
+type baseDecision struct {
+	entry        Entry
+	rule, reason string
+}
+
+// base is the per-tool decision when there is one that may stand against the
+// default, else the default. A per-tool entry from a lower rank than the
+// default can tighten it but not relax it.
+func (e *Engine) base(c *Call) baseDecision {
+	def := baseDecision{entry: e.Default, rule: "default", reason: "default decision (" + e.Default.Decision.String() + ")" + from(e.Default.Source)}
+	if c.Name == "" {
+		return def
+	}
+	t, ok := e.Tools[c.Name]
+	if !ok {
+		return def
+	}
+	if t.Rank < e.Default.Rank && t.Decision < e.Default.Decision {
+		return def
+	}
+	return baseDecision{entry: t, rule: "tools." + c.Name, reason: "per-tool decision (" + t.Decision.String() + ")" + from(t.Source)}
+}
+
+func from(source string) string {
+	if source == "" {
+		return ""
+	}
+	return " (set in " + source + ")"
 }
 
 func isCall(method string) bool {
@@ -130,93 +286,62 @@ func (e *Engine) serverVerdict(c *Call) (Verdict, bool) {
 	if c.Server == "" {
 		return Verdict{Decision: Block, Rule: "namespace", Reason: "unnamespaced names are blocked"}, true
 	}
-	if e.BlockedServers[c.Server] {
-		return Verdict{Decision: Block, Rule: "blocked_servers", Reason: "server " + c.Server + " is blocked"}, true
+	if src, ok := e.BlockedServers[c.Server]; ok {
+		return Verdict{Decision: Block, Rule: "blocked_servers", Reason: "server " + c.Server + " is blocked" + from(src)}, true
 	}
-	if len(e.AllowedServers) > 0 && !e.AllowedServers[c.Server] {
-		return Verdict{Decision: Block, Rule: "allowed_servers", Reason: "server " + c.Server + " is not in allowed_servers"}, true
+	if len(e.AllowedServers) > 0 {
+		if _, ok := e.AllowedServers[c.Server]; !ok {
+			return Verdict{Decision: Block, Rule: "allowed_servers", Reason: "server " + c.Server + " is not in allowed_servers"}, true
+		}
 	}
 	return Verdict{}, false
 }
 
 func (r *Rule) matchesTarget(c *Call) bool {
-	if r.Tool != "" {
-		if c.Name == "" {
-			return false
-		}
-		if !globMatch(r.Tool, c.Name) {
-			return false
-		}
+	if r.Tool != "" && (c.Name == "" || !globMatch(r.Tool, c.Name)) {
+		return false
 	}
-	if r.ResourceURI != "" {
-		if c.URI == "" {
-			return false
-		}
-		if !globMatch(r.ResourceURI, c.URI) {
-			return false
-		}
+	if r.ResourceURI != "" && (c.URI == "" || !globMatch(r.ResourceURI, c.URI)) {
+		return false
 	}
 	return true
 }
 
-func (r *Rule) matchesRequest(c *Call, args any) bool {
+func (r *Rule) matchesRequest(c *Call, args []byte) bool {
 	if !r.matchesTarget(c) {
 		return false
 	}
-	if r.Argument == "" {
-		return r.Tool != "" || r.ResourceURI != ""
+	if r.argPath == nil {
+		return true // Validate guarantees a tool or resource condition
 	}
-	v, ok := lookup(args, r.Argument)
-	return ok && valueMatches(v, r.Equals, r.Matches)
+	v, ok := findPath(args, r.argPath)
+	return ok && valueMatches(v, r.equals, r.Matches)
 }
 
-// valueMatches: no condition means presence is enough.
-func valueMatches(v any, equals json.RawMessage, re *regexp.Regexp) bool {
-	if len(equals) > 0 {
-		var want any
-		if json.Unmarshal(equals, &want) != nil {
-			return false
-		}
-		a, _ := json.Marshal(v)
-		b, _ := json.Marshal(want)
-		if !bytes.Equal(a, b) {
+// valueMatches tests a raw JSON value; no condition means presence is
+// enough. Only the value itself is decoded, never the document around it.
+func valueMatches(raw []byte, equals *any, re *regexp.Regexp) bool {
+	if equals != nil {
+		var v any
+		if json.Unmarshal(raw, &v) != nil || !reflect.DeepEqual(v, *equals) {
 			return false
 		}
 	}
 	if re != nil {
-		s, ok := v.(string)
-		if !ok || !re.MatchString(s) {
+		if len(raw) < 2 || raw[0] != '"' {
+			return false
+		}
+		var s string
+		if inner := raw[1 : len(raw)-1]; bytes.IndexByte(inner, '\\') < 0 {
+			s = string(inner)
+		} else if json.Unmarshal(raw, &s) != nil {
+			return false
+		}
+		if !re.MatchString(s) {
 			return false
 		}
 	}
 	return true
-}
-
-// lookup follows a dot path (object keys and array indexes) through a
-// decoded JSON value, in full: nothing is truncated before matching.
-func lookup(v any, dotPath string) (any, bool) {
-	if dotPath == "" {
-		return v, true
-	}
-	for _, part := range strings.Split(dotPath, ".") {
-		switch cur := v.(type) {
-		case map[string]any:
-			next, ok := cur[part]
-			if !ok {
-				return nil, false
-			}
-			v = next
-		case []any:
-			i, err := strconv.Atoi(part)
-			if err != nil || i < 0 || i >= len(cur) {
-				return nil, false
-			}
-			v = cur[i]
-		default:
-			return nil, false
-		}
-	}
-	return v, true
 }
 
 // Redact is the ledger marker for a blocked request's arguments: it proves
@@ -229,12 +354,30 @@ func Redact(params []byte) string {
 // globMatch matches s against a pattern where '*' is any run of characters
 // and '?' is one character, in linear time (no backtracking blow-up).
 func globMatch(pattern, s string) bool {
-	p, i := []rune(pattern), []rune(s)
+	if !strings.ContainsAny(pattern, "*?") {
+		return pattern == s
+	}
+	if isASCII(pattern) && isASCII(s) {
+		return globMatchUnits([]byte(pattern), []byte(s))
+	}
+	return globMatchUnits([]rune(pattern), []rune(s))
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+func globMatchUnits[T byte | rune](p, s []T) bool {
 	pi, si := 0, 0
 	star, mark := -1, 0
-	for si < len(i) {
+	for si < len(s) {
 		switch {
-		case pi < len(p) && (p[pi] == '?' || p[pi] == i[si]):
+		case pi < len(p) && (p[pi] == '?' || p[pi] == s[si]):
 			pi++
 			si++
 		case pi < len(p) && p[pi] == '*':

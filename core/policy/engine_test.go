@@ -3,7 +3,9 @@ package policy
 import (
 	"context"
 	"encoding/json"
+	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -17,18 +19,24 @@ func call(method, name string, args string) *Call {
 	return c
 }
 
+func allow(src Rank) Entry { return Entry{Decision: Allow, Rank: src} }
+func block(src Rank) Entry { return Entry{Decision: Block, Rank: src} }
+func warn(src Rank) Entry  { return Entry{Decision: Warn, Rank: src} }
+
 func TestEngineRequestPrecedence(t *testing.T) {
 	e := &Engine{
-		Default:        Allow,
-		BlockedServers: map[string]bool{"evil": true},
-		Tools:          map[string]Decision{"everything__get-env": Block, "everything__add": Warn},
+		Default:        allow(RankUser),
+		BlockedServers: map[string]string{"evil": "corp.toml"},
+		Tools:          map[string]Entry{"everything__get-env": block(RankUser), "everything__add": warn(RankUser)},
 		Rules: []Rule{
-			{Name: "no-forbidden", Action: Block, Tool: "everything__echo", Argument: "message", Equals: json.RawMessage(`"forbidden"`)},
+			{Name: "no-bad-message", Action: Block, Tool: "everything__echo", Argument: "message", Equals: json.RawMessage(`"forbidden"`)},
 			{Name: "no-keys", Action: Block, Argument: "auth.token", Matches: regexp.MustCompile(`^sk-[A-Za-z0-9]+`)},
-			{Name: "allow-echo", Action: Allow, Tool: "everything__echo"},
-			{Name: "allow-env-for-debug", Action: Allow, Tool: "everything__get-env", Argument: "debug", Equals: json.RawMessage(`true`)},
+			{Name: "allow-echo", Action: Allow, Rank: RankUser, Tool: "everything__echo"},
+			{Name: "allow-env-for-debug", Action: Allow, Rank: RankUser, Tool: "everything__get-env", Argument: "debug", Equals: json.RawMessage(`true`)},
 			{Name: "no-static", Action: Block, ResourceURI: "capsem://everything/demo://resource/static/*"},
 			{Name: "no-pad-arg", Action: Block, Argument: "pad"},
+			{Name: "num", Action: Block, Tool: "everything__add", Argument: "a", Equals: json.RawMessage(`5.0`)},
+			{Name: "nested-object", Action: Block, Argument: "cfg", Equals: json.RawMessage(`{"b":[1,2],"a":true}`)},
 		},
 	}
 	big := `{"message":"hi","pad":"` + strings.Repeat("x", 900<<10) + `"}`
@@ -43,16 +51,20 @@ func TestEngineRequestPrecedence(t *testing.T) {
 		{"per-tool block", call("tools/call", "everything__get-env", `{}`), Block, "tools.everything__get-env"},
 		{"per-tool warn", call("tools/call", "everything__add", `{"a":1}`), Warn, "tools.everything__add"},
 		{"default allow", call("tools/call", "everything__other", `{}`), Allow, "default"},
-		{"argument value rule", call("tools/call", "everything__echo", `{"message":"forbidden"}`), Block, "no-forbidden"},
-		{"deny over allow", call("tools/call", "everything__echo", `{"message":"forbidden"}`), Block, "no-forbidden"},
+		{"argument value rule", call("tools/call", "everything__echo", `{"message":"forbidden"}`), Block, "no-bad-message"},
 		{"allow rule when no deny", call("tools/call", "everything__echo", `{"message":"fine"}`), Allow, "allow-echo"},
-		{"allow rule overrides per-tool block", call("tools/call", "everything__get-env", `{"debug":true}`), Allow, "allow-env-for-debug"},
+		{"allow rule overrides per-tool block of its rank", call("tools/call", "everything__get-env", `{"debug":true}`), Allow, "allow-env-for-debug"},
+		{"allow rule needs its condition", call("tools/call", "everything__get-env", `{"debug":false}`), Block, "tools.everything__get-env"},
 		{"regex on a nested argument", call("tools/call", "everything__x", `{"auth":{"token":"sk-abc123"}}`), Block, "no-keys"},
 		{"regex needs a string", call("tools/call", "everything__x", `{"auth":{"token":42}}`), Allow, "default"},
 		{"argument name at any size", call("tools/call", "everything__x", big), Block, "no-pad-arg"},
+		{"JSON number equality ignores notation", call("tools/call", "everything__add", `{"a":5}`), Block, "num"},
+		{"JSON object equality ignores key order", call("tools/call", "everything__x", `{"cfg":{"a":true,"b":[1,2]}}`), Block, "nested-object"},
+		{"JSON equality is exact", call("tools/call", "everything__x", `{"cfg":{"a":true,"b":[2,1]}}`), Allow, "default"},
 		{"resource URI glob", &Call{Method: "resources/read", Server: "everything", URI: "capsem://everything/demo://resource/static/document/a.md"}, Block, "no-static"},
 		{"resource URI outside the glob", &Call{Method: "resources/read", Server: "everything", URI: "capsem://everything/demo://resource/dynamic/1"}, Allow, "default"},
 		{"lists are not calls", &Call{Method: "tools/list"}, Allow, "default"},
+		{"invalid JSON arguments match no argument rule", call("tools/call", "everything__x", `{"pad":`), Allow, "default"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,18 +72,119 @@ func TestEngineRequestPrecedence(t *testing.T) {
 			if v.Decision != tc.decision || v.Rule != tc.rule {
 				t.Fatalf("got %s by %q, want %s by %q", v.Decision, v.Rule, tc.decision, tc.rule)
 			}
+			if v.Decision == Block && strings.Contains(v.Reason, "forbidden") {
+				t.Fatalf("the reason repeats the blocked data: %q", v.Reason)
+			}
 		})
 	}
-	wl := &Engine{Default: Allow, AllowedServers: map[string]bool{"everything": true}}
+	wl := &Engine{AllowedServers: map[string]string{"everything": "user.toml"}}
 	if v := wl.CheckRequest(context.Background(), call("tools/call", "other__x", `{}`)); v.Decision != Block || v.Rule != "allowed_servers" {
 		t.Fatalf("whitelist: %+v", v)
 	}
 	if v := wl.CheckRequest(context.Background(), call("tools/call", "everything__x", `{}`)); v.Decision != Allow {
 		t.Fatalf("whitelisted server: %+v", v)
 	}
-	blockAll := &Engine{Default: Block}
+	blockAll := &Engine{Default: block(RankUser)}
 	if v := blockAll.CheckRequest(context.Background(), call("tools/call", "a__b", `{}`)); v.Decision != Block || v.Rule != "default" {
 		t.Fatalf("default block: %+v", v)
+	}
+}
+
+// TestEngineRanks: a lower-ranked source can tighten but never relax what a
+// higher-ranked one decided.
+func TestEngineRanks(t *testing.T) {
+	cases := []struct {
+		name     string
+		engine   *Engine
+		tool     string
+		decision Decision
+		rule     string
+	}{
+		{"user per-tool allow cannot relax corp default block",
+			&Engine{Default: block(RankCorp), Tools: map[string]Entry{"s__t": allow(RankUser)}}, "s__t", Block, "default"},
+		{"user per-tool block tightens corp default allow",
+			&Engine{Default: allow(RankCorp), Tools: map[string]Entry{"s__t": block(RankUser)}}, "s__t", Block, "tools.s__t"},
+		{"user per-tool warn tightens corp default allow",
+			&Engine{Default: allow(RankCorp), Tools: map[string]Entry{"s__t": warn(RankUser)}}, "s__t", Warn, "tools.s__t"},
+		{"corp per-tool allow relaxes corp default block",
+			&Engine{Default: block(RankCorp), Tools: map[string]Entry{"s__t": allow(RankCorp)}}, "s__t", Allow, "tools.s__t"},
+		{"user allow rule cannot relax corp per-tool block",
+			&Engine{Tools: map[string]Entry{"s__t": block(RankCorp)}, Rules: []Rule{{Name: "u", Action: Allow, Rank: RankUser, Tool: "s__*"}}}, "s__t", Block, "tools.s__t"},
+		{"user allow rule cannot relax corp default block",
+			&Engine{Default: block(RankCorp), Rules: []Rule{{Name: "u", Action: Allow, Rank: RankUser, Tool: "s__t"}}}, "s__t", Block, "default"},
+		{"corp allow rule relaxes corp default block",
+			&Engine{Default: block(RankCorp), Rules: []Rule{{Name: "c", Action: Allow, Rank: RankCorp, Tool: "s__t"}}}, "s__t", Allow, "c"},
+		{"user block rule beats corp allow rule",
+			&Engine{Rules: []Rule{{Name: "c", Action: Allow, Rank: RankCorp, Tool: "s__t"}, {Name: "u", Action: Block, Rank: RankUser, Tool: "s__t"}}}, "s__t", Block, "u"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := tc.engine.CheckRequest(context.Background(), call("tools/call", tc.tool, `{}`))
+			if v.Decision != tc.decision || v.Rule != tc.rule {
+				t.Fatalf("got %s by %q (%s), want %s by %q", v.Decision, v.Rule, v.Reason, tc.decision, tc.rule)
+			}
+		})
+	}
+}
+
+func TestEngineVisible(t *testing.T) {
+	e := &Engine{
+		Default:        allow(RankUser),
+		BlockedServers: map[string]string{"evil": ""},
+		Tools:          map[string]Entry{"s__blocked": block(RankUser), "s__conditional": block(RankUser), "s__warned": warn(RankUser)},
+		Rules: []Rule{
+			{Name: "hide", Action: Block, Tool: "s__hidden*"},
+			{Name: "args-only", Action: Block, Tool: "s__argcheck", Argument: "x"},
+			{Name: "sometimes", Action: Allow, Rank: RankUser, Tool: "s__conditional", Argument: "debug", Equals: json.RawMessage(`true`)},
+			{Name: "no-static", Action: Block, ResourceURI: "capsem://s/static/*"},
+			{Name: "any-tool-with-secret", Action: Block, Argument: "secret"},
+		},
+	}
+	cases := []struct {
+		call *Call
+		want bool
+	}{
+		{&Call{Method: "tools/call", Server: "s", Name: "s__plain"}, true},
+		{&Call{Method: "tools/call", Server: "evil", Name: "evil__plain"}, false},
+		{&Call{Method: "tools/call", Server: "s", Name: "s__blocked"}, false},
+		{&Call{Method: "tools/call", Server: "s", Name: "s__conditional"}, true},
+		{&Call{Method: "tools/call", Server: "s", Name: "s__warned"}, true},
+		{&Call{Method: "tools/call", Server: "s", Name: "s__hidden-one"}, false},
+		{&Call{Method: "tools/call", Server: "s", Name: "s__argcheck"}, true},
+		{&Call{Method: "prompts/get", Server: "s", Name: "s__hidden-prompt"}, false},
+		{&Call{Method: "resources/read", Server: "s", URI: "capsem://s/static/a"}, false},
+		{&Call{Method: "resources/read", Server: "s", URI: "capsem://s/dynamic/a"}, true},
+	}
+	for _, tc := range cases {
+		if got := e.Visible(context.Background(), tc.call); got != tc.want {
+			t.Errorf("Visible(%s %s%s) = %v, want %v", tc.call.Method, tc.call.Name, tc.call.URI, got, tc.want)
+		}
+	}
+	if (&Engine{Default: block(RankUser)}).Visible(context.Background(), &Call{Method: "tools/call", Server: "s", Name: "s__x"}) {
+		t.Error("default block must hide")
+	}
+}
+
+func TestRuleValidate(t *testing.T) {
+	cases := []struct {
+		rule Rule
+		want string
+	}{
+		{Rule{Action: Block}, "at least one of"},
+		{Rule{Action: Warn, Tool: "a"}, "action"},
+		{Rule{Action: Block, Equals: json.RawMessage(`1`), Tool: "a"}, "need argument"},
+		{Rule{Action: Block, ReturnsMatches: regexp.MustCompile("x"), Tool: "a"}, "need returns"},
+		{Rule{Action: Block, Argument: "a", Returns: "b"}, "cannot be combined"},
+		{Rule{Action: Block, Tool: "a", ResourceURI: "b"}, "never match"},
+		{Rule{Action: Block, Argument: "a..b"}, "empty segment"},
+		{Rule{Action: Block, Argument: "a", Equals: json.RawMessage(`{`)}, "not valid JSON"},
+		{Rule{Action: Block, Argument: "a.b", Equals: json.RawMessage(`"x"`)}, ""},
+	}
+	for _, tc := range cases {
+		err := tc.rule.Validate()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%+v: got %v, want %q", tc.rule, err, tc.want)
+		}
 	}
 }
 
@@ -79,6 +192,7 @@ func TestEngineResponseRules(t *testing.T) {
 	e := &Engine{Rules: []Rule{
 		{Name: "no-passwords", Action: Block, Tool: "everything__*", Returns: "content.0.text", ReturnsMatches: regexp.MustCompile(`(?i)password`)},
 		{Name: "no-secret-field", Action: Block, Returns: "structuredContent.secret"},
+		{Name: "no-secret-text", Action: Block, Returns: "content.0.text.secret"},
 		{Name: "ok-status", Action: Allow, Returns: "structuredContent.status", ReturnsEquals: json.RawMessage(`"ok"`)},
 	}}
 	cases := []struct {
@@ -92,6 +206,7 @@ func TestEngineResponseRules(t *testing.T) {
 		{"allow by equality", `{"content":[],"structuredContent":{"status":"ok"}}`, Allow, "ok-status"},
 		{"missing path", `{"content":[]}`, Allow, "default"},
 		{"not JSON", `garbage`, Allow, "default"},
+		{"into JSON held as text", `{"content":[{"type":"text","text":"{\"secret\":1}"}]}`, Block, "no-secret-text"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -125,14 +240,29 @@ func FuzzRuleMatch(f *testing.F) {
 		if err != nil {
 			re = nil
 		}
-		e := &Engine{Rules: []Rule{{Name: "r", Action: Block, Argument: dotPath, Equals: json.RawMessage(equals), Matches: re},
-			{Name: "ret", Action: Block, Returns: dotPath, ReturnsMatches: re}}}
+		rules := []Rule{{Name: "r", Action: Block, Argument: dotPath, Equals: json.RawMessage(equals), Matches: re},
+			{Name: "ret", Action: Block, Returns: dotPath, ReturnsMatches: re}}
+		for _, r := range rules {
+			if r.Validate() != nil {
+				return
+			}
+		}
+		e := &Engine{Rules: rules}
 		c := &Call{Method: "tools/call", Server: "s", Name: "s__t", Arguments: json.RawMessage(args)}
 		v := e.CheckRequest(context.Background(), c)
 		if v.Decision != Block && v.Decision != Allow {
 			t.Fatalf("decision %v", v.Decision)
 		}
 		_ = e.CheckResponse(context.Background(), c, json.RawMessage(args))
+		// Presence alone (no value condition) must agree with a direct decode.
+		var doc any
+		if json.Unmarshal([]byte(args), &doc) == nil {
+			_, present := lookup(doc, strings.Split(dotPath, "."))
+			presence := &Engine{Rules: []Rule{{Name: "p", Action: Block, Argument: dotPath}}}
+			if got := presence.CheckRequest(context.Background(), c).Decision == Block; got != present {
+				t.Fatalf("presence of %q in %s: rule says %v, lookup says %v", dotPath, args, got, present)
+			}
+		}
 	})
 }
 
@@ -159,4 +289,88 @@ func TestGlobMatch(t *testing.T) {
 			t.Errorf("globMatch(%q, %q) = %v", tc.pattern, tc.s, got)
 		}
 	}
+}
+
+// lookup is the oracle for findPath: the same walk over a fully decoded
+// document.
+func lookup(v any, path []string) (any, bool) {
+	for _, part := range path {
+		if s, ok := v.(string); ok {
+			t := strings.TrimSpace(s)
+			if t == "" || (t[0] != '{' && t[0] != '[') || json.Unmarshal([]byte(t), &v) != nil {
+				return nil, false
+			}
+		}
+		switch cur := v.(type) {
+		case map[string]any:
+			next, ok := cur[part]
+			if !ok {
+				return nil, false
+			}
+			v = next
+		case []any:
+			i, err := strconv.Atoi(part)
+			if err != nil || i < 0 || i >= len(cur) || (len(part) > 1 && part[0] == '0') || part[0] == '+' {
+				return nil, false
+			}
+			v = cur[i]
+		default:
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+func TestFindPath(t *testing.T) {
+	doc := `{"a":{"b":[10,{"c":"sk-x"}],"e\u0041":1},"dup":1,"dup":2,"text":"{\"inner\":[true]}","s":"x\"y","n":null}`
+	cases := []struct {
+		path string
+		want string
+	}{
+		{"a.b.1.c", `"sk-x"`},
+		{"a.b.0", `10`},
+		{"a.eA", `1`},
+		{"dup", `2`},
+		{"text.inner.0", `true`},
+		{"s", `"x\"y"`},
+		{"n", `null`},
+		{"a.b.2", ""},
+		{"a.b.01", ""},
+		{"a.x", ""},
+		{"s.x", ""},
+	}
+	for _, tc := range cases {
+		got, ok := findPath([]byte(doc), strings.Split(tc.path, "."))
+		if string(got) != tc.want || ok != (tc.want != "") {
+			t.Errorf("findPath(%q) = %q, %v; want %q", tc.path, got, ok, tc.want)
+		}
+	}
+}
+
+// FuzzFindPath: on valid JSON the scanner agrees with a full decode, both on
+// presence and on the value found.
+func FuzzFindPath(f *testing.F) {
+	f.Add(`{"a":{"b":[1,{"c":"sk-x"}]}}`, "a.b.1.c")
+	f.Add(`{"k":1,"k":{"x":2}}`, "k.x")
+	f.Add(`{"t":"[1,2]"}`, "t.1")
+	f.Add(`[ {"a" : "b\\"} , 2 ]`, "0.a")
+	f.Fuzz(func(t *testing.T, doc, dotPath string) {
+		var decoded any
+		if json.Unmarshal([]byte(doc), &decoded) != nil {
+			findPath([]byte(doc), strings.Split(dotPath, ".")) // must not panic
+			return
+		}
+		path := strings.Split(dotPath, ".")
+		want, wantOK := lookup(decoded, path)
+		raw, ok := findPath([]byte(doc), path)
+		if ok != wantOK {
+			t.Fatalf("findPath(%s, %q) found=%v, decode found=%v", doc, dotPath, ok, wantOK)
+		}
+		if ok {
+			var got any
+			if err := json.Unmarshal(raw, &got); err != nil || !reflect.DeepEqual(got, want) {
+				t.Fatalf("findPath(%s, %q) = %s, decode = %#v", doc, dotPath, raw, want)
+			}
+		}
+	})
 }

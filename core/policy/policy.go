@@ -55,6 +55,14 @@ type Hook interface {
 	CheckResponse(ctx context.Context, call *Call, result json.RawMessage) Verdict
 }
 
+// Lister is implemented by hooks that hide list entries: a tool, prompt or
+// resource that policy blocks whatever the arguments is not listed. The Call
+// has the method that would use the entry (tools/call, prompts/get,
+// resources/read) and its server, name or URI.
+type Lister interface {
+	Visible(ctx context.Context, call *Call) bool
+}
+
 // AllowAll allows everything; it is the hook until a policy is configured.
 type AllowAll struct{}
 
