@@ -3,10 +3,13 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -14,15 +17,28 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/capsem/capsem/core/aggwire"
+	"github.com/capsem/capsem/core/policy"
 )
 
 // File is one configuration file.
 type File struct {
 	MCP MCP `toml:"mcp"`
+
+	// defined reports whether the file set a key (so a merge can tell "not
+	// set" from a zero value); nil for a File built in code.
+	defined func(key ...string) bool
 }
 
 // MCP is the [mcp] table.
 type MCP struct {
+	// Policy (see core/policy): the default decision, server lists, per-tool
+	// decisions and content rules.
+	Default        string            `toml:"default"` // allow | warn | block
+	BlockedServers []string          `toml:"blocked_servers"`
+	AllowedServers []string          `toml:"allowed_servers"` // empty: every server not blocked
+	Tools          map[string]string `toml:"tools"`           // namespaced name → allow | warn | block
+	Rules          []RuleSpec        `toml:"rules"`
+
 	Servers  []Server `toml:"servers"`
 	Builtin  Builtin  `toml:"builtin"`
 	Timeouts Timeouts `toml:"timeouts"`
@@ -46,6 +62,21 @@ type Server struct {
 	WritePaths []string `toml:"write_paths"`
 }
 
+// RuleSpec is one [[mcp.rules]] content rule; every condition given must
+// match. equals and returns_equals take any TOML value, compared as JSON.
+type RuleSpec struct {
+	Name           string `toml:"name"`
+	Action         string `toml:"action"` // allow | block
+	Tool           string `toml:"tool"`
+	ResourceURI    string `toml:"resource_uri"`
+	Argument       string `toml:"argument"`
+	Equals         any    `toml:"equals"`
+	Matches        string `toml:"matches"`
+	Returns        string `toml:"returns"`
+	ReturnsEquals  any    `toml:"returns_equals"`
+	ReturnsMatches string `toml:"returns_matches"`
+}
+
 // Builtin configures the builtin HTTP tools.
 type Builtin struct {
 	DomainAllow  []string `toml:"domain_allow"`
@@ -55,6 +86,8 @@ type Builtin struct {
 	// AllowPrivateNetworks lets the builtin reach loopback, private and
 	// link-local addresses (off by default: it runs on the host).
 	AllowPrivateNetworks bool `toml:"allow_private_networks"`
+
+	privateSet bool // merge: a higher file already decided AllowPrivateNetworks
 }
 
 // Timeouts configures the endpoint's deadlines.
@@ -80,16 +113,21 @@ func Parse(name string, data []byte) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", name, err)
 	}
-	if und := md.Undecoded(); len(und) > 0 {
-		keys := make([]string, len(und))
-		for i, k := range und {
-			keys[i] = k.String()
+	var unknown []string
+	for _, k := range md.Undecoded() {
+		// equals = { a = 1 } is a value, not keys of the schema.
+		if len(k) > 3 && k[0] == "mcp" && k[1] == "rules" && (k[2] == "equals" || k[2] == "returns_equals") {
+			continue
 		}
-		return nil, fmt.Errorf("config %s: unknown key(s): %s", name, strings.Join(keys, ", "))
+		unknown = append(unknown, k.String())
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("config %s: unknown key(s): %s", name, strings.Join(unknown, ", "))
 	}
 	if err := f.validate(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", name, err)
 	}
+	f.defined = md.IsDefined
 	return &f, nil
 }
 
@@ -143,7 +181,126 @@ func (f *File) validate() error {
 			errs = append(errs, fmt.Errorf("mcp.timeouts.tools.%q: must be a positive number of seconds", tool))
 		}
 	}
+	errs = append(errs, f.validatePolicy()...)
 	return errors.Join(errs...)
+}
+
+// isDefined reports whether the file set key; a File built in code counts
+// every non-zero value as set by its caller.
+func (f *File) isDefined(key ...string) bool {
+	if f.defined == nil {
+		return true
+	}
+	return f.defined(key...)
+}
+
+func (f *File) validatePolicy() []error {
+	var errs []error
+	m := &f.MCP
+	if m.Default != "" {
+		if _, err := ParseDecision(m.Default); err != nil {
+			errs = append(errs, fmt.Errorf("mcp.default: %w", err))
+		}
+	}
+	for key, list := range map[string][]string{"blocked_servers": m.BlockedServers, "allowed_servers": m.AllowedServers} {
+		for _, name := range list {
+			if name == "builtin" {
+				continue
+			}
+			if err := ValidateServerName(name); err != nil {
+				errs = append(errs, fmt.Errorf("mcp.%s: %w", key, err))
+			}
+		}
+	}
+	for name, d := range m.Tools {
+		server, tool, ok := strings.Cut(name, "__")
+		if !ok || server == "" || tool == "" {
+			errs = append(errs, fmt.Errorf("mcp.tools: %q is not a namespaced name (server__tool)", name))
+		}
+		if _, err := ParseDecision(d); err != nil {
+			errs = append(errs, fmt.Errorf("mcp.tools.%q: %w", name, err))
+		}
+	}
+	names := map[string]bool{}
+	for i, spec := range m.Rules {
+		where := fmt.Sprintf("mcp.rules[%d]", i)
+		if spec.Name != "" {
+			where += fmt.Sprintf(" (%q)", spec.Name)
+			if names[spec.Name] {
+				errs = append(errs, fmt.Errorf("%s: name: duplicate rule name", where))
+			}
+			names[spec.Name] = true
+		}
+		if _, err := spec.Compile(fmt.Sprintf("rules[%d]", i)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where, err))
+		}
+	}
+	return errs
+}
+
+// ParseDecision maps allow | warn | block to a policy decision.
+func ParseDecision(s string) (policy.Decision, error) {
+	switch s {
+	case "allow":
+		return policy.Allow, nil
+	case "warn":
+		return policy.Warn, nil
+	case "block":
+		return policy.Block, nil
+	}
+	return 0, fmt.Errorf("%q is not a decision (allow, warn or block)", s)
+}
+
+// Compile turns a rule spec into a policy rule; fallbackName names rules
+// that have no name of their own.
+func (spec *RuleSpec) Compile(fallbackName string) (policy.Rule, error) {
+	r := policy.Rule{Name: spec.Name, Tool: spec.Tool, ResourceURI: spec.ResourceURI, Argument: spec.Argument, Returns: spec.Returns}
+	if r.Name == "" {
+		r.Name = fallbackName
+	}
+	switch spec.Action {
+	case "allow":
+		r.Action = policy.Allow
+	case "block":
+		r.Action = policy.Block
+	case "":
+		return r, errors.New("action: missing (allow or block)")
+	default:
+		return r, fmt.Errorf("action: %q is not allow or block", spec.Action)
+	}
+	var err error
+	if r.Equals, err = tomlToJSON(spec.Equals); err != nil {
+		return r, fmt.Errorf("equals: %w", err)
+	}
+	if r.ReturnsEquals, err = tomlToJSON(spec.ReturnsEquals); err != nil {
+		return r, fmt.Errorf("returns_equals: %w", err)
+	}
+	if spec.Matches != "" {
+		if r.Matches, err = regexp.Compile(spec.Matches); err != nil {
+			return r, fmt.Errorf("matches: %w", err)
+		}
+	}
+	if spec.ReturnsMatches != "" {
+		if r.ReturnsMatches, err = regexp.Compile(spec.ReturnsMatches); err != nil {
+			return r, fmt.Errorf("returns_matches: %w", err)
+		}
+	}
+	if err := r.Validate(); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// tomlToJSON encodes a decoded TOML value as JSON (nil stays empty).
+func tomlToJSON(v any) (json.RawMessage, error) {
+	if v == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("cannot be compared as JSON: %w", err)
+	}
+	return b, nil
 }
 
 // ValidateServerName reports why a configured server name is unusable.
@@ -185,19 +342,29 @@ func (f *File) ServerDefs() []aggwire.ServerDef {
 	if b.AllowPrivateNetworks {
 		env["CAPSEM_HTTP_ALLOW_PRIVATE"] = "1"
 	}
-	defs := []aggwire.ServerDef{{Name: "builtin", Builtin: true, Enabled: true, Env: env}}
+	defs := []aggwire.ServerDef{{Name: "builtin", Builtin: true, Enabled: f.permitsServer("builtin"), Env: env}}
 	for _, s := range f.MCP.Servers {
+		// A server policy blocks is never started: a blocked request must
+		// not reach it, and its command must not run at all.
 		def := aggwire.ServerDef{Name: s.Name, Command: s.Command, Args: s.Args, Env: s.Env, URL: s.URL, Headers: s.Headers,
-			Enabled: s.Enabled == nil || *s.Enabled, ConnectTimeoutMS: int64(s.ConnectTimeoutSecs) * 1000}
+			Enabled: (s.Enabled == nil || *s.Enabled) && f.permitsServer(s.Name), ConnectTimeoutMS: int64(s.ConnectTimeoutSecs) * 1000}
 		defs = append(defs, def)
 	}
 	return defs
 }
 
+// permitsServer reports whether the policy lists leave a server usable.
+func (f *File) permitsServer(name string) bool {
+	if slices.Contains(f.MCP.BlockedServers, name) {
+		return false
+	}
+	return len(f.MCP.AllowedServers) == 0 || slices.Contains(f.MCP.AllowedServers, name)
+}
+
 // SandboxPaths returns the union of the servers' read+execute and write grants.
 func (f *File) SandboxPaths() (read, write []string) {
 	for _, s := range f.MCP.Servers {
-		if s.Enabled != nil && !*s.Enabled {
+		if s.Enabled != nil && !*s.Enabled || !f.permitsServer(s.Name) {
 			continue
 		}
 		read = append(read, s.ReadPaths...)

@@ -1,8 +1,12 @@
 package config
 
 import (
+	"context"
+	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/capsem/capsem/core/policy"
 )
 
 func TestParseValid(t *testing.T) {
@@ -80,6 +84,8 @@ func TestParseRejects(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add([]byte("[[mcp.servers]]\nname = \"a\"\ncommand = \"x\"\n"))
 	f.Add([]byte("[mcp.builtin]\ndomain_allow = [\"*.x\"]\n"))
+	f.Add([]byte(examplePolicy))
+	f.Add([]byte("[[mcp.rules]]\naction = \"block\"\nargument = \"a.0\"\nequals = [1, {x = \"y\"}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse("fuzz.toml", data)
 		if err != nil {
@@ -88,11 +94,19 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		// Whatever parses yields valid definitions.
+		// Whatever parses yields valid definitions and a usable policy: every
+		// rule of the file compiles into the engine.
 		for _, d := range cfg.ServerDefs()[1:] {
 			if ValidateServerName(d.Name) != nil {
 				t.Fatalf("invalid name %q accepted", d.Name)
 			}
 		}
+		m := Merge([]Layer{{Path: "fuzz.toml", Rank: policy.RankUser, File: cfg}})
+		if len(m.Policy.Rules) != len(cfg.MCP.Rules) {
+			t.Fatalf("%d rules parsed, %d compiled", len(cfg.MCP.Rules), len(m.Policy.Rules))
+		}
+		c := &policy.Call{Method: "tools/call", Server: "a", Name: "a__b", Arguments: json.RawMessage(`{"a":[1,{"x":"y"}]}`)}
+		m.Policy.CheckRequest(context.Background(), c)
+		m.Policy.CheckResponse(context.Background(), c, json.RawMessage(`{"content":[]}`))
 	})
 }
