@@ -22,6 +22,7 @@ import (
 	"github.com/capsem/capsem/personalities/builtin"
 	"github.com/capsem/capsem/personalities/gateway"
 	"github.com/capsem/capsem/personalities/image"
+	"github.com/capsem/capsem/personalities/policycmd"
 	"github.com/capsem/capsem/personalities/process"
 	"github.com/capsem/capsem/personalities/relay"
 	"github.com/capsem/capsem/personalities/run"
@@ -36,6 +37,7 @@ type CLI struct {
 	Image         image.Cmd      `cmd:"" help:"Build the guest boot assets."`
 	Gateway       gateway.Cmd    `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
 	MCPServer     relay.Cmd      `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
+	Policy        policycmd.Cmd  `cmd:"" help:"Inspect, explain and reload the MCP policy."`
 	MCPAggregator aggregator.Cmd `cmd:"" name:"mcp-aggregator" hidden:"" help:"Internal: the sandboxed MCP aggregator."`
 	MCPBuiltin    builtin.Cmd    `cmd:"" name:"mcp-builtin" hidden:"" help:"Internal: the builtin MCP tool server."`
 	Process       process.Cmd    `cmd:"" hidden:"" help:"Internal: the per-VM process."`

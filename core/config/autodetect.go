@@ -64,7 +64,9 @@ func parseMCPServers(path string, data []byte, seen map[string]string) ([]Server
 	}
 	var servers []Server
 	var notes []string
-	skip := func(name, why string) { notes = append(notes, fmt.Sprintf("auto-detect: %s: server %q skipped: %s", path, name, why)) }
+	skip := func(name, why string) {
+		notes = append(notes, fmt.Sprintf("auto-detect: %s: server %q skipped: %s", path, name, why))
+	}
 	for _, name := range slices.Sorted(maps.Keys(doc.MCPServers)) {
 		var e mcpServerEntry
 		if err := json.Unmarshal(doc.MCPServers[name], &e); err != nil {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -307,11 +308,12 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 		return out
 	case policy.Warn:
 		out.decision = "warned"
+		e.log.Warn("MCP request allowed with a policy warning", "method", msg.Method, "target", out.tool, "rule", out.verdict.Rule)
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, e.timeoutFor(msg.Method, call.Name))
 	defer cancel()
-	result, netEvents, rerr := e.dispatch(ctx, msg, req)
+	result, netEvents, rerr := e.dispatch(ctx, msg, req, hook)
 	out.netEvents = netEvents
 	if rerr != nil {
 		out.decision = "error"
@@ -329,6 +331,7 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 	case policy.Warn:
 		out.verdict = respVerdict
 		out.decision = "warned"
+		e.log.Warn("MCP response passed with a policy warning", "method", msg.Method, "target", out.tool, "rule", respVerdict.Rule)
 	}
 	if respVerdict.Replace != nil {
 		out.verdict = respVerdict
@@ -426,7 +429,7 @@ func (e *Endpoint) timeoutFor(method, tool string) time.Duration {
 	return e.cfg.ToolTimeout
 }
 
-func (e *Endpoint) dispatch(ctx context.Context, msg *jsonrpc.Message, req *aggwire.Request) (json.RawMessage, []aggwire.NetEvent, *jsonrpc.Error) {
+func (e *Endpoint) dispatch(ctx context.Context, msg *jsonrpc.Message, req *aggwire.Request, hook policy.Hook) (json.RawMessage, []aggwire.NetEvent, *jsonrpc.Error) {
 	switch msg.Method {
 	case "initialize":
 		return e.initialize(msg.Params), nil, nil
@@ -461,13 +464,22 @@ func (e *Endpoint) dispatch(ctx context.Context, msg *jsonrpc.Message, req *aggw
 		}
 		return nil, resp.NetEvents, jsonrpc.NewError(code, "%s failed: %s", msg.Method, resp.Error)
 	}
+	// Lists hide what policy blocks whatever the arguments (hide and deny).
+	lister, _ := hook.(policy.Lister)
+	visible := func(c policy.Call) bool { return lister == nil || lister.Visible(ctx, &c) }
 	switch msg.Method {
 	case "tools/list":
-		return toolsList(resp.Tools), nil, nil
+		return toolsList(slices.DeleteFunc(resp.Tools, func(t aggwire.Tool) bool {
+			return !visible(policy.Call{Method: "tools/call", Server: t.Server, Name: t.Name})
+		})), nil, nil
 	case "resources/list":
-		return resourcesList(resp.Resources), nil, nil
+		return resourcesList(slices.DeleteFunc(resp.Resources, func(r aggwire.Resource) bool {
+			return !visible(policy.Call{Method: "resources/read", Server: r.Server, URI: r.URI})
+		})), nil, nil
 	case "prompts/list":
-		return promptsList(resp.Prompts), nil, nil
+		return promptsList(slices.DeleteFunc(resp.Prompts, func(p aggwire.Prompt) bool {
+			return !visible(policy.Call{Method: "prompts/get", Server: p.Server, Name: p.Name})
+		})), nil, nil
 	}
 	if len(resp.Result) == 0 {
 		return json.RawMessage(`{}`), resp.NetEvents, nil

@@ -10,11 +10,14 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/capsem/capsem/core/aggclient"
@@ -23,13 +26,16 @@ import (
 	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/privsep"
+	"github.com/capsem/capsem/core/reloadctl"
 	"github.com/capsem/capsem/core/version"
 )
 
 // Options configures a Gateway.
 type Options struct {
 	SessionDir string
-	Config     *config.File
+	// Sources is the configuration hierarchy (corp, user, auto-detected);
+	// it is read at start and again on every reload.
+	Sources config.Sources
 	// Ledger is the session ledger to record into; nil opens
 	// <SessionDir>/session.db (and Close closes it).
 	Ledger *ledger.Ledger
@@ -37,6 +43,9 @@ type Options struct {
 	// (the listening socket, the process API socket).
 	Protect []string
 	Logger  *slog.Logger
+	// Kind and Name register the gateway for `capsem policy reload`
+	// (Kind "" does not register).
+	Kind, Name string
 }
 
 // Gateway is an MCP endpoint with its ledger and sandboxed aggregator; the
@@ -48,6 +57,12 @@ type Gateway struct {
 	ownsLedger bool
 	grants     *grants
 	scratch    string
+	log        *slog.Logger
+
+	sources    config.Sources
+	reloadMu   sync.Mutex // one reload at a time
+	current    atomic.Pointer[config.Merged]
+	unregister func()
 }
 
 // Start opens the ledger (unless given) and starts the aggregator.
@@ -63,7 +78,16 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{Ledger: opts.Ledger}
+	merged, err := config.LoadHierarchy(opts.Sources)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range merged.Notes {
+		log.Warn("configuration", "note", n)
+	}
+	g := &Gateway{Ledger: opts.Ledger, log: log, sources: opts.Sources}
+	g.current.Store(merged)
+	cfg := merged.File
 	if g.Ledger == nil {
 		led, err := ledger.Open(ctx, filepath.Join(sessionDir, "session.db"), ledger.Options{})
 		if err != nil {
@@ -79,15 +103,20 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 		}
 	}()
 	g.grants = &grants{}
-	g.grants.set(opts.Config)
-	spawn, scratch, err := AggregatorSpawner(sessionDir, opts.Protect, g.grants.get)
+	g.grants.set(cfg)
+	home, err := paths.Home()
+	if err != nil {
+		return nil, err
+	}
+	protect := append([]string{reloadctl.Dir(home)}, opts.Protect...)
+	spawn, scratch, err := AggregatorSpawner(sessionDir, protect, g.grants.get)
 	if err != nil {
 		return nil, err
 	}
 	g.scratch = scratch
-	g.Aggregator = aggclient.Start(ctx, spawn, opts.Config.ServerDefs(), log)
+	g.Aggregator = aggclient.Start(ctx, spawn, cfg.ServerDefs(), log)
 
-	timeouts := opts.Config.MCP.Timeouts
+	timeouts := cfg.MCP.Timeouts
 	epCfg := endpoint.Config{
 		Upstream:       g.Aggregator,
 		Recorder:       endpoint.LedgerRecorder{Ledger: led},
@@ -95,14 +124,52 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 		Logger:         log,
 		DefaultTimeout: time.Duration(timeouts.DefaultSecs) * time.Second,
 		ToolTimeout:    time.Duration(timeouts.ToolCallSecs) * time.Second,
-		ToolTimeouts:   opts.Config.ToolTimeouts(),
+		ToolTimeouts:   cfg.ToolTimeouts(),
+		Policy:         merged.Policy,
 	}
 	if err := ApplyEnv(&epCfg, os.Getenv); err != nil {
 		return nil, err
 	}
 	g.Endpoint = endpoint.New(epCfg)
+	if opts.Kind != "" {
+		if g.unregister, err = reloadctl.Register(ctx, home, opts.Kind, opts.Name, g.ReloadConfig, log); err != nil {
+			return nil, err
+		}
+	}
 	ok = true
 	return g, nil
+}
+
+// Config returns the configuration in force.
+func (g *Gateway) Config() *config.Merged { return g.current.Load() }
+
+// ReloadConfig re-reads the configuration hierarchy and swaps in its policy
+// and server list. The policy swap is atomic: open connections see it on
+// their next request. If the new configuration is invalid, everything stays
+// as it was and the error says why.
+func (g *Gateway) ReloadConfig(ctx context.Context) (string, error) {
+	g.reloadMu.Lock()
+	defer g.reloadMu.Unlock()
+	m, err := config.LoadHierarchy(g.sources)
+	if err != nil {
+		return Describe(g.current.Load()), fmt.Errorf("keeping the previous configuration: %w", err)
+	}
+	for _, n := range m.Notes {
+		g.log.Warn("configuration", "note", n)
+	}
+	g.Endpoint.SetPolicy(m.Policy)
+	g.current.Store(m)
+	if err := g.reloadServers(ctx, m.File); err != nil {
+		return Describe(m), fmt.Errorf("the new policy is in force, but the server list failed to reload: %w", err)
+	}
+	return Describe(m), nil
+}
+
+// Describe summarises a configuration in one line.
+func Describe(m *config.Merged) string {
+	p := m.Policy
+	return fmt.Sprintf("default %s, %d blocked server(s), %d allowed server(s), %d per-tool decision(s), %d rule(s), %d server(s)",
+		p.Default.Decision, len(p.BlockedServers), len(p.AllowedServers), len(p.Tools), len(p.Rules), len(m.File.MCP.Servers))
 }
 
 // Serve answers framed MCP connections from ln until ctx is done.
@@ -110,10 +177,11 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	return g.Endpoint.Serve(ctx, ln)
 }
 
-// Reload swaps in a new server list. When the servers need different
+// reloadServers swaps in a new server list. When the servers need different
 // sandbox grants the aggregator is restarted, since a Landlock domain cannot
-// be widened in place; otherwise it reconnects in place.
-func (g *Gateway) Reload(ctx context.Context, cfg *config.File) error {
+// be widened in place; otherwise it reconnects in place (which also restarts
+// the builtin with its new domain lists).
+func (g *Gateway) reloadServers(ctx context.Context, cfg *config.File) error {
 	if g.grants.set(cfg) {
 		g.Aggregator.Restart(cfg.ServerDefs())
 		return nil
@@ -165,6 +233,9 @@ func existingPaths(read, write []string) ([]string, []string) {
 
 // Close stops the aggregator and, if it opened it, the ledger.
 func (g *Gateway) Close() error {
+	if g.unregister != nil {
+		g.unregister()
+	}
 	if g.Aggregator != nil {
 		g.Aggregator.Close()
 	}
@@ -281,4 +352,41 @@ func AggregatorSpawner(sessionDir string, protectPaths []string, grantsFn func()
 		return cmd, nil
 	}
 	return spawn, scratch, nil
+}
+
+// SourcesFor resolves the configuration hierarchy of this host: corp.toml,
+// then configPath (or $CAPSEM_HOME/user.toml), then, when autodetect is set,
+// the AI CLI settings in the user's home directory.
+func SourcesFor(configPath string, autodetect bool) (config.Sources, error) {
+	home, err := paths.Home()
+	if err != nil {
+		return config.Sources{}, err
+	}
+	userHome, err := os.UserHomeDir()
+	if err != nil && autodetect {
+		return config.Sources{}, fmt.Errorf("locating the home directory for auto-detection: %w", err)
+	}
+	return config.DefaultSources(os.LookupEnv, home, userHome, configPath, autodetect), nil
+}
+
+// ReloadOnSignal reloads the configuration on every SIGHUP until ctx is done.
+func (g *Gateway) ReloadOnSignal(ctx context.Context) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				detail, err := g.ReloadConfig(ctx)
+				if err != nil {
+					g.log.Error("configuration reload on SIGHUP failed", "err", err, "in_force", detail)
+					continue
+				}
+				g.log.Info("configuration reloaded on SIGHUP", "in_force", detail)
+			}
+		}
+	}()
 }

@@ -1,6 +1,6 @@
 // Package gateway is `capsem gateway`: the MCP endpoint as a standalone host
-// service on a Unix socket, with the same aggregator, builtin server and
-// ledger the per-VM process uses.
+// service on a Unix socket, with the same aggregator, builtin server, policy
+// and ledger the per-VM process uses.
 package gateway
 
 import (
@@ -13,31 +13,33 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/mcpgw"
 )
 
 // Cmd is `capsem gateway`.
 type Cmd struct {
-	Listen     string `required:"" help:"Where to listen: unix:PATH (created with mode 0600)."`
-	SessionDir string `required:"" type:"path" help:"Session directory; session.db and logs are written here."`
-	Config     string `optional:"" type:"path" help:"TOML file with [[mcp.servers]] and [mcp] settings."`
+	Listen       string `required:"" help:"Where to listen: unix:PATH (created with mode 0600)."`
+	SessionDir   string `required:"" type:"path" help:"Session directory; session.db and logs are written here."`
+	Config       string `optional:"" type:"path" help:"TOML file with [mcp] policy and [[mcp.servers]]; replaces $CAPSEM_HOME/user.toml (corp.toml still applies)."`
+	NoAutodetect bool   `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
 }
 
-// Run serves until SIGINT/SIGTERM; SIGHUP reloads the server list.
+// Run serves until SIGINT/SIGTERM; SIGHUP (or `capsem policy reload`)
+// reloads the configuration and policy.
 func (c *Cmd) Run(ctx context.Context) error {
 	sockPath, ok := strings.CutPrefix(c.Listen, "unix:")
 	if !ok || sockPath == "" {
 		return fmt.Errorf("--listen %q: want unix:PATH", c.Listen)
 	}
-	cfg, err := c.loadConfig()
+	sources, err := mcpgw.SourcesFor(c.Config, !c.NoAutodetect)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	gw, err := mcpgw.Start(ctx, mcpgw.Options{SessionDir: c.SessionDir, Config: cfg, Protect: []string{sockPath}})
+	gw, err := mcpgw.Start(ctx, mcpgw.Options{SessionDir: c.SessionDir, Sources: sources, Protect: []string{sockPath},
+		Kind: "gateway", Name: sockPath})
 	if err != nil {
 		return err
 	}
@@ -52,37 +54,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return fmt.Errorf("securing socket: %w", err)
 	}
 	defer os.Remove(sockPath)
-	done := make(chan error, 1)
-	go func() { done <- gw.Serve(ctx, ln) }()
-	slog.Info("MCP gateway listening", "socket", sockPath, "session_dir", c.SessionDir)
-
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	for {
-		select {
-		case <-ctx.Done():
-			return <-done
-		case <-hup:
-			next, err := c.loadConfig()
-			if err != nil {
-				slog.Error("config reload failed; keeping the previous configuration", "err", err)
-				continue
-			}
-			if err := gw.Reload(ctx, next); err != nil {
-				slog.Error("config reload failed", "err", err)
-				continue
-			}
-			slog.Info("configuration reloaded", "servers", len(next.MCP.Servers))
-		case err := <-done:
-			return err
-		}
-	}
-}
-
-func (c *Cmd) loadConfig() (*config.File, error) {
-	if c.Config == "" {
-		return &config.File{}, nil
-	}
-	return config.Load(c.Config)
+	gw.ReloadOnSignal(ctx)
+	slog.Info("MCP gateway listening", "socket", sockPath, "session_dir", c.SessionDir, "config", mcpgw.Describe(gw.Config()))
+	return gw.Serve(ctx, ln)
 }

@@ -19,7 +19,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestctl"
 	"github.com/capsem/capsem/core/guestwire"
@@ -33,14 +32,15 @@ import (
 
 // Cmd is `capsem process`.
 type Cmd struct {
-	SessionDir string `required:"" type:"path" help:"Session directory (session.db, console log, sockets)."`
-	Socket     string `required:"" type:"path" help:"Unix socket for this process's API (created 0600)."`
-	Name       string `help:"VM name (hostname in the guest)." default:"capsem"`
-	Config     string `optional:"" type:"path" help:"TOML with [[mcp.servers]] and [mcp] settings."`
-	CPUs       int    `default:"2" help:"Virtual CPUs."`
-	MemoryMiB  int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
-	GuestBin   string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
-	DiskGiB    int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
+	SessionDir   string `required:"" type:"path" help:"Session directory (session.db, console log, sockets)."`
+	Socket       string `required:"" type:"path" help:"Unix socket for this process's API (created 0600)."`
+	Name         string `help:"VM name (hostname in the guest)." default:"capsem"`
+	Config       string `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]]; replaces $CAPSEM_HOME/user.toml (corp.toml still applies)."`
+	NoAutodetect bool   `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
+	CPUs         int    `default:"2" help:"Virtual CPUs."`
+	MemoryMiB    int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
+	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
+	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
 }
 
 // Run boots the VM and serves until it stops.
@@ -52,23 +52,26 @@ func (c *Cmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	v.gw.ReloadOnSignal(ctx)
 	return v.ServeAPI(ctx, c.Socket)
 }
 
 func (c *Cmd) options(log *slog.Logger) Options {
-	return Options{SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config,
+	return Options{SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
 		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log}
 }
 
 // Options configure Boot.
 type Options struct {
-	SessionDir  string
-	APISocket   string
-	Name        string
-	ConfigPath  string
-	CPUs        int
-	MemoryMiB   int
-	GuestBinary string
+	SessionDir string
+	APISocket  string
+	Name       string
+	ConfigPath string
+	// NoAutodetect leaves AI CLI settings out of the configuration.
+	NoAutodetect bool
+	CPUs         int
+	MemoryMiB    int
+	GuestBinary  string
 	// DiskGiB sizes the per-VM disk (SessionDir/disk.img) when it has to
 	// be created; an existing one is reused. 0 means no disk.
 	DiskGiB int
@@ -125,11 +128,9 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	}
 	t := mark("assets", t0)
 
-	cfg := &config.File{}
-	if o.ConfigPath != "" {
-		if cfg, err = config.Load(o.ConfigPath); err != nil {
-			return nil, err
-		}
+	sources, err := mcpgw.SourcesFor(o.ConfigPath, !o.NoAutodetect)
+	if err != nil {
+		return nil, err
 	}
 	led, err := ledger.Open(ctx, filepath.Join(o.SessionDir, "session.db"), ledger.Options{})
 	if err != nil {
@@ -143,8 +144,8 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		}
 	}()
 	chanSock := filepath.Join(o.SessionDir, "channel.sock")
-	v.gw, err = mcpgw.Start(ctx, mcpgw.Options{SessionDir: o.SessionDir, Config: cfg, Ledger: led,
-		Protect: []string{o.APISocket, chanSock}, Logger: o.Logger})
+	v.gw, err = mcpgw.Start(ctx, mcpgw.Options{SessionDir: o.SessionDir, Sources: sources, Ledger: led,
+		Protect: []string{o.APISocket, chanSock}, Logger: o.Logger, Kind: "vm", Name: o.Name})
 	if err != nil {
 		return nil, err
 	}

@@ -50,8 +50,8 @@ func startVM(t testing.TB, name string) *vmProc {
 	sock := filepath.Join(dir, "process.sock")
 	logFile, _ := os.Create(v.log)
 	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
-		"--guest-binary", testkit.GuestBinary(t))
-	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t))
+		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
+	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
 	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
 	if err := v.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -20,11 +20,13 @@ import (
 
 // Cmd is `capsem run [--name N] [--env K=V]... -- CMD...`.
 type Cmd struct {
-	Name      string        `help:"A name for the VM (shown in logs); the VM is removed when the command ends."`
-	Env       []string      `short:"e" help:"Environment variable for the command, K=V (repeatable)."`
-	Timeout   time.Duration `help:"Kill the command after this long (default: no timeout)."`
-	BootLimit time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
-	Command   []string      `arg:"" passthrough:"" help:"The command and its arguments."`
+	Name         string        `help:"A name for the VM (shown in logs); the VM is removed when the command ends."`
+	Env          []string      `short:"e" help:"Environment variable for the command, K=V (repeatable)."`
+	Timeout      time.Duration `help:"Kill the command after this long (default: no timeout)."`
+	BootLimit    time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
+	Config       string        `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
+	NoAutodetect bool          `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
+	Command      []string      `arg:"" passthrough:"" help:"The command and its arguments."`
 }
 
 // Run boots, executes and cleans up.
@@ -68,6 +70,12 @@ func (c *Cmd) Run(ctx context.Context) error {
 	args := []string{"process", "--session-dir", sessionDir, "--socket", sock}
 	if c.Name != "" {
 		args = append(args, "--name", c.Name)
+	}
+	if c.Config != "" {
+		args = append(args, "--config", c.Config)
+	}
+	if c.NoAutodetect {
+		args = append(args, "--no-autodetect")
 	}
 	proc := exec.Command(self, args...)
 	logFile, err := os.OpenFile(filepath.Join(sessionDir, "process.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)

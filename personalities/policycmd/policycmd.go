@@ -1,0 +1,254 @@
+// Package policycmd is `capsem policy`: show the merged MCP policy and where
+// each entry came from, explain a decision, and reload every running gateway
+// and VM.
+package policycmd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/mcpgw"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/policy"
+	"github.com/capsem/capsem/core/reloadctl"
+)
+
+// Cmd is `capsem policy`.
+type Cmd struct {
+	Check   CheckCmd   `cmd:"" help:"Print the merged policy and where each entry came from."`
+	Explain ExplainCmd `cmd:"" help:"Print the decision policy makes for one call, and the rule that makes it."`
+	Reload  ReloadCmd  `cmd:"" help:"Reload configuration and policy in every running gateway and VM."`
+}
+
+// sourceFlags select the configuration hierarchy, as the gateway does.
+type sourceFlags struct {
+	Config       string `optional:"" type:"path" help:"Use this file as the user layer instead of $CAPSEM_HOME/user.toml."`
+	NoAutodetect bool   `help:"Leave out the mcpServers of Claude Code and Gemini CLI settings."`
+}
+
+func (f sourceFlags) load() (*config.Merged, error) {
+	src, err := mcpgw.SourcesFor(f.Config, !f.NoAutodetect)
+	if err != nil {
+		return nil, err
+	}
+	return config.LoadHierarchy(src)
+}
+
+// CheckCmd is `capsem policy check`.
+type CheckCmd struct {
+	sourceFlags
+}
+
+// Run loads and validates every source and prints the result.
+func (c *CheckCmd) Run(context.Context) error {
+	m, err := c.load()
+	if err != nil {
+		return err
+	}
+	Print(os.Stdout, m)
+	return nil
+}
+
+// Print writes a merged configuration with the provenance of every entry.
+func Print(w io.Writer, m *config.Merged) {
+	p := m.Policy
+	src := func(rank policy.Rank, path string) string {
+		if path == "" {
+			return "(" + rank.String() + ")"
+		}
+		return "(" + rank.String() + ": " + path + ")"
+	}
+	rankOf := map[string]policy.Rank{}
+	for _, l := range m.Layers {
+		rankOf[l.Path] = l.Rank
+	}
+	fmt.Fprintln(w, "Sources, highest precedence first:")
+	if len(m.Layers) == 0 {
+		fmt.Fprintln(w, "  (none: built-in defaults)")
+	}
+	for _, l := range m.Layers {
+		fmt.Fprintf(w, "  %-13s %s\n", l.Rank, l.Path)
+	}
+	fmt.Fprintf(w, "\nDefault: %s %s\n", p.Default.Decision, src(p.Default.Rank, p.Default.Source))
+	fmt.Fprintln(w, "\nBlocked servers:")
+	if len(p.BlockedServers) == 0 {
+		fmt.Fprintln(w, "  (none)")
+	}
+	for _, s := range slices.Sorted(maps.Keys(p.BlockedServers)) {
+		fmt.Fprintf(w, "  %s %s\n", s, src(rankOf[p.BlockedServers[s]], p.BlockedServers[s]))
+	}
+	fmt.Fprintln(w, "\nAllowed servers:")
+	if len(p.AllowedServers) == 0 {
+		fmt.Fprintln(w, "  (any server not blocked)")
+	}
+	for _, s := range slices.Sorted(maps.Keys(p.AllowedServers)) {
+		fmt.Fprintf(w, "  %q %s\n", s, src(rankOf[p.AllowedServers[s]], p.AllowedServers[s]))
+	}
+	fmt.Fprintln(w, "\nPer-tool decisions:")
+	if len(p.Tools) == 0 {
+		fmt.Fprintln(w, "  (none)")
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.Tools)) {
+		e := p.Tools[name]
+		fmt.Fprintf(w, "  %s = %s %s\n", name, e.Decision, src(e.Rank, e.Source))
+	}
+	fmt.Fprintln(w, "\nContent rules (a matching block always wins; an allow relaxes only decisions of its own rank or lower):")
+	if len(p.Rules) == 0 {
+		fmt.Fprintln(w, "  (none)")
+	}
+	for _, r := range p.Rules {
+		fmt.Fprintf(w, "  %s: %s %s %s\n", r.Name, r.Action, describeRule(&r), src(r.Rank, r.Source))
+	}
+	fmt.Fprintln(w, "\nServers (builtin is always present unless policy blocks it):")
+	if len(m.File.MCP.Servers) == 0 {
+		fmt.Fprintln(w, "  (none)")
+	}
+	for _, def := range m.File.ServerDefs() {
+		if def.Builtin {
+			continue
+		}
+		transport := "stdio: " + strings.Join(append([]string{def.Command}, def.Args...), " ")
+		if def.URL != "" {
+			transport = "http: " + def.URL
+		}
+		state := ""
+		if !def.Enabled {
+			state = " [not started: disabled or blocked]"
+		}
+		path := m.ServerSources[def.Name]
+		fmt.Fprintf(w, "  %s  %s %s%s\n", def.Name, transport, src(rankOf[path], path), state)
+	}
+	if len(m.Notes) > 0 {
+		fmt.Fprintln(w, "\nNotes:")
+		for _, n := range m.Notes {
+			fmt.Fprintf(w, "  %s\n", n)
+		}
+	}
+}
+
+func describeRule(r *policy.Rule) string {
+	var parts []string
+	add := func(k, v string) {
+		if v != "" {
+			parts = append(parts, k+"="+v)
+		}
+	}
+	add("tool", r.Tool)
+	add("resource_uri", r.ResourceURI)
+	add("argument", r.Argument)
+	add("equals", string(r.Equals))
+	if r.Matches != nil {
+		add("matches", fmt.Sprintf("%q", r.Matches.String()))
+	}
+	add("returns", r.Returns)
+	add("returns_equals", string(r.ReturnsEquals))
+	if r.ReturnsMatches != nil {
+		add("returns_matches", fmt.Sprintf("%q", r.ReturnsMatches.String()))
+	}
+	return strings.Join(parts, " ")
+}
+
+// ExplainCmd is `capsem policy explain`.
+type ExplainCmd struct {
+	sourceFlags
+	Server   string `required:"" help:"Server name (its namespace)."`
+	Tool     string `xor:"target" help:"Tool name, bare or namespaced (server__tool)."`
+	Prompt   string `xor:"target" help:"Prompt name, bare or namespaced."`
+	Resource string `xor:"target" help:"Resource URI as the server knows it, or namespaced (capsem://server/...)."`
+	Args     string `default:"{}" help:"The call's arguments, a JSON object."`
+	Result   string `help:"A result to evaluate the response-phase rules on (JSON)."`
+}
+
+// Run prints the request verdict (and the response verdict with --result).
+func (c *ExplainCmd) Run(ctx context.Context) error {
+	m, err := c.load()
+	if err != nil {
+		return err
+	}
+	call := &policy.Call{Server: c.Server}
+	if !json.Valid([]byte(c.Args)) || strings.TrimSpace(c.Args)[0] != '{' {
+		return fmt.Errorf("--args %q: want a JSON object", c.Args)
+	}
+	namespaced := func(name string) string {
+		if strings.HasPrefix(name, c.Server+"__") {
+			return name
+		}
+		return c.Server + "__" + name
+	}
+	switch {
+	case c.Tool != "":
+		call.Method, call.Name, call.Arguments = "tools/call", namespaced(c.Tool), json.RawMessage(c.Args)
+	case c.Prompt != "":
+		call.Method, call.Name, call.Arguments = "prompts/get", namespaced(c.Prompt), json.RawMessage(c.Args)
+	case c.Resource != "":
+		call.Method, call.URI = "resources/read", c.Resource
+		if !strings.HasPrefix(c.Resource, "capsem://") {
+			call.URI = "capsem://" + c.Server + "/" + c.Resource
+		}
+	default:
+		return fmt.Errorf("name one of --tool, --prompt or --resource")
+	}
+	Explain(ctx, os.Stdout, m.Policy, call, c.Result)
+	return nil
+}
+
+// Explain prints what the engine decides for call.
+func Explain(ctx context.Context, w io.Writer, e *policy.Engine, call *policy.Call, result string) {
+	target := call.Name
+	if target == "" {
+		target = call.URI
+	}
+	fmt.Fprintf(w, "%s %s\n", call.Method, target)
+	fmt.Fprintf(w, "  listed:   %v\n", e.Visible(ctx, call))
+	v := e.CheckRequest(ctx, call)
+	fmt.Fprintf(w, "  request:  %s by %s: %s\n", v.Decision, v.Rule, v.Reason)
+	if result != "" && v.Decision != policy.Block {
+		rv := e.CheckResponse(ctx, call, json.RawMessage(result))
+		fmt.Fprintf(w, "  response: %s by %s", rv.Decision, rv.Rule)
+		if rv.Reason != "" {
+			fmt.Fprintf(w, ": %s", rv.Reason)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// ReloadCmd is `capsem policy reload`.
+type ReloadCmd struct{}
+
+// Run asks every running endpoint to reload and reports each answer; the
+// exit status is 1 when any of them kept its previous policy.
+func (ReloadCmd) Run(ctx context.Context) error {
+	home, err := paths.Home()
+	if err != nil {
+		return err
+	}
+	results, err := reloadctl.ReloadAll(ctx, home)
+	if err != nil {
+		return err
+	}
+	if len(results) == 0 {
+		fmt.Println("no running gateway or VM to reload")
+		return nil
+	}
+	failed := 0
+	for _, r := range results {
+		if r.OK {
+			fmt.Printf("reloaded %s %s (pid %d): %s\n", r.Kind, r.Name, r.PID, r.Detail)
+			continue
+		}
+		failed++
+		fmt.Printf("FAILED   %s %s (pid %d): %s\n", r.Kind, r.Name, r.PID, r.Error)
+	}
+	if failed > 0 {
+		return api.ExitError{Code: 1}
+	}
+	return nil
+}
