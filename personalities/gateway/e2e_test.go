@@ -507,7 +507,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		t.Fatalf("invalid config replaced the running one: %v", err)
 	}
 	logb, _ := os.ReadFile(g.logPath)
-	if !bytes(logb).contains("reload failed") {
+	if !bytes(logb).contains("reload on SIGHUP failed") {
 		t.Errorf("invalid reload not reported in the log")
 	}
 }

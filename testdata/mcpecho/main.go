@@ -2,13 +2,14 @@
 // an `echo` tool, a `sleep` tool (cancellable), a `big` tool returning N
 // bytes, and a `probe` tool that reports the sandbox it runs in (its
 // /proc/self/status capability lines, its environment, and whether it can
-// open a given path).
+// open a given path). With MCPECHO_LOG set it logs every message to that file.
 package main
 
 import (
 	"context"
 	"log"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,7 +17,8 @@ import (
 )
 
 type echoArgs struct {
-	Text string `json:"text" jsonschema:"text to echo back"`
+	Text    string `json:"text" jsonschema:"text to echo back"`
+	Reverse bool   `json:"reverse,omitempty" jsonschema:"return the text reversed (so a result can hold what its request did not)"`
 }
 
 type sleepArgs struct {
@@ -44,7 +46,13 @@ func main() {
 	s := mcp.NewServer(&mcp.Implementation{Name: "mcpecho", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Echo the text back."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, a echoArgs) (*mcp.CallToolResult, any, error) {
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.Text}}}, nil, nil
+			text := a.Text
+			if a.Reverse {
+				r := []rune(text)
+				slices.Reverse(r)
+				text = string(r)
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "sleep", Description: "Sleep, honouring cancellation."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, a sleepArgs) (*mcp.CallToolResult, any, error) {
@@ -91,7 +99,18 @@ func main() {
 			}
 			return nil, res, nil
 		})
-	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+	var transport mcp.Transport = &mcp.StdioTransport{}
+	if path := os.Getenv("MCPECHO_LOG"); path != "" {
+		// The server's own record of every message it received and sent:
+		// tests read it to prove a blocked request never arrived.
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		transport = &mcp.LoggingTransport{Transport: transport, Writer: f}
+	}
+	if err := s.Run(context.Background(), transport); err != nil {
 		log.Fatal(err)
 	}
 }
