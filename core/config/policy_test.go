@@ -299,3 +299,25 @@ func TestLoadHierarchy(t *testing.T) {
 		t.Errorf("broken settings: %v %v", err, m.Notes)
 	}
 }
+
+// TestREADMEExamplesParse keeps the documented configuration honest: every
+// TOML block in the README is a valid configuration.
+func TestREADMEExamplesParse(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(data), "```toml\n")[1:]
+	if len(blocks) < 2 {
+		t.Fatalf("found %d TOML examples in the README, want the gateway and the policy examples", len(blocks))
+	}
+	for i, b := range blocks {
+		text, _, _ := strings.Cut(b, "```")
+		f, err := Parse("README example", []byte(text))
+		if err != nil {
+			t.Errorf("README TOML block %d: %v", i, err)
+			continue
+		}
+		Merge([]Layer{{Path: "README", Rank: policy.RankUser, File: f}})
+	}
+}

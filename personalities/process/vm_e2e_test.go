@@ -40,7 +40,7 @@ func capsemHome(t testing.TB) string {
 	return filepath.Join(testkit.ModuleRoot(t), ".tools", "capsem-home")
 }
 
-func startVM(t testing.TB, name string) *vmProc {
+func startVM(t testing.TB, name string, extraArgs ...string) *vmProc {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "capsem-vm-")
 	if err != nil {
@@ -51,6 +51,7 @@ func startVM(t testing.TB, name string) *vmProc {
 	logFile, _ := os.Create(v.log)
 	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
 		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
+	v.cmd.Args = append(v.cmd.Args, extraArgs...)
 	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
 	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
 	if err := v.cmd.Start(); err != nil {
@@ -279,6 +280,53 @@ func TestGuestMCPThroughTheRelay(t *testing.T) {
 	db.QueryRow(`SELECT COUNT(*) FROM exec_events WHERE command LIKE '%capsem-mcp-server%' AND exit_code = 0`).Scan(&n)
 	if n != 1 {
 		t.Errorf("exec_events rows for the relay run: %d", n)
+	}
+}
+
+// TestGuestMCPPolicyReload: `capsem policy reload` reaches a running VM's
+// endpoint, and the guest's next request sees the new policy.
+func TestGuestMCPPolicyReload(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "policy.toml")
+	if err := os.WriteFile(cfg, []byte("[mcp]\ndefault = \"allow\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := startVM(t, "policyvm", "--config", cfg)
+	defer v.stop(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	script := `printf '%s\n' ` +
+		`'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"guest","version":"1"}}}' ` +
+		`'{"jsonrpc":"2.0","id":2,"method":"tools/list"}' ` +
+		`'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"builtin__http_head","arguments":{"url":"http://127.0.0.1:9/"}}}' ` +
+		`| capsem-mcp-server`
+	o := v.exec(ctx, &api.ExecRequest{Command: script})
+	if o.err != nil || !strings.Contains(o.stdout.String(), `"id":3,"result"`) || !strings.Contains(o.stdout.String(), `"builtin__http_head"`) {
+		t.Fatalf("before the reload: %v\n%s", o.err, o.stdout.String())
+	}
+	os.WriteFile(cfg, []byte("[mcp.tools]\n\"builtin__http_head\" = \"block\"\n"), 0o600)
+	reload := exec.CommandContext(ctx, testkit.CapsemBinary(t), "policy", "reload")
+	reload.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t))
+	out, err := reload.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "reloaded vm policyvm") {
+		t.Fatalf("policy reload: %v\n%s", err, out)
+	}
+	o = v.exec(ctx, &api.ExecRequest{Command: script})
+	got := o.stdout.String()
+	if o.err != nil || !strings.Contains(got, `"id":3,"error":{"code":-32600`) || !strings.Contains(got, "tools.builtin__http_head") {
+		t.Fatalf("after the reload the call was not blocked: %v\n%s", o.err, got)
+	}
+	if strings.Contains(got, `"builtin__http_head"`) || !strings.Contains(got, `"builtin__http_get"`) {
+		t.Errorf("tools/list after the reload does not hide exactly the blocked tool:\n%.3000s", got)
+	}
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(v.sessionDir, "session.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	db.QueryRow(`SELECT COUNT(*) FROM mcp_calls WHERE tool_name='builtin__http_head' AND decision='denied' AND policy_rule='tools.builtin__http_head' AND process_name='sh'`).Scan(&n)
+	if n != 1 {
+		t.Errorf("%d denied rows for the blocked guest call, want 1", n)
 	}
 }
 
