@@ -96,7 +96,7 @@ fuzz:
 	done
 
 bench: deps build
-	$(GO) test -run '^$$' -bench . -benchmem ./core/mcpframe/ ./core/ledger/
+	$(GO) test -run '^$$' -bench . -benchmem ./core/mcpframe/ ./core/ledger/ ./core/policy/
 	$(GO) run ./testdata/benchreport
 
 generate:

@@ -63,41 +63,16 @@ func run(d time.Duration) error {
 	if out, err := exec.Command("go", "build", "-o", echo, "./testdata/mcpecho").CombinedOutput(); err != nil {
 		return fmt.Errorf("building mcpecho: %v\n%s", err, out)
 	}
-	sock := filepath.Join(dir, "gw.sock")
-	session := filepath.Join(dir, "session")
-	cfg := filepath.Join(dir, "capsem.toml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf("[[mcp.servers]]\nname = \"echo\"\ncommand = %q\n", echo)), 0o600)
-	gw := exec.Command(capsem, "--log-level", "warn", "gateway", "--listen", "unix:"+sock, "--session-dir", session, "--config", cfg)
-	gw.Env = append(os.Environ(), "CAPSEM_HOME="+filepath.Join(dir, "home"))
-	if p := os.Getenv("CAPSEM_BENCH_GATEWAY_PROFILE"); p != "" {
-		gw.Env = append(gw.Env, "CAPSEM_CPUPROFILE="+p)
-	}
-	gw.Stderr = os.Stderr
-	if err := gw.Start(); err != nil {
+	plain, err := startGateway(capsem, dir, "plain", fmt.Sprintf("[[mcp.servers]]\nname = \"echo\"\ncommand = %q\n", echo), true)
+	if err != nil {
 		return err
 	}
-	defer func() { gw.Process.Signal(syscall.SIGTERM); gw.Wait() }()
-	for i := 0; ; i++ {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
-		}
-		if i > 300 {
-			return fmt.Errorf("gateway did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-
-	relay := exec.Command(filepath.Join(filepath.Dir(capsem), "capsem-mcp-server"))
-	relay.Env = append(os.Environ(), "CAPSEM_MCP_ENDPOINT=unix:"+sock)
-	if p := os.Getenv("CAPSEM_BENCH_RELAY_PROFILE"); p != "" {
-		relay.Env = append(relay.Env, "CAPSEM_CPUPROFILE="+p)
-	}
-	gwSession, err := connect(relay)
+	defer plain.close()
+	withPolicy, err := startGateway(capsem, dir, "policy", realisticPolicy(echo), false)
 	if err != nil {
-		return fmt.Errorf("gateway session: %w", err)
+		return err
 	}
-	defer gwSession.Close()
+	defer withPolicy.close()
 	direct, err := connect(exec.Command(echo))
 	if err != nil {
 		return fmt.Errorf("direct session: %w", err)
@@ -107,12 +82,12 @@ func run(d time.Duration) error {
 	fmt.Printf("MCP echo round trip, %s per level (go-sdk client; 2-core machine, TCG-free host path)\n", d)
 	fmt.Printf("%-4s | %-28s | %-28s | %-16s | %s\n", "c", "direct p50 / p99 / calls/s", "gateway p50 / p99 / calls/s", "added p50", "gateway/direct calls/s")
 	total := 0
-	procs := processes(gw.Process.Pid, relay.Process.Pid)
-	var cpuLines []string
+	procs := processes(plain.cmd.Process.Pid, plain.relay.Process.Pid)
+	var cpuLines, policyLines []string
 	for _, c := range []int{1, 16, 64} {
 		base := measure(direct, "echo", c, d)
 		before := cpuTimes(procs)
-		gwr := measure(gwSession, "echo__echo", c, d)
+		gwr := measure(plain.session, "echo__echo", c, d)
 		after := cpuTimes(procs)
 		total += gwr.calls
 		fmt.Printf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %16s | %.0f%%\n", c,
@@ -123,7 +98,16 @@ func run(d time.Duration) error {
 			line += fmt.Sprintf("  %s %.0fµs", p.name, float64((after[p.pid]-before[p.pid]).Microseconds())/float64(gwr.calls))
 		}
 		cpuLines = append(cpuLines, line)
+		pol := measure(withPolicy.session, "echo__echo", c, d)
+		policyLines = append(policyLines, fmt.Sprintf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %+8s",
+			c, us(gwr.p50), us(gwr.p99), gwr.perSec, us(pol.p50), us(pol.p99), pol.perSec, us(pol.p50-gwr.p50)))
 	}
+	fmt.Println("Gateway with the realistic policy (20 servers, 200 per-tool entries, 50 rules; 6 rules read this call's arguments) vs allow-all:")
+	fmt.Printf("%-4s | %-28s | %-28s | %s\n", "c", "allow-all p50 / p99 / calls/s", "policy p50 / p99 / calls/s", "policy added p50")
+	for _, l := range policyLines {
+		fmt.Println(l)
+	}
+	session := plain.sessionDir
 	fmt.Println("CPU time per gateway call, by process (user+system):")
 	for _, l := range cpuLines {
 		fmt.Println("  " + l)
@@ -143,6 +127,104 @@ func run(d time.Duration) error {
 		return fmt.Errorf("%d calls have no ledger row", total-rows)
 	}
 	return nil
+}
+
+type gateway struct {
+	cmd, relay *exec.Cmd
+	session    *mcp.ClientSession
+	sessionDir string
+}
+
+func (g *gateway) close() {
+	if g.session != nil {
+		g.session.Close()
+	}
+	g.cmd.Process.Signal(syscall.SIGTERM)
+	g.cmd.Wait()
+}
+
+// startGateway runs `capsem gateway` with the given configuration and
+// connects a go-sdk client to it through the relay.
+func startGateway(capsem, dir, name, config string, profile bool) (*gateway, error) {
+	sock := filepath.Join(dir, name+".sock")
+	cfg := filepath.Join(dir, name+".toml")
+	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+		return nil, err
+	}
+	g := &gateway{sessionDir: filepath.Join(dir, name+"-session")}
+	g.cmd = exec.Command(capsem, "--log-level", "error", "gateway", "--listen", "unix:"+sock, "--session-dir", g.sessionDir, "--config", cfg, "--no-autodetect")
+	g.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+filepath.Join(dir, "home"), "CAPSEM_CORP_CONFIG=")
+	if p := os.Getenv("CAPSEM_BENCH_GATEWAY_PROFILE"); p != "" && profile {
+		g.cmd.Env = append(g.cmd.Env, "CAPSEM_CPUPROFILE="+p)
+	}
+	g.cmd.Stderr = os.Stderr
+	if err := g.cmd.Start(); err != nil {
+		return nil, err
+	}
+	for i := 0; ; i++ {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			break
+		}
+		if i > 300 {
+			g.close()
+			return nil, fmt.Errorf("gateway %s did not start", name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	g.relay = exec.Command(filepath.Join(filepath.Dir(capsem), "capsem-mcp-server"))
+	g.relay.Env = append(os.Environ(), "CAPSEM_MCP_ENDPOINT=unix:"+sock)
+	if p := os.Getenv("CAPSEM_BENCH_RELAY_PROFILE"); p != "" && profile {
+		g.relay.Env = append(g.relay.Env, "CAPSEM_CPUPROFILE="+p)
+	}
+	var err error
+	if g.session, err = connect(g.relay); err != nil {
+		g.close()
+		return nil, fmt.Errorf("gateway %s session: %w", name, err)
+	}
+	return g, nil
+}
+
+// realisticPolicy is the policy issue's benchmark policy as TOML: 20
+// allowed servers, 200 per-tool entries, 50 content rules of every kind,
+// with the echo server as one of the servers.
+func realisticPolicy(echo string) string {
+	var b strings.Builder
+	servers := []string{"echo"}
+	for i := 1; i < 20; i++ {
+		servers = append(servers, fmt.Sprintf("server%02d", i))
+	}
+	fmt.Fprintf(&b, "[mcp]\ndefault = \"allow\"\nblocked_servers = [\"evil\"]\nallowed_servers = [%q", servers[0])
+	for _, s := range servers[1:] {
+		fmt.Fprintf(&b, ", %q", s)
+	}
+	b.WriteString("]\n[mcp.tools]\n")
+	for _, s := range servers {
+		for t := 0; t < 10; t++ {
+			d := "allow"
+			if t%3 == 0 {
+				d = "warn"
+			}
+			fmt.Fprintf(&b, "%q = %q\n", fmt.Sprintf("%s__tool%02d", s, t), d)
+		}
+	}
+	for i := 0; i < 50; i++ {
+		b.WriteString("[[mcp.rules]]\n")
+		switch i % 5 {
+		case 0:
+			fmt.Fprintf(&b, "action = \"block\"\ntool = %q\nargument = \"payload.field%d\"\nmatches = \"^sk-[A-Za-z0-9]{20,}$\"\n", servers[i%20]+"__*", i)
+		case 1:
+			fmt.Fprintf(&b, "action = \"block\"\nargument = \"auth.token\"\nequals = \"secret-%d\"\n", i)
+		case 2:
+			fmt.Fprintf(&b, "action = \"block\"\nresource_uri = \"capsem://%s/private/*\"\n", servers[i%20])
+		case 3:
+			fmt.Fprintf(&b, "action = \"block\"\ntool = \"*__tool%02d\"\nreturns = \"structuredContent.secret\"\n", i%10)
+		case 4:
+			fmt.Fprintf(&b, "action = \"allow\"\ntool = \"%s__tool%02d\"\n", servers[i%20], i%10)
+		}
+	}
+	fmt.Fprintf(&b, "[[mcp.servers]]\nname = \"echo\"\ncommand = %q\n", echo)
+	return b.String()
 }
 
 type proc struct {
