@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -326,5 +328,51 @@ func TestPolicyLiveMutation(t *testing.T) {
 	}
 	if !strings.Contains(string(logData), "unblocked") {
 		t.Error("the server log misses the call after unblocking")
+	}
+}
+
+// TestBuiltinDomainsFollowReload: the builtin server's domain lists change
+// with a policy reload, like the rest of the policy.
+func TestBuiltinDomainsFollowReload(t *testing.T) {
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "hello-domain")
+	}))
+	defer web.Close()
+	base := "[mcp.builtin]\nallow_private_networks = true\n"
+	g := startGateway(t, base)
+	s := g.connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	get := func() (string, bool) {
+		res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "builtin__http_get", Arguments: map[string]any{"url": web.URL}})
+		if err != nil {
+			return err.Error(), true
+		}
+		return text(t, res), res.IsError
+	}
+	if out, isErr := get(); isErr || !strings.Contains(out, "hello-domain") {
+		t.Fatalf("before the reload: %v %s", isErr, out)
+	}
+	cfgPath := g.cmd.Args[len(g.cmd.Args)-1]
+	os.WriteFile(cfgPath, []byte(base+"domain_block = [\"127.0.0.1\"]\n"), 0o600)
+	cmd := exec.Command(testkit.CapsemBinary(t), "policy", "reload")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+filepath.Join(filepath.Dir(g.sessionDir), "home"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("policy reload: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, isErr := get()
+		if isErr && strings.Contains(out, `domain blocked by "127.0.0.1"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the builtin still fetches a domain blocked by the reloaded policy: %v %s", isErr, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	db := g.db(t)
+	if n := scalar[int](t, db, `SELECT COUNT(*) FROM net_events WHERE domain='127.0.0.1' AND decision='denied'`); n < 1 {
+		t.Error("the blocked fetch has no denied net_events row")
 	}
 }
