@@ -71,16 +71,14 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 	}
 
 	tree := newFSTree()
-	var loadOrderText strings.Builder
 	for _, guestPath := range ks.Modules {
 		data, err := os.ReadFile(filepath.Join(ks.dir, filepath.FromSlash(strings.TrimPrefix(guestPath, "/"))))
 		if err != nil {
 			return nil, fmt.Errorf("guestfs: reading a staged module: %w", err)
 		}
 		tree.file(guestPath, 0o644, data)
-		loadOrderText.WriteString(guestPath + "\n")
 	}
-	tree.file(LoadOrderPath, 0o644, []byte(loadOrderText.String()))
+	tree.file(LoadOrderPath, 0o644, []byte(LoadOrderText(ks.Modules, ks.ModuleLevels)))
 
 	// Busybox.
 	broot := filepath.Join(work, "busybox")
@@ -169,8 +167,12 @@ type kernelStage struct {
 	Release string   `json:"kernel_release"`
 	PVH     bool     `json:"pvh"`
 	Modules []string `json:"modules"`
-	BuiltIn []string `json:"built_in,omitempty"`
-	Absent  []string `json:"absent,omitempty"`
+	// ModuleLevels[i] is the dependency depth of Modules[i]: 0 needs
+	// nothing, level n needs only modules of lower levels, so the modules
+	// of one level can load at the same time.
+	ModuleLevels []int    `json:"module_levels"`
+	BuiltIn      []string `json:"built_in,omitempty"`
+	Absent       []string `json:"absent,omitempty"`
 	// Files are slash-separated paths relative to the stage directory.
 	Files map[string]FileSum `json:"files"`
 }
@@ -303,6 +305,17 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 		return nil, fmt.Errorf("ordering kernel modules: %w", err)
 	}
 	ks.BuiltIn, ks.Absent = builtin, absent
+	level := map[string]int{}
+	for _, name := range order {
+		deps, err := mt.depsOf(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range deps {
+			level[name] = max(level[name], level[d]+1)
+		}
+		ks.ModuleLevels = append(ks.ModuleLevels, level[name])
+	}
 	for _, name := range order {
 		data, err := mt.readModule(name)
 		if err != nil {

@@ -37,8 +37,31 @@ var DefaultModules = []string{
 }
 
 // LoadOrderPath is where the initramfs lists the modules to load, one
-// absolute path per line, dependencies first.
+// absolute path per line, dependencies first. A line "-" is a barrier: the
+// modules between two barriers depend only on modules before the first, so
+// the guest loads them at the same time.
 const LoadOrderPath = "/lib/modules/load-order"
+
+// LoadOrderText writes the load-order file: modules grouped by dependency
+// level (levels[i] belongs to modules[i]), a barrier between levels.
+func LoadOrderText(modules []string, levels []int) string {
+	var b strings.Builder
+	top := 0
+	for _, l := range levels {
+		top = max(top, l)
+	}
+	for l := 0; l <= top; l++ {
+		if l > 0 {
+			b.WriteString("-\n")
+		}
+		for i, m := range modules {
+			if i < len(levels) && levels[i] == l {
+				b.WriteString(m + "\n")
+			}
+		}
+	}
+	return b.String()
+}
 
 // modName normalizes a module name the way the kernel does (KBUILD_MODNAME
 // turns dashes into underscores): file crc32c-intel.ko is module crc32c_intel.

@@ -469,15 +469,16 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 		if !ok || serverName == "" || original == "" {
 			return invalid("name %q is not namespaced as <server>__<name>", req.Name)
 		}
-		var args map[string]any
-		if len(req.Arguments) > 0 {
-			if err := json.Unmarshal(req.Arguments, &args); err != nil {
-				return invalid("arguments are not a JSON object: %v", err)
-			}
-		}
 		if req.Method == aggwire.MethodCallTool {
-			if args == nil {
-				args = map[string]any{}
+			// The arguments go to the server byte for byte: a decode and
+			// re-encode would round large integers through float64 and
+			// could differ from what policy looked at.
+			args := json.RawMessage(`{}`)
+			if len(req.Arguments) > 0 {
+				if !json.Valid(req.Arguments) || req.Arguments[0] != '{' {
+					return invalid("arguments are not a JSON object")
+				}
+				args = json.RawMessage(req.Arguments)
 			}
 			if s := a.lookup(serverName); s != nil {
 				select {
@@ -508,6 +509,12 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 				return upstream("encoding tool result", err)
 			}
 			return &aggwire.Response{Result: b, NetEvents: events}
+		}
+		var args map[string]any
+		if len(req.Arguments) > 0 {
+			if err := json.Unmarshal(req.Arguments, &args); err != nil {
+				return invalid("arguments are not a JSON object: %v", err)
+			}
 		}
 		strArgs := map[string]string{}
 		for k, v := range args {

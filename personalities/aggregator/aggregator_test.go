@@ -102,7 +102,7 @@ func TestNamespacingCallsAndErrors(t *testing.T) {
 	for _, tool := range tools {
 		names[tool.Name] = tool
 	}
-	if len(names) != 4 || names["echo__echo"].OriginalName != "echo" || names["echo__echo"].Server != "echo" {
+	if len(names) != 5 || names["echo__echo"].OriginalName != "echo" || names["echo__echo"].Server != "echo" {
 		t.Fatalf("tools: %v", names)
 	}
 	// Annotation defaults for hints a server leaves out.
@@ -122,6 +122,18 @@ func TestNamespacingCallsAndErrors(t *testing.T) {
 	r := c.do(&aggwire.Request{Method: aggwire.MethodCallTool, Name: "echo__echo", Arguments: []byte(`{"text":"hi"}`)})
 	if r.Error != "" || !strings.Contains(string(r.Result), `"text":"hi"`) {
 		t.Fatalf("call: %+v", r)
+	}
+	// Arguments reach the server byte for byte: no float64 round trip.
+	raw := `{"n":9007199254740993,"z":{"x":[1,2.50]},"a":"\u00e9"}`
+	r = c.do(&aggwire.Request{Method: aggwire.MethodCallTool, Name: "echo__raw", Arguments: []byte(raw)})
+	var got struct {
+		Content []struct{ Text string } `json:"content"`
+	}
+	if json.Unmarshal(r.Result, &got) != nil || len(got.Content) != 1 || got.Content[0].Text != raw {
+		t.Fatalf("arguments changed on the way to the server: %s", r.Result)
+	}
+	if r := c.do(&aggwire.Request{Method: aggwire.MethodCallTool, Name: "echo__raw", Arguments: []byte(`[1]`)}); r.Code != aggwire.CodeInvalidParams {
+		t.Errorf("non-object arguments: %+v", r)
 	}
 	// The first "__" splits: a tool named a__b on server echo is echo__a__b.
 	for _, tc := range []struct {
@@ -164,7 +176,7 @@ func TestOneDeadServerNeverStallsOthers(t *testing.T) {
 	}
 	// Listing waits for the bounded connects and then reports the rest.
 	tools := c.do(&aggwire.Request{Method: aggwire.MethodListTools}).Tools
-	if len(tools) != 4 {
+	if len(tools) != 5 {
 		t.Fatalf("%d tools", len(tools))
 	}
 	st := c.do(&aggwire.Request{Method: aggwire.MethodListServers}).Servers

@@ -376,3 +376,36 @@ func TestBuiltinDomainsFollowReload(t *testing.T) {
 		t.Error("the blocked fetch has no denied net_events row")
 	}
 }
+
+// TestCorpPolicyOverridesUser runs the gateway with a corp.toml: a server
+// corp blocks is never started even though the user file defines it, and
+// corp's default wins over the user's.
+func TestCorpPolicyOverridesUser(t *testing.T) {
+	logDir := t.TempDir()
+	blockedLog := filepath.Join(logDir, "blocked.log")
+	corp := filepath.Join(t.TempDir(), "corp.toml")
+	os.WriteFile(corp, []byte("[mcp]\ndefault = \"block\"\nblocked_servers = [\"blocked\"]\n[mcp.tools]\n\"echo__echo\" = \"allow\"\n"), 0o600)
+	user := fmt.Sprintf("[mcp]\ndefault = \"allow\"\n[[mcp.servers]]\nname = \"echo\"\ncommand = %q\n[[mcp.servers]]\nname = \"blocked\"\ncommand = %q\nenv = { MCPECHO_LOG = %q }\nwrite_paths = [%q]\n",
+		testkit.EchoServer(t), testkit.EchoServer(t), blockedLog, logDir)
+	g := startGateway(t, user, "CAPSEM_CORP_CONFIG="+corp)
+	s := g.connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo__echo", Arguments: map[string]any{"text": "corp-allowed"}}); err != nil || text(t, res) != "corp-allowed" {
+		t.Fatalf("corp per-tool allow: %v", err)
+	}
+	if _, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo__big", Arguments: map[string]any{"bytes": 1}}); err == nil || !strings.Contains(err.Error(), `"default"`) {
+		t.Fatalf("corp default block did not win over the user's allow: %v", err)
+	}
+	if _, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "blocked__echo", Arguments: map[string]any{"text": "x"}}); err == nil || !strings.Contains(err.Error(), "blocked_servers") {
+		t.Fatalf("corp-blocked server reachable: %v", err)
+	}
+	for tool, err := range s.Tools(ctx, nil) {
+		if err == nil && (strings.HasPrefix(tool.Name, "blocked__") || tool.Name == "echo__big") {
+			t.Errorf("%s is listed though corp policy blocks it", tool.Name)
+		}
+	}
+	if _, err := os.Stat(blockedLog); !os.IsNotExist(err) {
+		t.Errorf("the corp-blocked server was started (its log exists: %v)", err)
+	}
+}
