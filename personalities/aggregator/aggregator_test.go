@@ -181,7 +181,7 @@ func TestOneDeadServerNeverStallsOthers(t *testing.T) {
 	}
 	st := c.do(&aggwire.Request{Method: aggwire.MethodListServers}).Servers
 	for _, s := range st {
-		if s.Name == "echo" && (!s.Connected || s.ToolCount != 4) {
+		if s.Name == "echo" && (!s.Connected || s.ToolCount != 5) {
 			t.Errorf("echo status %+v", s)
 		}
 		if s.Name != "echo" && (s.Connected || s.Error == "") {
