@@ -127,9 +127,9 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	defer reaper.Close()
 
 	t := time.Now()
-	loaded, failed := loadModules(log, ModuleLoadOrder)
+	loaded, failed, times := loadModulesTimed(log, ModuleLoadOrder)
 	hello.Boot.ModulesMS = time.Since(t).Milliseconds()
-	log.Info("kernel modules loaded", "loaded", loaded, "failed", len(failed), "ms", hello.Boot.ModulesMS)
+	log.Info("kernel modules loaded", "loaded", loaded, "failed", len(failed), "ms", hello.Boot.ModulesMS, "slowest", slowest(times, 6))
 
 	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {

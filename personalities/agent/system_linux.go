@@ -111,12 +111,34 @@ const ModuleLoadOrder = "/lib/modules/load-order"
 // failure is logged and the rest still load, since the channel may not need
 // the one that failed. It returns how many loaded and the failures.
 func loadModules(log *slog.Logger, listPath string) (loaded int, failed []error) {
+	loaded, failed, _ = loadModulesTimed(log, listPath)
+	return loaded, failed
+}
+
+// moduleTime is how long one module took to load and initialise.
+type moduleTime struct {
+	name string
+	d    time.Duration
+}
+
+// slowest names the n slowest modules, for the boot log: module init is
+// where a TCG boot spends its time.
+func slowest(times []moduleTime, n int) string {
+	slices.SortFunc(times, func(a, b moduleTime) int { return int(b.d - a.d) })
+	var parts []string
+	for _, t := range times[:min(n, len(times))] {
+		parts = append(parts, fmt.Sprintf("%s %dms", t.name, t.d.Milliseconds()))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func loadModulesTimed(log *slog.Logger, listPath string) (loaded int, failed []error, times []moduleTime) {
 	data, err := os.ReadFile(listPath)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			failed = append(failed, fmt.Errorf("module list %s: %w", listPath, err))
 		}
-		return 0, failed
+		return 0, failed, nil
 	}
 	base := filepath.Dir(listPath)
 	var mu sync.Mutex
@@ -138,9 +160,11 @@ func loadModules(log *slog.Logger, listPath string) (loaded int, failed []error)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			t := time.Now()
 			err := loadModule(path, strings.TrimSpace(params))
 			mu.Lock()
 			defer mu.Unlock()
+			times = append(times, moduleTime{strings.TrimSuffix(filepath.Base(path), ".ko"), time.Since(t)})
 			if err != nil {
 				log.Warn("loading a kernel module", "module", path, "err", err)
 				failed = append(failed, err)
@@ -150,7 +174,7 @@ func loadModules(log *slog.Logger, listPath string) (loaded int, failed []error)
 		}()
 	}
 	wg.Wait()
-	return loaded, failed
+	return loaded, failed, times
 }
 
 func loadModule(path, params string) error {

@@ -189,9 +189,13 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	}
 	t = mark("kernel_to_hello", t)
 	v.hello = v.ctl.Hello()
+	// Parts of kernel_to_hello, as the guest measured them: the kernel's
+	// own boot, module loading, the root switch and workspace mount, and
+	// reaching the host's control port.
+	timings["guest_kernel_to_init"] = v.hello.Boot.KernelToInitMS
+	timings["guest_modules"] = v.hello.Boot.ModulesMS
+	timings["guest_channel"] = v.hello.Boot.ChannelMS
 	if v.hello.Boot.StorageMS > 0 {
-		// Part of kernel_to_hello: the guest's own figure for its root
-		// switch and workspace mount.
 		timings["guest_storage"] = v.hello.Boot.StorageMS
 	}
 	if err := v.ctl.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano()}); err != nil {

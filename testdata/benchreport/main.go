@@ -36,10 +36,13 @@ type result struct {
 func main() {
 	duration := flag.Duration("duration", 3*time.Second, "measuring time per concurrency level")
 	vmRuns := flag.Int("vm-runs", 5, "boots per VM figure (0 skips the VM section)")
+	gatewaySection := flag.Bool("gateway", true, "run the MCP gateway section")
 	flag.Parse()
-	if err := run(*duration); err != nil {
-		fmt.Fprintln(os.Stderr, "benchreport:", err)
-		os.Exit(1)
+	if *gatewaySection {
+		if err := run(*duration); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(1)
+		}
 	}
 	if *vmRuns > 0 {
 		if err := vmBench(os.Getenv("CAPSEM_TEST_BIN"), *vmRuns); err != nil {
