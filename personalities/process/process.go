@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestctl"
 	"github.com/capsem/capsem/core/guestwire"
@@ -131,6 +132,11 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A bad configuration fails now, before any VM exists (the gateway
+	// that uses it starts after the boot).
+	if _, err := config.LoadHierarchy(sources); err != nil {
+		return nil, err
+	}
 	led, err := ledger.Open(ctx, filepath.Join(o.SessionDir, "session.db"), ledger.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("opening session ledger: %w", err)
@@ -143,11 +149,6 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		}
 	}()
 	chanSock := filepath.Join(o.SessionDir, "channel.sock")
-	v.gw, err = mcpgw.Start(ctx, mcpgw.Options{SessionDir: o.SessionDir, Sources: sources, Ledger: led,
-		Protect: []string{o.APISocket, chanSock}, Logger: o.Logger, Kind: "vm", Name: o.Name})
-	if err != nil {
-		return nil, err
-	}
 
 	t = time.Now()
 	disks, shares, storageArgs, err := prepareStorage(ctx, o.Logger, o.SessionDir, o.DiskGiB)
@@ -199,6 +200,15 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	}
 	if err := v.ctl.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano()}); err != nil {
 		return nil, fmt.Errorf("sending boot config: %w", err)
+	}
+	// The gateway (aggregator, builtin, MCP servers) starts only now: on a
+	// small host its processes would take CPU from QEMU's vCPUs during the
+	// boot, and the guest cannot reach port 5002 before this point anyway.
+	t = time.Now()
+	v.gw, err = mcpgw.Start(ctx, mcpgw.Options{SessionDir: o.SessionDir, Sources: sources, Ledger: led,
+		Protect: []string{o.APISocket, chanSock}, Logger: o.Logger, Kind: "vm", Name: o.Name})
+	if err != nil {
+		return nil, err
 	}
 	mcpLn, err := ch.Listen(guestchan.PortMCP)
 	if err != nil {

@@ -386,3 +386,21 @@ func TestConsoleLogs(t *testing.T) {
 		t.Fatalf("tail<=0 means the default: %v", err)
 	}
 }
+
+// TestBadConfigFailsBeforeBoot: an invalid policy file stops `capsem
+// process` with an error naming the file and key, before any VM exists.
+func TestBadConfigFailsBeforeBoot(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "bad.toml")
+	os.WriteFile(cfg, []byte("[mcp]\ndefault = \"perhaps\"\n"), 0o600)
+	cmd := exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", filepath.Join(dir, "s"), "--socket", filepath.Join(dir, "p.sock"),
+		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect", "--config", cfg)
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "bad.toml") || !strings.Contains(string(out), `mcp.default: "perhaps" is not a decision`) {
+		t.Fatalf("want a failure naming the file and key: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "s", "console.log")); !os.IsNotExist(err) {
+		t.Errorf("a VM was started for an invalid configuration: %v", err)
+	}
+}
