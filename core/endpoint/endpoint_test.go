@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -496,5 +497,41 @@ func TestHalfCloseStillGetsAnswers(t *testing.T) {
 			}
 		}
 		c.Close()
+	}
+}
+
+// TestEnginePastOneMiBOnTheHostPath: on the host-initiated rail (Handle, no
+// frames, so no 1 MiB bound) the real policy engine still matches an
+// argument that sits behind 1.5 MiB of padding, the upstream never sees the
+// call, and the lists hide a blocked tool.
+func TestEnginePastOneMiBOnTheHostPath(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.ep.SetPolicy(&policy.Engine{
+		Tools: map[string]policy.Entry{"srv__p": {Decision: policy.Block, Rank: policy.RankUser}},
+		Rules: []policy.Rule{{Name: "no-token", Action: policy.Block, Tool: "srv__*", Argument: "auth.token", Matches: regexp.MustCompile(`^sk-`)}},
+	})
+	secret := "sk-" + strings.Repeat("Z", 40)
+	params := `{"name":"srv__echo","arguments":{"pad":"` + strings.Repeat("p", 3<<19) + `","auth":{"token":"` + secret + `"}}}`
+	msg, perr, _ := jsonrpc.ParseRequest([]byte(`{"jsonrpc":"2.0","id":"host-1","method":"tools/call","params":` + params + `}`))
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	before := len(h.up.calls)
+	resp := string(h.ep.Handle(context.Background(), CallMeta{Transport: "host"}, msg))
+	if !strings.Contains(resp, `"code":-32600`) || !strings.Contains(resp, "no-token") || strings.Contains(resp, secret) {
+		t.Fatalf("1.5 MiB call not blocked by its argument rule: %.300s", resp)
+	}
+	if len(h.up.calls) != before {
+		t.Fatal("the blocked host call reached the upstream")
+	}
+	rows := h.rows(`SELECT decision, policy_rule, request_preview FROM mcp_calls WHERE request_id = 'host-1'`)
+	if len(rows) != 1 || rows[0][0] != "denied" || rows[0][1] != "no-token" || strings.Contains(rows[0][2].(string), secret) {
+		t.Fatalf("ledger row %v", rows)
+	}
+	if r := h.call(7, `{"jsonrpc":"2.0","id":7,"method":"prompts/list"}`); strings.Contains(r.raw, "srv__p") {
+		t.Fatalf("a blocked prompt is listed: %s", r.raw)
+	}
+	if r := h.call(8, `{"jsonrpc":"2.0","id":8,"method":"tools/list"}`); !strings.Contains(r.raw, "srv__echo") {
+		t.Fatalf("an allowed tool is missing from the list: %s", r.raw)
 	}
 }
