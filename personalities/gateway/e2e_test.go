@@ -153,19 +153,19 @@ func remoteServer(t *testing.T) string {
 	return srv.URL
 }
 
-func standardConfig(t *testing.T) string {
+// everythingServer is the [[mcp.servers]] table of the real
+// server-everything (npx, stdio).
+func everythingServer(t *testing.T) string {
 	cmd, args := testkit.EverythingServer(t)
 	quoted := make([]string, len(args))
 	for i, a := range args {
 		quoted[i] = strconv.Quote(a)
 	}
-	return fmt.Sprintf(`
-[[mcp.servers]]
-name = "everything"
-command = %q
-args = [%s]
-connect_timeout_secs = 120
+	return fmt.Sprintf("[[mcp.servers]]\nname = \"everything\"\ncommand = %q\nargs = [%s]\nconnect_timeout_secs = 120\n", cmd, strings.Join(quoted, ", "))
+}
 
+func standardConfig(t *testing.T) string {
+	return everythingServer(t) + fmt.Sprintf(`
 [[mcp.servers]]
 name = "echo"
 command = %q
@@ -184,7 +184,7 @@ allow_private_networks = true   # the test web server is on loopback
 
 [mcp.timeouts]
 tools = { "echo__sleep" = 600 }
-`, cmd, strings.Join(quoted, ", "), testkit.EchoServer(t), remoteServer(t)+"/mcp")
+`, testkit.EchoServer(t), remoteServer(t)+"/mcp")
 }
 
 func TestGatewayEndToEnd(t *testing.T) {
@@ -525,12 +525,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk")); err != nil {
 		t.Fatalf("the TypeScript SDK is not installed (make deps runs npm ci in %s): %v", dir, err)
 	}
-	cmd, args := testkit.EverythingServer(t)
-	quoted := make([]string, len(args))
-	for i, a := range args {
-		quoted[i] = strconv.Quote(a)
-	}
-	g := startGateway(t, fmt.Sprintf("[[mcp.servers]]\nname = \"everything\"\ncommand = %q\nargs = [%s]\nconnect_timeout_secs = 120\n", cmd, strings.Join(quoted, ", ")))
+	g := startGateway(t, everythingServer(t))
 	node := exec.Command("node", filepath.Join(dir, "client.mjs"), testkit.RelayBinary(t))
 	node.Dir = dir
 	node.Env = append(os.Environ(), "CAPSEM_MCP_ENDPOINT=unix:"+g.socket)

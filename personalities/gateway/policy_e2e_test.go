@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -37,11 +36,6 @@ func secret(prefix string) string {
 // policyConfig puts the real server-everything and our echo server (which
 // logs every message it receives) behind the seed's policy matrix.
 func policyConfig(t *testing.T, echoLog string, extra string) string {
-	cmd, args := testkit.EverythingServer(t)
-	quoted := make([]string, len(args))
-	for i, a := range args {
-		quoted[i] = strconv.Quote(a)
-	}
 	return fmt.Sprintf(`
 [mcp]
 default = "allow"
@@ -93,18 +87,13 @@ tool = "echo__echo"
 returns = "content.0.text"
 returns_matches = "password-[0-9a-f]+"
 %s
-[[mcp.servers]]
-name = "everything"
-command = %q
-args = [%s]
-connect_timeout_secs = 120
-
+%s
 [[mcp.servers]]
 name = "echo"
 command = %q
 env = { MCPECHO_LOG = %q }
 write_paths = [%q]
-`, extra, cmd, strings.Join(quoted, ", "), testkit.EchoServer(t), echoLog, filepath.Dir(echoLog))
+`, extra, everythingServer(t), testkit.EchoServer(t), echoLog, filepath.Dir(echoLog))
 }
 
 // TestPolicyMatrix runs the seed's policy matrix through real frames, the
