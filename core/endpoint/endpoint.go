@@ -77,10 +77,18 @@ type Config struct {
 
 // Endpoint serves MCP for one session.
 type Endpoint struct {
-	cfg    Config
-	sem    chan struct{}
-	policy atomic.Pointer[policyBox]
-	log    *slog.Logger
+	cfg      Config
+	sem      chan struct{}
+	policy   atomic.Pointer[policyBox]
+	timeouts atomic.Pointer[Timeouts]
+	log      *slog.Logger
+}
+
+// Timeouts are the endpoint's deadlines; zero fields take the defaults.
+type Timeouts struct {
+	Default time.Duration            // non-tools/call methods
+	Tool    time.Duration            // tools/call without an override
+	PerTool map[string]time.Duration // namespaced tool → timeout
 }
 
 type policyBox struct{ hook policy.Hook }
@@ -99,18 +107,25 @@ func New(cfg Config) *Endpoint {
 	if cfg.InFlight <= 0 {
 		cfg.InFlight = DefaultInFlight()
 	}
-	if cfg.DefaultTimeout <= 0 {
-		cfg.DefaultTimeout = DefaultTimeout
-	}
-	if cfg.ToolTimeout <= 0 {
-		cfg.ToolTimeout = DefaultToolTimeout
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	e := &Endpoint{cfg: cfg, sem: make(chan struct{}, cfg.InFlight), log: cfg.Logger}
 	e.SetPolicy(cfg.Policy)
+	e.SetTimeouts(Timeouts{Default: cfg.DefaultTimeout, Tool: cfg.ToolTimeout, PerTool: cfg.ToolTimeouts})
 	return e
+}
+
+// SetTimeouts atomically replaces the deadlines; requests already running
+// keep theirs.
+func (e *Endpoint) SetTimeouts(t Timeouts) {
+	if t.Default <= 0 {
+		t.Default = DefaultTimeout
+	}
+	if t.Tool <= 0 {
+		t.Tool = DefaultToolTimeout
+	}
+	e.timeouts.Store(&t)
 }
 
 // SetPolicy atomically replaces the policy; open connections see it on their
@@ -420,13 +435,14 @@ func ResourceServer(uri string) (string, bool) {
 }
 
 func (e *Endpoint) timeoutFor(method, tool string) time.Duration {
+	t := e.timeouts.Load()
 	if method != "tools/call" {
-		return e.cfg.DefaultTimeout
+		return t.Default
 	}
-	if d, ok := e.cfg.ToolTimeouts[tool]; ok && d > 0 {
+	if d, ok := t.PerTool[tool]; ok && d > 0 {
 		return d
 	}
-	return e.cfg.ToolTimeout
+	return t.Tool
 }
 
 func (e *Endpoint) dispatch(ctx context.Context, msg *jsonrpc.Message, req *aggwire.Request, hook policy.Hook) (json.RawMessage, []aggwire.NetEvent, *jsonrpc.Error) {

@@ -348,6 +348,20 @@ func TestTimeoutCancelsUpstreamAndRecords(t *testing.T) {
 	if row[0][0] != "error" || row[0][1] != int64(jsonrpc.CodeTimeout) {
 		t.Fatalf("timeout row %v", row)
 	}
+	// A reload swaps the deadlines on the open connection: the tool
+	// default now applies to srv__sleep (short), and a longer per-tool
+	// override is honoured too.
+	h.ep.SetTimeouts(Timeouts{Tool: 150 * time.Millisecond})
+	start = time.Now()
+	if r := h.call(2, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"srv__sleep"}}`); errCode(r) != jsonrpc.CodeTimeout {
+		t.Fatalf("after SetTimeouts: %s", r.raw)
+	}
+	if d := time.Since(start); d < 150*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("the new tool default took %v", d)
+	}
+	if got := h.ep.timeoutFor("ping", ""); got != DefaultTimeout {
+		t.Fatalf("zero default not filled in: %v", got)
+	}
 }
 
 func TestClientCancelNotification(t *testing.T) {

@@ -116,20 +116,15 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 	g.scratch = scratch
 	g.Aggregator = aggclient.Start(ctx, spawn, cfg.ServerDefs(), log)
 
-	timeouts := cfg.MCP.Timeouts
-	epCfg := endpoint.Config{
-		Upstream:       g.Aggregator,
-		Recorder:       endpoint.LedgerRecorder{Ledger: led},
-		Version:        version.Version,
-		Logger:         log,
-		DefaultTimeout: time.Duration(timeouts.DefaultSecs) * time.Second,
-		ToolTimeout:    time.Duration(timeouts.ToolCallSecs) * time.Second,
-		ToolTimeouts:   cfg.ToolTimeouts(),
-		Policy:         merged.Policy,
-	}
-	if err := ApplyEnv(&epCfg, os.Getenv); err != nil {
+	epCfg, err := endpointConfig(cfg)
+	if err != nil {
 		return nil, err
 	}
+	epCfg.Upstream = g.Aggregator
+	epCfg.Recorder = endpoint.LedgerRecorder{Ledger: led}
+	epCfg.Version = version.Version
+	epCfg.Logger = log
+	epCfg.Policy = merged.Policy
 	g.Endpoint = endpoint.New(epCfg)
 	if opts.Kind != "" {
 		if g.unregister, err = reloadctl.Register(ctx, home, opts.Kind, opts.Name, g.ReloadConfig, log); err != nil {
@@ -140,11 +135,24 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 	return g, nil
 }
 
+// endpointConfig is the configuration's deadlines and in-flight cap, with
+// the environment's overrides applied.
+func endpointConfig(cfg *config.File) (endpoint.Config, error) {
+	t := cfg.MCP.Timeouts
+	epCfg := endpoint.Config{
+		DefaultTimeout: time.Duration(t.DefaultSecs) * time.Second,
+		ToolTimeout:    time.Duration(t.ToolCallSecs) * time.Second,
+		ToolTimeouts:   cfg.ToolTimeouts(),
+	}
+	err := ApplyEnv(&epCfg, os.Getenv)
+	return epCfg, err
+}
+
 // Config returns the configuration in force.
 func (g *Gateway) Config() *config.Merged { return g.current.Load() }
 
 // ReloadConfig re-reads the configuration hierarchy and swaps in its policy
-// and server list. The policy swap is atomic: open connections see it on
+// server list and deadlines. The policy swap is atomic: open connections see it on
 // their next request. If the new configuration is invalid, everything stays
 // as it was and the error says why.
 func (g *Gateway) ReloadConfig(ctx context.Context) (string, error) {
@@ -154,10 +162,15 @@ func (g *Gateway) ReloadConfig(ctx context.Context) (string, error) {
 	if err != nil {
 		return Describe(g.current.Load()), fmt.Errorf("keeping the previous configuration: %w", err)
 	}
+	epCfg, err := endpointConfig(m.File)
+	if err != nil {
+		return Describe(g.current.Load()), fmt.Errorf("keeping the previous configuration: %w", err)
+	}
 	for _, n := range m.Notes {
 		g.log.Warn("configuration", "note", n)
 	}
 	g.Endpoint.SetPolicy(m.Policy)
+	g.Endpoint.SetTimeouts(endpoint.Timeouts{Default: epCfg.DefaultTimeout, Tool: epCfg.ToolTimeout, PerTool: epCfg.ToolTimeouts})
 	g.current.Store(m)
 	if err := g.reloadServers(ctx, m.File); err != nil {
 		return Describe(m), fmt.Errorf("the new policy is in force, but the server list failed to reload: %w", err)
