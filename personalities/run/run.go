@@ -26,6 +26,7 @@ type Cmd struct {
 	BootLimit    time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
 	Config       string        `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
 	NoAutodetect bool          `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
+	GuestBin     string        `name:"guest-binary" type:"path" hidden:"" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 	Command      []string      `arg:"" passthrough:"" help:"The command and its arguments."`
 }
 
@@ -76,6 +77,9 @@ func (c *Cmd) Run(ctx context.Context) error {
 	}
 	if c.NoAutodetect {
 		args = append(args, "--no-autodetect")
+	}
+	if c.GuestBin != "" {
+		args = append(args, "--guest-binary", c.GuestBin)
 	}
 	proc := exec.Command(self, args...)
 	logFile, err := os.OpenFile(filepath.Join(sessionDir, "process.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)

@@ -1,0 +1,83 @@
+package run_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capsem/capsem/core/testkit"
+)
+
+// capsemHome shares the guest assets with the other VM tests.
+func capsemHome(t *testing.T) string {
+	if h := os.Getenv("CAPSEM_TEST_HOME"); h != "" {
+		return h
+	}
+	return filepath.Join(testkit.ModuleRoot(t), ".tools", "capsem-home")
+}
+
+func capsemRun(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	all := append([]string{"run", "--no-autodetect", "--guest-binary", testkit.GuestBinary(t)}, args...)
+	cmd := exec.Command(testkit.CapsemBinary(t), all...)
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	default:
+		t.Fatalf("capsem run: %v", err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// TestRunStreamsAndExits is the README's main command: boot, run, stream
+// stdout and stderr apart, exit with the command's code, remove the VM.
+func TestRunStreamsAndExits(t *testing.T) {
+	sessions := filepath.Join(capsemHome(t), "run", "sessions")
+	before, _ := os.ReadDir(sessions)
+	stdout, stderr, code := capsemRun(t, "--env", "GREETING=hello", "--", "sh", "-c", `echo "$GREETING from $(hostname)"; echo to-stderr >&2; exit 3`)
+	if code != 3 {
+		t.Fatalf("exit code %d, want 3\nstdout %s\nstderr %s", code, stdout, stderr)
+	}
+	if !strings.HasPrefix(stdout, "hello from ") || strings.Contains(stdout, "to-stderr") {
+		t.Errorf("stdout %q", stdout)
+	}
+	if !strings.Contains(stderr, "to-stderr") {
+		t.Errorf("stderr %q", stderr)
+	}
+	after, _ := os.ReadDir(sessions)
+	if len(after) > len(before) {
+		t.Errorf("the ephemeral VM's session directory was left behind: %v", after)
+	}
+	if _, _, code := capsemRun(t, "--env", "NOEQUALS", "--", "true"); code == 0 {
+		t.Error("a malformed --env was accepted")
+	}
+}
+
+// TestRunAppliesPolicy: `capsem run --config` puts the VM's gateway under
+// that policy; the guest's MCP call is blocked and the tool is not listed.
+func TestRunAppliesPolicy(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "policy.toml")
+	os.WriteFile(cfg, []byte("[mcp.tools]\n\"builtin__http_head\" = \"block\"\n"), 0o600)
+	script := `printf '%s\n' ` +
+		`'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"guest","version":"1"}}}' ` +
+		`'{"jsonrpc":"2.0","id":2,"method":"tools/list"}' ` +
+		`'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"builtin__http_head","arguments":{"url":"http://127.0.0.1:9/"}}}' ` +
+		`| capsem-mcp-server`
+	stdout, stderr, code := capsemRun(t, "--config", cfg, "--", "sh", "-c", script)
+	if code != 0 || !strings.Contains(stdout, `"id":3,"error":{"code":-32600`) || !strings.Contains(stdout, "tools.builtin__http_head") {
+		t.Fatalf("exit %d\nstdout %.3000s\nstderr %s", code, stdout, stderr)
+	}
+	if strings.Contains(stdout, `"name":"builtin__http_head"`) || !strings.Contains(stdout, `"name":"builtin__http_get"`) {
+		t.Errorf("tools/list does not hide exactly the blocked tool: %.3000s", stdout)
+	}
+}
