@@ -127,8 +127,10 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 	epCfg.Policy = merged.Policy
 	g.Endpoint = endpoint.New(epCfg)
 	if opts.Kind != "" {
+		// Without the control socket (a path too long for a Unix socket, an
+		// unwritable home) the gateway still serves; SIGHUP still reloads.
 		if g.unregister, err = reloadctl.Register(ctx, home, opts.Kind, opts.Name, g.ReloadConfig, log); err != nil {
-			return nil, err
+			log.Warn("`capsem policy reload` cannot reach this gateway; SIGHUP still reloads it", "err", err)
 		}
 	}
 	ok = true
