@@ -24,6 +24,7 @@ import (
 	"github.com/capsem/capsem/core/aggwire"
 	"github.com/capsem/capsem/core/builtintools"
 	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/procs"
 	"github.com/capsem/capsem/core/version"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -34,6 +35,7 @@ type Cmd struct{}
 
 // Run serves stdin/stdout until EOF or a shutdown request.
 func (c *Cmd) Run(ctx context.Context) error {
+	procs.Limit(procs.Helper())
 	a := New(slog.Default())
 	return a.Serve(ctx, os.Stdin, os.Stdout)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/builtintools"
+	"github.com/capsem/capsem/core/procs"
 	"github.com/capsem/capsem/core/version"
 )
 
@@ -25,6 +26,7 @@ type Cmd struct{}
 // Run builds the configuration from the environment and serves MCP on
 // stdio until stdin closes (a clean exit) or ctx is canceled.
 func (c *Cmd) Run(ctx context.Context) error {
+	procs.Limit(procs.Helper())
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	return serve(ctx, os.Getenv, &mcp.StdioTransport{}, logger)
 }

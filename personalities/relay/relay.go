@@ -19,6 +19,7 @@ import (
 
 	"github.com/capsem/capsem/core/jsonrpc"
 	"github.com/capsem/capsem/core/mcpframe"
+	"github.com/capsem/capsem/core/procs"
 )
 
 // EndpointEnv overrides where the relay connects: "unix:PATH".
@@ -32,6 +33,7 @@ type Cmd struct{}
 
 // Run relays stdin/stdout until stdin closes.
 func (c *Cmd) Run(ctx context.Context) error {
+	procs.Limit(1) // a forwarder: one P is plenty, and it shares the CPUs
 	dial, err := DialerFromEnv(os.Getenv(EndpointEnv))
 	if err != nil {
 		return err
