@@ -168,8 +168,7 @@ type kernelStage struct {
 	PVH     bool     `json:"pvh"`
 	Modules []string `json:"modules"`
 	// ModuleLevels[i] is the dependency depth of Modules[i]: 0 needs
-	// nothing, level n needs only modules of lower levels, so the modules
-	// of one level can load at the same time.
+	// nothing, level n needs only modules of lower levels.
 	ModuleLevels []int    `json:"module_levels"`
 	BuiltIn      []string `json:"built_in,omitempty"`
 	Absent       []string `json:"absent,omitempty"`

@@ -37,9 +37,10 @@ var DefaultModules = []string{
 }
 
 // LoadOrderPath is where the initramfs lists the modules to load, one
-// absolute path per line, dependencies first. A line "-" is a barrier: the
-// modules between two barriers depend only on modules before the first, so
-// the guest loads them at the same time.
+// absolute path per line, dependencies first. A line "-" closes a dependency
+// level: the modules between two such lines depend only on earlier levels.
+// (The agent still loads them one by one: loading a level at once hung one
+// TCG boot in 54.)
 const LoadOrderPath = "/lib/modules/load-order"
 
 // LoadOrderText writes the load-order file: modules grouped by dependency

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -104,12 +103,13 @@ func unescapeMountPath(s string) string {
 // dependencies first (written by the image builder).
 const ModuleLoadOrder = "/lib/modules/load-order"
 
-// loadModules loads every module in the list file with finit_module. The
-// modules between two "-" barriers depend only on earlier ones, so they load
-// at the same time (module init is most of the guest's boot work under TCG;
-// the vCPUs share it). A module already loaded (EEXIST) is fine; any other
-// failure is logged and the rest still load, since the channel may not need
-// the one that failed. It returns how many loaded and the failures.
+// loadModules loads every module in the list file with finit_module, one
+// after the other in list order. (The list marks dependency levels with "-"
+// lines; loading a level's modules at the same time hung one boot in 54 under
+// TCG, so they load one by one, and "-" is only a separator here.) A module
+// already loaded (EEXIST) is fine; any other failure is logged and the rest
+// still load, since the channel may not need the one that failed. It returns
+// how many loaded and the failures.
 func loadModules(log *slog.Logger, listPath string) (loaded int, failed []error) {
 	loaded, failed, _ = loadModulesTimed(log, listPath)
 	return loaded, failed
@@ -141,15 +141,9 @@ func loadModulesTimed(log *slog.Logger, listPath string) (loaded int, failed []e
 		return 0, failed, nil
 	}
 	base := filepath.Dir(listPath)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
 	for _, line := range strings.Split(string(data), "\n") {
 		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if line == "-" {
-			wg.Wait()
+		if line == "" || line == "-" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		// "path [param=value ...]"
@@ -157,23 +151,16 @@ func loadModulesTimed(log *slog.Logger, listPath string) (loaded int, failed []e
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(base, path)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := time.Now()
-			err := loadModule(path, strings.TrimSpace(params))
-			mu.Lock()
-			defer mu.Unlock()
-			times = append(times, moduleTime{strings.TrimSuffix(filepath.Base(path), ".ko"), time.Since(t)})
-			if err != nil {
-				log.Warn("loading a kernel module", "module", path, "err", err)
-				failed = append(failed, err)
-				return
-			}
-			loaded++
-		}()
+		t := time.Now()
+		err := loadModule(path, strings.TrimSpace(params))
+		times = append(times, moduleTime{strings.TrimSuffix(filepath.Base(path), ".ko"), time.Since(t)})
+		if err != nil {
+			log.Warn("loading a kernel module", "module", path, "err", err)
+			failed = append(failed, err)
+			continue
+		}
+		loaded++
 	}
-	wg.Wait()
 	return loaded, failed, times
 }
 

@@ -65,7 +65,8 @@ func startVM(t testing.TB, name string, extraArgs ...string) *vmProc {
 	if err != nil {
 		b, _ := os.ReadFile(v.log)
 		v.cmd.Process.Kill()
-		t.Fatalf("VM %s not ready: %v\n%s", name, err, b)
+		console, _ := os.ReadFile(filepath.Join(v.sessionDir, "console.log"))
+		t.Fatalf("VM %s not ready: %v\n%s\nguest console:\n%s", name, err, b, console)
 	}
 	v.info = info
 	return v
