@@ -186,7 +186,7 @@ func (f *File) validate() error {
 }
 
 // isDefined reports whether the file set key; a File built in code counts
-// every non-zero value as set by its caller.
+// every key as set, zero values included.
 func (f *File) isDefined(key ...string) bool {
 	if f.defined == nil {
 		return true
