@@ -80,7 +80,8 @@ func extractHTML(source []byte, mode extractMode, base *url.URL) extractedPage {
 	}
 	renderer.closeAll()
 	return extractedPage{
-		title:     collapseWhitespace(renderer.title.String()),
+		// The title skips the text path, so it is made valid UTF-8 here.
+		title:     collapseWhitespace(strings.ToValidUTF8(renderer.title.String(), "\uFFFD")),
 		text:      tidyLines(renderer.out),
 		truncated: renderer.truncated,
 	}
