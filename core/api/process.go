@@ -15,6 +15,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/capsem/capsem/core/guestwire"
 )
 
 // ExecRequest runs a command in the guest. Exactly one of Argv and Command is
@@ -46,16 +48,20 @@ type ExecEvent struct {
 	Error           string `json:"error,omitempty"`
 }
 
-// FileRequest reads, writes, stats or creates a directory in the guest.
+// MaxFileBytes bounds one file read or write through the API: the guest
+// protocol's limit.
+const MaxFileBytes = guestwire.MaxFileSize
+
+// FileRequest stats or creates a directory in the guest. File contents
+// travel as raw bodies of GET and PUT /files/content instead: as JSON they
+// would be base64, a third larger, and decoded through more copies.
 type FileRequest struct {
 	Path string `json:"path"`
-	Data []byte `json:"data,omitempty"` // write: base64 in JSON
 	Mode uint32 `json:"mode,omitempty"`
 }
 
 // FileResponse answers a FileRequest.
 type FileResponse struct {
-	Data    []byte `json:"data,omitempty"`
 	Size    int64  `json:"size,omitempty"`
 	Mode    uint32 `json:"mode,omitempty"`
 	IsDir   bool   `json:"is_dir,omitempty"`
@@ -198,16 +204,50 @@ func (c *ProcessClient) Exec(ctx context.Context, r *ExecRequest, stdout, stderr
 	return nil, errors.New("/exec: the VM process ended the stream without a result")
 }
 
-// ReadFile reads a guest file.
+// ReadFile reads a guest file (GET /files/content, raw body).
 func (c *ProcessClient) ReadFile(ctx context.Context, path string) ([]byte, error) {
-	var out FileResponse
-	err := c.post(ctx, "/files/read", &FileRequest{Path: path}, &out)
-	return out.Data, err
+	const route = "/files/content"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://capsem"+route+"?"+url.Values{"path": {path}}.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", route, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, decode(route, resp, nil)
+	}
+	if resp.ContentLength < 0 || resp.ContentLength > MaxFileBytes {
+		return nil, fmt.Errorf("%s: answer of length %d, want 0..%d", route, resp.ContentLength, MaxFileBytes)
+	}
+	data := make([]byte, resp.ContentLength)
+	if _, err := io.ReadFull(resp.Body, data); err != nil {
+		return nil, fmt.Errorf("%s: reading %s: %w", route, path, err)
+	}
+	return data, nil
 }
 
-// WriteFile writes a guest file.
+// WriteFile writes a guest file (PUT /files/content, raw body), creating
+// missing parent directories; mode 0 means 0644.
 func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte, mode uint32) error {
-	return c.post(ctx, "/files/write", &FileRequest{Path: path, Data: data, Mode: mode}, nil)
+	const route = "/files/content"
+	q := url.Values{"path": {path}}
+	if mode != 0 {
+		q.Set("mode", strconv.FormatUint(uint64(mode), 8))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://capsem"+route+"?"+q.Encode(), bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %w", route, err)
+	}
+	defer resp.Body.Close()
+	return decode(route, resp, nil)
 }
 
 // Stop shuts the VM down (cleanly if the guest answers).

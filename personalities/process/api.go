@@ -20,15 +20,16 @@ import (
 	"github.com/capsem/capsem/core/ledger"
 )
 
-// maxRequestBody bounds API request bodies (file writes carry base64 data).
-const maxRequestBody = 96 << 20
+// maxRequestBody bounds JSON request bodies (file contents travel raw, on
+// their own routes).
+const maxRequestBody = 1 << 20
 
 func (v *VM) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /info", v.handleInfo)
 	mux.HandleFunc("POST /exec", v.handleExec)
-	mux.HandleFunc("POST /files/read", v.handleFile)
-	mux.HandleFunc("POST /files/write", v.handleFile)
+	mux.HandleFunc("GET /files/content", v.handleReadContent)
+	mux.HandleFunc("PUT /files/content", v.handleWriteContent)
 	mux.HandleFunc("POST /files/stat", v.handleFile)
 	mux.HandleFunc("POST /files/mkdir", v.handleFile)
 	mux.HandleFunc("POST /stop", v.handleStop)
@@ -158,14 +159,6 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 	var info *guestwire.FileInfo
 	var err error
 	switch r.URL.Path {
-	case "/files/read":
-		out.Data, err = v.ctl.ReadFile(ctx, req.Path)
-	case "/files/write":
-		mode := fs.FileMode(req.Mode)
-		if mode == 0 {
-			mode = 0o644
-		}
-		err = v.ctl.WriteFile(ctx, req.Path, req.Data, mode)
 	case "/files/stat":
 		info, err = v.ctl.Stat(ctx, req.Path)
 	case "/files/mkdir":
@@ -184,6 +177,69 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 		out.IsDir = info.Mode&0o170000 == 0o040000 // S_IFDIR
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// handleReadContent answers GET /files/content?path=P with the file's bytes.
+func (v *VM) handleReadContent(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Query().Get("path")
+	if path == "" {
+		writeError(w, http.StatusBadRequest, errors.New("query parameter path is required"))
+		return
+	}
+	data, err := v.ctl.ReadFile(r.Context(), path)
+	if err != nil {
+		writeError(w, http.StatusUnprocessableEntity, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	w.Write(data)
+}
+
+// handleWriteContent stores PUT /files/content?path=P[&mode=OCTAL]'s body as
+// the file. The body is read into one buffer of its declared length, so a
+// 64 MiB write costs 64 MiB here, not the growth steps of an unsized read.
+func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	path := q.Get("path")
+	if path == "" {
+		writeError(w, http.StatusBadRequest, errors.New("query parameter path is required"))
+		return
+	}
+	mode := fs.FileMode(0o644)
+	if s := q.Get("mode"); s != "" {
+		m, err := strconv.ParseUint(s, 8, 32)
+		if err != nil || m > 0o7777 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("query parameter mode=%q: want octal permission bits such as 644", s))
+			return
+		}
+		mode = fs.FileMode(m)
+	}
+	if r.ContentLength > api.MaxFileBytes {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("write %s: %d bytes, the limit is %d", path, r.ContentLength, api.MaxFileBytes))
+		return
+	}
+	var data []byte
+	var err error
+	if r.ContentLength >= 0 {
+		data = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(r.Body, data)
+	} else { // chunked: bounded, then measured
+		data, err = io.ReadAll(io.LimitReader(r.Body, api.MaxFileBytes+1))
+		if err == nil && len(data) > api.MaxFileBytes {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("write %s: more than %d bytes", path, api.MaxFileBytes))
+			return
+		}
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("write %s: reading the request body: %w", path, err))
+		return
+	}
+	if err := v.ctl.WriteFile(r.Context(), path, data, mode); err != nil {
+		writeError(w, http.StatusUnprocessableEntity, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // maxLogBytes bounds how much of the serial console log one request reads.

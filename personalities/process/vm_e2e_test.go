@@ -227,9 +227,19 @@ func TestFilesRoundTripAndSymlinks(t *testing.T) {
 	if err != nil || !bytes.Equal(back, data) {
 		t.Fatalf("5 MiB round trip: %v (len %d)", err, len(back))
 	}
-	sum := v.exec(ctx, &api.ExecRequest{Command: "wc -c < /root/blob.bin"})
-	if strings.TrimSpace(sum.stdout.String()) != fmt.Sprint(5<<20) {
-		t.Fatalf("guest sees %q bytes", sum.stdout.String())
+	sum := v.exec(ctx, &api.ExecRequest{Command: "wc -c < /root/blob.bin; stat -c %a /root/blob.bin"})
+	if got := strings.Fields(sum.stdout.String()); len(got) != 2 || got[0] != fmt.Sprint(5<<20) || got[1] != "600" {
+		t.Fatalf("guest sees size and mode %q, want %d bytes, mode 600", sum.stdout.String(), 5<<20)
+	}
+	// An empty file is a file, not a missing body.
+	if err := v.client.WriteFile(ctx, "/root/empty", nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if back, err := v.client.ReadFile(ctx, "/root/empty"); err != nil || len(back) != 0 {
+		t.Fatalf("empty file: %q, %v", back, err)
+	}
+	if _, err := v.client.ReadFile(ctx, "/root/no-such-file"); err == nil || !strings.Contains(err.Error(), "no-such-file") {
+		t.Fatalf("reading a missing file: %v", err)
 	}
 	v.exec(ctx, &api.ExecRequest{Command: "mkdir -p /tmp/real && ln -sfn /etc /tmp/linkdir && ln -sf /etc/hostname /tmp/linkfile"})
 	if err := v.client.WriteFile(ctx, "/tmp/linkdir/evil", []byte("x"), 0o644); err == nil || !strings.Contains(err.Error(), "symbolic link") {

@@ -176,7 +176,7 @@ func warmVM(capsem, home, guest string) error {
 	}
 	defer h.stop()
 	ctx := context.Background()
-	idleRSS := rss(h.cmd.Process.Pid)
+	idleRSS := rss(h.cmd.Process.Pid, "VmRSS")
 	var lat []time.Duration
 	for i := 0; i < 220; i++ {
 		t := time.Now()
@@ -207,7 +207,8 @@ func warmVM(capsem, home, guest string) error {
 	in := float64(len(blob)) / time.Since(t).Seconds() / (1 << 20)
 	fmt.Printf("  channel throughput through the API: guest→host %.0f MiB/s (exec output), host→guest %.0f MiB/s (file write)\n", out, in)
 	fmt.Printf("    (baseline from DESIGN §2: raw virtio-serial 49 MiB/s each way)\n")
-	fmt.Printf("  per-VM process RSS: %s idle after boot, %s after the transfers (QEMU itself is separate)\n", idleRSS, rss(h.cmd.Process.Pid))
+	fmt.Printf("  per-VM process RSS: %s idle after boot, %s after the transfers, peak %s (QEMU itself is separate)\n",
+		idleRSS, rss(h.cmd.Process.Pid, "VmRSS"), rss(h.cmd.Process.Pid, "VmHWM"))
 	return nil
 }
 
@@ -215,14 +216,15 @@ type countWriter struct{ n int64 }
 
 func (c *countWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }
 
-func rss(pid int) string {
+// rss reads a memory figure (VmRSS, or VmHWM for the peak) of a process.
+func rss(pid int, field string) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return "?"
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			return strings.TrimSpace(strings.TrimPrefix(line, "VmRSS:"))
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return strings.TrimSpace(v)
 		}
 	}
 	return "?"

@@ -1,0 +1,49 @@
+package process
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/capsem/capsem/core/api"
+)
+
+// Bad file-content requests are refused with a message that names the
+// problem, before anything reaches the guest (this VM has no guest at all).
+func TestFileContentRoutesRefuseBadRequests(t *testing.T) {
+	v := &VM{}
+	routes := v.routes()
+	tooLarge := httptest.NewRequest(http.MethodPut, "/files/content?path=/tmp/x", strings.NewReader("x"))
+	tooLarge.ContentLength = api.MaxFileBytes + 1
+	cases := []struct {
+		name   string
+		req    *http.Request
+		status int
+		has    string
+	}{
+		{"read without path", httptest.NewRequest(http.MethodGet, "/files/content", nil), 400, "query parameter path is required"},
+		{"write without path", httptest.NewRequest(http.MethodPut, "/files/content", strings.NewReader("x")), 400, "query parameter path is required"},
+		{"write with a decimal-looking mode", httptest.NewRequest(http.MethodPut, "/files/content?path=/tmp/x&mode=999", strings.NewReader("x")), 400, `mode="999": want octal`},
+		{"write with a mode past 07777", httptest.NewRequest(http.MethodPut, "/files/content?path=/tmp/x&mode=17777", strings.NewReader("x")), 400, "want octal permission bits"},
+		{"write over the size limit", tooLarge, 413, "the limit is 67108864"},
+		{"content by POST", httptest.NewRequest(http.MethodPost, "/files/content?path=/tmp/x", strings.NewReader("x")), 405, ""},
+		{"JSON stat without a body", httptest.NewRequest(http.MethodPost, "/files/stat", strings.NewReader("")), 400, "invalid request body"},
+		{"JSON stat with an unknown field", httptest.NewRequest(http.MethodPost, "/files/stat", strings.NewReader(`{"path":"/x","data":"AA=="}`)), 400, `unknown field "data"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			routes.ServeHTTP(rec, tc.req)
+			msg := rec.Body.String()
+			var e api.Error
+			if json.Unmarshal(rec.Body.Bytes(), &e) == nil {
+				msg = e.Error
+			}
+			if rec.Code != tc.status || !strings.Contains(msg, tc.has) {
+				t.Fatalf("%d %q, want %d containing %q", rec.Code, msg, tc.status, tc.has)
+			}
+		})
+	}
+}
