@@ -1,5 +1,6 @@
-// Package procs sizes the Go scheduler of capsem's helper processes. The
-// relay, the aggregator and the builtin server share the host with QEMU's
+// Package procs sizes the Go scheduler of capsem's helper processes and
+// makes their stdio pollable. The relay, the aggregator, the builtin server
+// and the standalone gateway share the host with QEMU's
 // vCPUs, the endpoint and the MCP servers; each Go process with a P per CPU
 // spins and wakes threads on every message, which on a small host costs more
 // CPU than the work itself. Fewer Ps measured up to 1.5× the calls/s at

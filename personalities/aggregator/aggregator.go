@@ -36,8 +36,10 @@ type Cmd struct{}
 // Run serves stdin/stdout until EOF or a shutdown request.
 func (c *Cmd) Run(ctx context.Context) error {
 	procs.Limit(procs.Helper())
+	in, out, restore := procs.PollableStdio()
+	defer restore()
 	a := New(slog.Default())
-	return a.Serve(ctx, os.Stdin, os.Stdout)
+	return a.Serve(ctx, in, out)
 }
 
 // BuiltinName is the reserved name of the builtin server.

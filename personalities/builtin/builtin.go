@@ -28,7 +28,9 @@ type Cmd struct{}
 func (c *Cmd) Run(ctx context.Context) error {
 	procs.Limit(procs.Helper())
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	return serve(ctx, os.Getenv, &mcp.StdioTransport{}, logger)
+	in, out, restore := procs.PollableStdio()
+	defer restore()
+	return serve(ctx, os.Getenv, &mcp.IOTransport{Reader: in, Writer: out}, logger)
 }
 
 // serve is Run with its dependencies passed in, for tests.

@@ -38,8 +38,10 @@ func (c *Cmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r := &Relay{Dial: dial, Name: ParentProcessName(os.Getppid()), Out: os.Stdout}
-	return r.Run(ctx, os.Stdin)
+	in, out, restore := procs.PollableStdio()
+	defer restore()
+	r := &Relay{Dial: dial, Name: ParentProcessName(os.Getppid()), Out: out}
+	return r.Run(ctx, in)
 }
 
 // Dialer opens a connection to the endpoint.

@@ -82,6 +82,10 @@ func run(d time.Duration) error {
 	}
 	defer direct.Close()
 
+	floor, err := measureFloor(dir, 500)
+	if err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
 	fmt.Printf("MCP echo round trip, %s per level (go-sdk client; 2-core machine, TCG-free host path)\n", d)
 	fmt.Printf("%-4s | %-28s | %-28s | %-16s | %s\n", "c", "direct p50 / p99 / calls/s", "gateway p50 / p99 / calls/s", "added p50", "gateway/direct calls/s")
 	total := 0
@@ -89,29 +93,31 @@ func run(d time.Duration) error {
 	var cpuLines, policyLines []string
 	for _, c := range []int{1, 16, 64} {
 		base := measure(direct, "echo", c, d)
-		before := cpuTimes(procs)
+		before, switchesBefore := cpuTimes(procs), contextSwitches(procs)
 		gwr := measure(plain.session, "echo__echo", c, d)
-		after := cpuTimes(procs)
+		after, switchesAfter := cpuTimes(procs), contextSwitches(procs)
 		total += gwr.calls
 		fmt.Printf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %16s | %.0f%%\n", c,
 			us(base.p50), us(base.p99), base.perSec, us(gwr.p50), us(gwr.p99), gwr.perSec,
 			us(gwr.p50-base.p50), 100*gwr.perSec/base.perSec)
 		line := fmt.Sprintf("c=%-3d", c)
 		for _, p := range procs {
-			line += fmt.Sprintf("  %s %.0fµs", p.name, float64((after[p.pid]-before[p.pid]).Microseconds())/float64(gwr.calls))
+			line += fmt.Sprintf("  %s %.0fµs %.1fcs", p.name, float64((after[p.pid]-before[p.pid]).Microseconds())/float64(gwr.calls),
+				float64(switchesAfter[p.pid]-switchesBefore[p.pid])/float64(gwr.calls))
 		}
 		cpuLines = append(cpuLines, line)
 		pol := measure(withPolicy.session, "echo__echo", c, d)
 		policyLines = append(policyLines, fmt.Sprintf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %+8s",
 			c, us(gwr.p50), us(gwr.p99), gwr.perSec, us(pol.p50), us(pol.p99), pol.perSec, us(pol.p50-gwr.p50)))
 	}
+	printFloor(floor)
 	fmt.Println("Gateway with the realistic policy (20 servers, 200 per-tool entries, 50 rules; 6 rules read this call's arguments) vs allow-all:")
 	fmt.Printf("%-4s | %-28s | %-28s | %s\n", "c", "allow-all p50 / p99 / calls/s", "policy p50 / p99 / calls/s", "policy added p50")
 	for _, l := range policyLines {
 		fmt.Println(l)
 	}
 	session := plain.sessionDir
-	fmt.Println("CPU time per gateway call, by process (user+system):")
+	fmt.Println("CPU time and context switches (cs, all threads) per gateway call, by process:")
 	for _, l := range cpuLines {
 		fmt.Println("  " + l)
 	}
@@ -284,6 +290,32 @@ func cpuTimes(procs []proc) map[int]time.Duration {
 		fmt.Sscanf(f[11], "%d", &ut)
 		fmt.Sscanf(f[12], "%d", &st)
 		out[p.pid] = time.Duration(ut+st) * 10 * time.Millisecond
+	}
+	return out
+}
+
+// contextSwitches sums the voluntary and involuntary context switches of
+// every thread of each process: each wake-up of a thread costs one, so
+// they show how many hand-offs a call takes, with far less noise than time.
+func contextSwitches(procs []proc) map[int]int64 {
+	out := map[int]int64{}
+	for _, p := range procs {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.pid))
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", p.pid, t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				for _, key := range []string{"voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"} {
+					if v, ok := strings.CutPrefix(line, key); ok {
+						var n int64
+						fmt.Sscanf(strings.TrimSpace(v), "%d", &n)
+						out[p.pid] += n
+					}
+				}
+			}
+		}
 	}
 	return out
 }
