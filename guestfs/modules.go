@@ -77,10 +77,25 @@ func splitModuleFile(file string) (string, bool) {
 	base := path.Base(file)
 	for _, ext := range moduleExts {
 		if s, ok := strings.CutSuffix(base, ext); ok {
-			return modName(s), true
+			name := modName(s)
+			return name, isModuleName(name)
 		}
 	}
 	return "", false
+}
+
+// isModuleName reports whether s can be a kernel module's name: the
+// kernel derives it from the file name with only letters, digits and '_'.
+func isModuleName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if !(c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
 }
 
 // plainModulePath drops a compression suffix: the guest loads plain .ko.

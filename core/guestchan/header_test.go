@@ -71,3 +71,28 @@ func FuzzParseHeader(f *testing.F) {
 		_ = parseReply(b[:min(len(b), ReplySize)], port)
 	})
 }
+
+// FuzzParseReply: only a well-formed OK reply accepts the stream; every
+// refusal is an ErrBadHeader or ErrNoListener naming the port.
+func FuzzParseReply(f *testing.F) {
+	f.Add(appendReply(nil, replyOK))
+	f.Add(appendReply(nil, replyNoListener))
+	f.Add(appendReply(nil, replyBadHeader))
+	f.Add([]byte("CS\x01\x09"))
+	f.Add([]byte("xx"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := parseReply(b, 5002)
+		if err == nil {
+			if !bytes.Equal(b[:2], []byte{magic0, magic1}) || len(b) != ReplySize || b[3] != replyOK {
+				t.Fatalf("accepted reply % x", b)
+			}
+			return
+		}
+		if !errors.Is(err, ErrBadHeader) && !errors.Is(err, ErrNoListener) {
+			t.Fatalf("refusal of kind %v", err)
+		}
+		if !bytes.Contains([]byte(err.Error()), []byte("5002")) {
+			t.Fatalf("refusal does not name the port: %v", err)
+		}
+	})
+}

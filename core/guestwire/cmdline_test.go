@@ -1,6 +1,9 @@
 package guestwire
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestCmdlineValue(t *testing.T) {
 	line := "console=ttyS0 capsem.upper=first quiet capsem.upper=capsem-upper capsem.workspace=workspace capsem.upperx=no"
@@ -36,4 +39,27 @@ func TestStorageTimingIsOptional(t *testing.T) {
 			t.Fatalf("round trip of %+v: %+v %v", want, got.Boot, err)
 		}
 	}
+}
+
+// FuzzCmdlineValue: a value never spans parameters (no whitespace), and
+// appending key=v to any command line makes v the answer.
+func FuzzCmdlineValue(f *testing.F) {
+	f.Add("console=ttyS0 capsem.upper=a quiet", "capsem.upper", "b")
+	f.Add("capsem.upper=", "capsem.upper", "")
+	f.Add("\tcapsem.workspace=x\n", "capsem.workspace", "y")
+	f.Fuzz(func(t *testing.T, cmdline, key, value string) {
+		v, ok := CmdlineValue(cmdline, key)
+		if strings.ContainsAny(v, " \t\n\r\v\f") {
+			t.Fatalf("value %q spans parameters", v)
+		}
+		if ok && !strings.Contains(cmdline, key+"="+v) {
+			t.Fatalf("value %q for %q is not on the line %q", v, key, cmdline)
+		}
+		if key == "" || strings.ContainsFunc(key+value, func(r rune) bool { return r == 0x85 || r == 0xA0 || r < 0x20 || r == ' ' || r > 0x7e }) {
+			return // not something the host would put on the line
+		}
+		if got, ok := CmdlineValue(cmdline+" "+key+"="+value, key); !ok || got != value {
+			t.Fatalf("appended %s=%s, read %q %v", key, value, got, ok)
+		}
+	})
 }

@@ -104,3 +104,41 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseResponse reads what upstream servers send back: a parsed
+// response has a version, an id that is a number or string (or none), and a
+// result or an error; nothing panics.
+func FuzzParseResponse(f *testing.F) {
+	for _, s := range []string{
+		`{"jsonrpc":"2.0","id":1,"result":{}}`,
+		`{"jsonrpc":"2.0","id":"a","error":{"code":-32601,"message":"no"}}`,
+		`{"jsonrpc":"2.0","id":null,"result":null}`,
+		`{"jsonrpc":"1.0","id":1,"result":{}}`,
+		`{"jsonrpc":"2.0","id":{},"result":1}`, `[]`, `{`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		msg, err := ParseResponse(data)
+		if err != nil {
+			if msg != nil {
+				t.Fatal("a message and an error")
+			}
+			return
+		}
+		if msg.Result == nil && msg.Error == nil {
+			t.Fatalf("parsed %s with neither result nor error", data)
+		}
+		if msg.ID != nil {
+			var id any
+			if json.Unmarshal(msg.ID, &id) != nil {
+				t.Fatalf("id %s is not JSON", msg.ID)
+			}
+			switch id.(type) {
+			case float64, string:
+			default:
+				t.Fatalf("id %s is neither a number nor a string", msg.ID)
+			}
+		}
+	})
+}

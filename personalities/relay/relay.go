@@ -5,6 +5,7 @@ package relay
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -142,26 +143,35 @@ func (r *Relay) Run(ctx context.Context, in io.Reader) error {
 	}
 }
 
-// readLine returns one line without its newline. If the line exceeds limit,
-// its first limit bytes are returned with tooLong set and the rest discarded.
+// readLine returns one line without its line ending. The limit applies to
+// the content, not to the "\n" or "\r\n" that ends it. If the content
+// exceeds limit, its first limit bytes are returned with tooLong set and the
+// rest of the line is discarded.
 func readLine(br *bufio.Reader, limit int) ([]byte, bool, error) {
 	var line []byte
-	tooLong := false
+	dropped := false
 	for {
 		chunk, err := br.ReadSlice('\n')
-		if len(line)+len(chunk) > limit {
-			tooLong = true
-			if room := limit - len(line); room > 0 {
-				line = append(line, chunk[:room]...)
-			}
+		// Keep at most the content limit plus a "\r\n" ending.
+		if room := limit + 2 - len(line); len(chunk) > room {
+			line = append(line, chunk[:max(room, 0)]...)
+			dropped = true
 		} else {
 			line = append(line, chunk...)
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
-		line = []byte(strings.TrimRight(string(line), "\r\n"))
-		return line, tooLong, err
+		content := line
+		if !dropped { // the ending is only in view when nothing was dropped
+			content = bytes.TrimSuffix(content, []byte("\n"))
+			content = bytes.TrimSuffix(content, []byte("\r"))
+		}
+		tooLong := dropped || len(content) > limit
+		if tooLong {
+			content = content[:limit]
+		}
+		return bytes.TrimRight(content, "\r\n"), tooLong, err
 	}
 }
 

@@ -311,3 +311,51 @@ func TestParentProcessName(t *testing.T) {
 		t.Fatalf("missing process: %q", got)
 	}
 }
+
+// FuzzReadLine: lines come back in order without their line endings, never
+// longer than the limit, and a line within the limit comes back whole.
+func FuzzReadLine(f *testing.F) {
+	f.Add("a\nbb\r\n\nccc", 2)
+	f.Add(strings.Repeat("x", 100)+"\nshort\n", 16)
+	f.Add("no newline", 64)
+	f.Fuzz(func(t *testing.T, input string, limit int) {
+		if limit < 1 || limit > 1<<16 {
+			return
+		}
+		// A 16-byte buffer makes long lines arrive in many chunks.
+		br := bufio.NewReaderSize(strings.NewReader(input), 16)
+		want := strings.Split(input, "\n")
+		if strings.HasSuffix(input, "\n") {
+			want = want[:len(want)-1]
+		}
+		for i := 0; ; i++ {
+			line, tooLong, err := readLine(br, limit)
+			if err != nil && err != io.EOF {
+				t.Fatal(err)
+			}
+			if err == io.EOF && len(line) == 0 && i >= len(want) {
+				return
+			}
+			if i >= len(want) {
+				t.Fatalf("line %d %q past the %d in the input", i, line, len(want))
+			}
+			if len(line) > limit {
+				t.Fatalf("line of %d bytes past the limit %d", len(line), limit)
+			}
+			expect := strings.TrimRight(want[i], "\r\n")
+			if content := strings.TrimSuffix(want[i], "\r"); len(content) <= limit {
+				if tooLong || string(line) != expect {
+					t.Fatalf("line %d: %q (tooLong %v), want %q", i, line, tooLong, expect)
+				}
+			} else if !tooLong || !strings.HasPrefix(want[i], string(line)) {
+				t.Fatalf("long line %d: %q (tooLong %v)", i, line, tooLong)
+			}
+			if err == io.EOF {
+				if i != len(want)-1 {
+					t.Fatalf("EOF after line %d of %d", i, len(want))
+				}
+				return
+			}
+		}
+	})
+}

@@ -1,0 +1,123 @@
+package guestfs
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strings"
+	"testing"
+
+	"github.com/ulikunitz/xz"
+)
+
+// FuzzExtractVmlinux: whatever the image, extraction returns an ELF file or
+// an error naming the problem, and never panics (the setup header's offsets
+// come from the downloaded file).
+func FuzzExtractVmlinux(f *testing.F) {
+	elfPayload := xzCompress(f, append([]byte("\x7fELF"), bytes.Repeat([]byte{0x90}, 200)...), xz.CRC32)
+	f.Add(fakeBzImage(noiseWithoutMagic(700, 1), elfPayload, true))
+	f.Add(fakeBzImage(noiseWithoutMagic(700, 2), elfPayload, false))
+	f.Add(fakeBzImage(noiseWithoutMagic(700, 3), xzCompress(f, []byte("not an elf"), xz.CRC32), true))
+	broken := fakeBzImage(noiseWithoutMagic(700, 4), elfPayload, true)
+	binary.LittleEndian.PutUint32(broken[0x248:], 0xfffffff0) // payload_offset far past the end
+	f.Add(broken)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, img []byte) {
+		out, err := ExtractVmlinux(img)
+		if err != nil {
+			if !strings.Contains(err.Error(), "extracting vmlinux") {
+				t.Fatalf("error does not say what failed: %v", err)
+			}
+			return
+		}
+		if !bytes.HasPrefix(out, elfMagic) {
+			t.Fatalf("extracted %d bytes that are not ELF", len(out))
+		}
+	})
+}
+
+// FuzzHasNote walks ELF notes whose sizes come from the file.
+func FuzzHasNote(f *testing.F) {
+	note := binary.LittleEndian.AppendUint32(nil, 4)
+	note = binary.LittleEndian.AppendUint32(note, 4)
+	note = binary.LittleEndian.AppendUint32(note, xenElfnotePhys32Entry)
+	note = append(note, "Xen\x00\x01\x02\x03\x04"...)
+	f.Add(note)
+	f.Add(note[:13])
+	f.Add(bytes.Repeat([]byte{0xff}, 24))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		found := hasNote(data, binary.LittleEndian, "Xen", xenElfnotePhys32Entry)
+		if found && len(data) < 12+4 {
+			t.Fatalf("found a Xen note in %d bytes", len(data))
+		}
+	})
+}
+
+// FuzzParseModulesDep: a parsed modules.dep names modules, never paths or
+// file names, and a parse error names the line.
+func FuzzParseModulesDep(f *testing.F) {
+	f.Add("kernel/fs/ext4/ext4.ko: kernel/fs/jbd2/jbd2.ko kernel/fs/mbcache.ko\n# comment\n\nkernel/fs/jbd2/jbd2.ko:\n")
+	f.Add("kernel/a.ko.xz: kernel/b-c.ko.zst\n")
+	f.Add("no colon here\n")
+	f.Add("a.txt: b.ko\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		deps, err := parseModulesDep(strings.NewReader(text))
+		if err != nil {
+			if !strings.Contains(err.Error(), "modules.dep") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			return
+		}
+		for name, list := range deps {
+			for _, n := range append([]string{name}, list...) {
+				if !isModuleName(n) {
+					t.Fatalf("module name %q is not a kernel module name", n)
+				}
+			}
+		}
+	})
+}
+
+// FuzzParseModinfo reads .modinfo strings from a module file.
+func FuzzParseModinfo(f *testing.F) {
+	f.Add([]byte("depends=jbd2,mbcache,crc16\x00softdep=pre: crc32c post: x\x00alias=fs-ext4\x00"))
+	f.Add([]byte("depends=\x00=\x00softdep=\x00"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		mi := parseModinfo(data)
+		for _, d := range mi.Depends {
+			if d == "" || strings.ContainsAny(d, ",-") || strings.TrimSpace(d) != d {
+				t.Fatalf("dependency %q is not a normalized module name", d)
+			}
+		}
+		for _, p := range mi.SoftPre {
+			if p == "" || p == "pre:" || p == "post:" || strings.ContainsAny(p, " \t\n") {
+				t.Fatalf("soft dependency %q", p)
+			}
+		}
+	})
+}
+
+// FuzzParseStanzas reads apt-cache output.
+func FuzzParseStanzas(f *testing.F) {
+	f.Add("Package: busybox-static\nVersion: 1:1.35\nDescription: x\n more\n\nPackage: b\n")
+	f.Add("\n\n \nbad line\n")
+	f.Add(" continuation first\nK: v\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		records, err := parseStanzas(strings.NewReader(text))
+		if err != nil {
+			if !strings.Contains(err.Error(), "apt record") {
+				t.Fatalf("error does not say what failed: %v", err)
+			}
+			return
+		}
+		for _, r := range records {
+			if len(r) == 0 {
+				t.Fatal("an empty record")
+			}
+			for k := range r {
+				if strings.ContainsAny(k, ":\n") {
+					t.Fatalf("key %q", k)
+				}
+			}
+		}
+	})
+}
