@@ -21,19 +21,30 @@ func PollableStdio() (in, out *os.File, restore func()) {
 
 // Pollable returns f as a pollable file if it is a pipe or a socket, and f
 // itself otherwise (a terminal or a regular file is left alone). Undo
-// restores the descriptor's blocking mode.
+// restores the descriptor's blocking mode. The new file shares f's
+// descriptor, so it is meant for files that live as long as the process,
+// such as os.Stdin.
 func Pollable(f *os.File) (pollable *os.File, undo func()) {
-	fd := int(f.Fd()) // Fd puts f in blocking mode: the state we restore
+	// Fd puts f in blocking mode, the state undo restores.
+	if p, undo := pollableFD(f.Fd(), f.Name()); p != nil {
+		return p, undo
+	}
+	return f, func() {}
+}
+
+// pollableFD makes fd non-blocking and wraps it, if it is a pipe or a
+// socket; otherwise it returns nil and changes nothing.
+func pollableFD(fd uintptr, name string) (*os.File, func()) {
 	var st syscall.Stat_t
-	if syscall.Fstat(fd, &st) != nil {
-		return f, func() {}
+	if syscall.Fstat(int(fd), &st) != nil {
+		return nil, nil
 	}
 	if kind := st.Mode & syscall.S_IFMT; kind != syscall.S_IFIFO && kind != syscall.S_IFSOCK {
-		return f, func() {}
+		return nil, nil
 	}
-	if syscall.SetNonblock(fd, true) != nil {
-		return f, func() {}
+	if syscall.SetNonblock(int(fd), true) != nil {
+		return nil, nil
 	}
 	// NewFile of a non-blocking descriptor yields a pollable *os.File.
-	return os.NewFile(uintptr(fd), f.Name()), func() { _ = syscall.SetNonblock(fd, false) }
+	return os.NewFile(fd, name), func() { _ = syscall.SetNonblock(int(fd), false) }
 }

@@ -23,12 +23,16 @@ func TestPollableTurnsABlockingPipeIntoAPolledFile(t *testing.T) {
 	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil { // blocking, as a child inherits it
 		t.Fatal(err)
 	}
-	r, w := os.NewFile(uintptr(fds[0]), "r"), os.NewFile(uintptr(fds[1]), "w")
+	w := os.NewFile(uintptr(fds[1]), "w")
 	defer w.Close()
-	if err := r.SetReadDeadline(time.Now()); !errors.Is(err, os.ErrNoDeadline) {
-		t.Fatalf("a blocking pipe took a deadline (%v): the test setup is wrong", err)
+	if nonblocking(t, uintptr(fds[0])) {
+		t.Fatal("the test pipe starts non-blocking")
 	}
-	p, undo := Pollable(r)
+	// The raw descriptor is handed over whole, so exactly one *os.File owns it.
+	p, undo := pollableFD(uintptr(fds[0]), "r")
+	if p == nil {
+		t.Fatal("a pipe was not made pollable")
+	}
 	defer p.Close()
 	// Only a file in the poller supports deadlines, so this read returns at
 	// the deadline instead of blocking the thread.

@@ -208,9 +208,11 @@ func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 	}
 	mode := fs.FileMode(0o644)
 	if s := q.Get("mode"); s != "" {
+		// Only permission bits: setuid, setgid and sticky would be dropped
+		// on the way to the guest, so they are refused rather than ignored.
 		m, err := strconv.ParseUint(s, 8, 32)
-		if err != nil || m > 0o7777 {
-			writeError(w, http.StatusBadRequest, fmt.Errorf("query parameter mode=%q: want octal permission bits such as 644", s))
+		if err != nil || m > 0o777 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("query parameter mode=%q: want octal permission bits from 0 to 777, such as 644", s))
 			return
 		}
 		mode = fs.FileMode(m)

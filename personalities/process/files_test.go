@@ -26,7 +26,7 @@ func TestFileContentRoutesRefuseBadRequests(t *testing.T) {
 		{"read without path", httptest.NewRequest(http.MethodGet, "/files/content", nil), 400, "query parameter path is required"},
 		{"write without path", httptest.NewRequest(http.MethodPut, "/files/content", strings.NewReader("x")), 400, "query parameter path is required"},
 		{"write with a decimal-looking mode", httptest.NewRequest(http.MethodPut, "/files/content?path=/tmp/x&mode=999", strings.NewReader("x")), 400, `mode="999": want octal`},
-		{"write with a mode past 07777", httptest.NewRequest(http.MethodPut, "/files/content?path=/tmp/x&mode=17777", strings.NewReader("x")), 400, "want octal permission bits"},
+		{"write with a setuid mode", httptest.NewRequest(http.MethodPut, "/files/content?path=/tmp/x&mode=4755", strings.NewReader("x")), 400, "want octal permission bits from 0 to 777"},
 		{"write over the size limit", tooLarge, 413, "the limit is 67108864"},
 		{"content by POST", httptest.NewRequest(http.MethodPost, "/files/content?path=/tmp/x", strings.NewReader("x")), 405, ""},
 		{"JSON stat without a body", httptest.NewRequest(http.MethodPost, "/files/stat", strings.NewReader("")), 400, "invalid request body"},
