@@ -82,7 +82,7 @@ func run(d time.Duration) error {
 	}
 	defer direct.Close()
 
-	floor, err := measureFloor(dir, 500)
+	floor, err := measureFloor(dir, 2000)
 	if err != nil {
 		return fmt.Errorf("floor: %w", err)
 	}
