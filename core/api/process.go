@@ -103,17 +103,33 @@ func (c *ProcessClient) post(ctx context.Context, route string, in, out any) err
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://capsem"+route, bytes.NewReader(body))
+	resp, err := c.do(ctx, http.MethodPost, route, nil, "application/json", bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s: %w", route, err)
-	}
 	defer resp.Body.Close()
 	return decode(route, resp, out)
+}
+
+// do sends one request to route (with query, if any); the caller closes the
+// response body. Errors name the route.
+func (c *ProcessClient) do(ctx context.Context, method, route string, query url.Values, contentType string, body io.Reader) (*http.Response, error) {
+	target := "http://capsem" + route
+	if len(query) > 0 {
+		target += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", route, err)
+	}
+	return resp, nil
 }
 
 func decode(route string, resp *http.Response, out any) error {
@@ -136,10 +152,9 @@ func decode(route string, resp *http.Response, out any) error {
 
 // Info returns the VM's description.
 func (c *ProcessClient) Info(ctx context.Context) (*Info, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://capsem/info", nil)
-	resp, err := c.http.Do(req)
+	resp, err := c.do(ctx, http.MethodGet, "/info", nil, "", nil)
 	if err != nil {
-		return nil, fmt.Errorf("/info: %w", err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	var info Info
@@ -168,13 +183,9 @@ func (c *ProcessClient) WaitReady(ctx context.Context) (*Info, error) {
 // the final event.
 func (c *ProcessClient) Exec(ctx context.Context, r *ExecRequest, stdout, stderr io.Writer) (*ExecEvent, error) {
 	body, _ := json.Marshal(r)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://capsem/exec", bytes.NewReader(body))
+	resp, err := c.do(ctx, http.MethodPost, "/exec", nil, "application/json", bytes.NewReader(body))
 	if err != nil {
 		return nil, err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("/exec: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -207,13 +218,9 @@ func (c *ProcessClient) Exec(ctx context.Context, r *ExecRequest, stdout, stderr
 // ReadFile reads a guest file (GET /files/content, raw body).
 func (c *ProcessClient) ReadFile(ctx context.Context, path string) ([]byte, error) {
 	const route = "/files/content"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://capsem"+route+"?"+url.Values{"path": {path}}.Encode(), nil)
+	resp, err := c.do(ctx, http.MethodGet, route, url.Values{"path": {path}}, "", nil)
 	if err != nil {
 		return nil, err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", route, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -237,14 +244,9 @@ func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte,
 	if mode != 0 {
 		q.Set("mode", strconv.FormatUint(uint64(mode), 8))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://capsem"+route+"?"+q.Encode(), bytes.NewReader(data))
+	resp, err := c.do(ctx, http.MethodPut, route, q, "application/octet-stream", bytes.NewReader(data))
 	if err != nil {
 		return err
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s: %w", route, err)
 	}
 	defer resp.Body.Close()
 	return decode(route, resp, nil)
@@ -265,13 +267,9 @@ func (c *ProcessClient) Logs(ctx context.Context, tail int, grep string) (string
 	if grep != "" {
 		q.Set("grep", grep)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://capsem/logs?"+q.Encode(), nil)
+	resp, err := c.do(ctx, http.MethodGet, "/logs", q, "", nil)
 	if err != nil {
 		return "", err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("/logs: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
