@@ -78,7 +78,7 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 		}
 		tree.file(guestPath, 0o644, data)
 	}
-	tree.file(LoadOrderPath, 0o644, []byte(LoadOrderText(ks.Modules, ks.ModuleLevels)))
+	tree.file(LoadOrderPath, 0o644, []byte(LoadOrderText(ks.Modules)))
 
 	// Busybox.
 	broot := filepath.Join(work, "busybox")
@@ -167,11 +167,8 @@ type kernelStage struct {
 	Release string   `json:"kernel_release"`
 	PVH     bool     `json:"pvh"`
 	Modules []string `json:"modules"`
-	// ModuleLevels[i] is the dependency depth of Modules[i]: 0 needs
-	// nothing, level n needs only modules of lower levels.
-	ModuleLevels []int    `json:"module_levels"`
-	BuiltIn      []string `json:"built_in,omitempty"`
-	Absent       []string `json:"absent,omitempty"`
+	BuiltIn []string `json:"built_in,omitempty"`
+	Absent  []string `json:"absent,omitempty"`
 	// Files are slash-separated paths relative to the stage directory.
 	Files map[string]FileSum `json:"files"`
 }
@@ -304,17 +301,6 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 		return nil, fmt.Errorf("ordering kernel modules: %w", err)
 	}
 	ks.BuiltIn, ks.Absent = builtin, absent
-	level := map[string]int{}
-	for _, name := range order {
-		deps, err := mt.depsOf(name)
-		if err != nil {
-			return nil, err
-		}
-		for _, d := range deps {
-			level[name] = max(level[name], level[d]+1)
-		}
-		ks.ModuleLevels = append(ks.ModuleLevels, level[name])
-	}
 	for _, name := range order {
 		data, err := mt.readModule(name)
 		if err != nil {

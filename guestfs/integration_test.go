@@ -128,25 +128,20 @@ func TestRealAssets(t *testing.T) {
 			t.Fatalf("%s is not a link to /init", l)
 		}
 	}
-	// Modules come in dependency levels separated by "-" barriers: a
-	// module's dependencies are all in earlier levels.
+	// Modules come dependencies first: a module's dependencies all stand
+	// earlier in the list.
 	var order []string
 	pos := map[string]int{}
-	level := 0
 	for _, p := range strings.Fields(string(entries["lib/modules/load-order"].data)) {
-		if p == "-" {
-			level++
-			continue
-		}
-		order = append(order, p)
 		e, ok := entries[strings.TrimPrefix(p, "/")]
 		if !ok || !bytes.HasPrefix(e.data, elfMagic) {
 			t.Fatalf("module %s missing or not a plain ELF .ko", p)
 		}
-		pos[strings.TrimSuffix(path.Base(p), ".ko")] = level
+		pos[strings.TrimSuffix(path.Base(p), ".ko")] = len(order)
+		order = append(order, p)
 	}
-	if level == 0 || !slices.Equal(slices.Sorted(slices.Values(order)), slices.Sorted(slices.Values(a.Modules))) {
-		t.Fatalf("load-order %v (%d barriers) does not hold the manifest's modules %v in levels", order, level, a.Modules)
+	if !slices.Equal(order, a.Modules) {
+		t.Fatalf("load-order %v is not the manifest's modules %v in order", order, a.Modules)
 	}
 	for _, need := range []string{"virtio_console", "9p", "9pnet_virtio", "vmw_vsock_virtio_transport", "overlay", "ext4", "virtio_pci"} {
 		if _, ok := pos[need]; !ok && !slices.Contains(a.BuiltIn, need) {
@@ -161,7 +156,7 @@ func TestRealAssets(t *testing.T) {
 		before, okB := pos[dep[0]]
 		after, okA := pos[dep[1]]
 		if okB && okA && before >= after {
-			t.Errorf("%s is not in a level before %s, which needs it", dep[0], dep[1])
+			t.Errorf("%s does not load before %s, which needs it", dep[0], dep[1])
 		}
 	}
 	vmlinuxSize := a.Files[FileVmlinux].Size

@@ -37,29 +37,16 @@ var DefaultModules = []string{
 }
 
 // LoadOrderPath is where the initramfs lists the modules to load, one
-// absolute path per line, dependencies first. A line "-" closes a dependency
-// level: the modules between two such lines depend only on earlier levels.
-// (The agent still loads them one by one: loading a level at once hung one
-// TCG boot in 54.)
+// absolute path per line, dependencies first. The agent loads them one by
+// one in that order (loading independent modules at once hung one TCG boot
+// in 54).
 const LoadOrderPath = "/lib/modules/load-order"
 
-// LoadOrderText writes the load-order file: modules grouped by dependency
-// level (levels[i] belongs to modules[i]), a barrier between levels.
-func LoadOrderText(modules []string, levels []int) string {
+// LoadOrderText writes the load-order file for modules already in load order.
+func LoadOrderText(modules []string) string {
 	var b strings.Builder
-	top := 0
-	for _, l := range levels {
-		top = max(top, l)
-	}
-	for l := 0; l <= top; l++ {
-		if l > 0 {
-			b.WriteString("-\n")
-		}
-		for i, m := range modules {
-			if i < len(levels) && levels[i] == l {
-				b.WriteString(m + "\n")
-			}
-		}
+	for _, m := range modules {
+		b.WriteString(m + "\n")
 	}
 	return b.String()
 }

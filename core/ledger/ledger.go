@@ -206,8 +206,6 @@ func Open(ctx context.Context, path string, opts Options) (*Ledger, error) {
 // checkpointInterval, until Close.
 func (l *Ledger) checkpointLoop() {
 	defer close(l.checkpointDone)
-	pause := time.NewTimer(0)
-	<-pause.C
 	for {
 		select {
 		case <-l.checkpointStop:
@@ -222,12 +220,10 @@ func (l *Ledger) checkpointLoop() {
 		} else {
 			l.checkpoints.Add(1)
 		}
-		pause.Reset(checkpointInterval)
 		select {
 		case <-l.checkpointStop:
-			pause.Stop()
 			return
-		case <-pause.C:
+		case <-time.After(checkpointInterval):
 		}
 	}
 }

@@ -816,7 +816,7 @@ func TestRunRefusesWhenNotPID1(t *testing.T) {
 func TestLoadModulesList(t *testing.T) {
 	dir := t.TempDir()
 	list := filepath.Join(dir, "load-order")
-	os.WriteFile(list, []byte("# comment\n\nkernel/missing.ko\n-\n/nonexistent/virtio.ko.xz debug=1\n"), 0o644)
+	os.WriteFile(list, []byte("# comment\n\nkernel/missing.ko\n/nonexistent/virtio.ko.xz debug=1\n"), 0o644)
 	loaded, failed := loadModules(testLog(t), list)
 	if loaded != 0 || len(failed) != 2 {
 		t.Fatalf("loaded %d failed %v", loaded, failed)

@@ -104,12 +104,11 @@ func unescapeMountPath(s string) string {
 const ModuleLoadOrder = "/lib/modules/load-order"
 
 // loadModules loads every module in the list file with finit_module, one
-// after the other in list order. (The list marks dependency levels with "-"
-// lines; loading a level's modules at the same time hung one boot in 54 under
-// TCG, so they load one by one, and "-" is only a separator here.) A module
-// already loaded (EEXIST) is fine; any other failure is logged and the rest
-// still load, since the channel may not need the one that failed. It returns
-// how many loaded and the failures.
+// after the other in list order (loading independent modules at the same
+// time hung one boot in 54 under TCG). A module already loaded (EEXIST) is
+// fine; any other failure is logged and the rest still load, since the
+// channel may not need the one that failed. It returns how many loaded and
+// the failures.
 func loadModules(log *slog.Logger, listPath string) (loaded int, failed []error) {
 	loaded, failed, _ = loadModulesTimed(log, listPath)
 	return loaded, failed
@@ -143,7 +142,7 @@ func loadModulesTimed(log *slog.Logger, listPath string) (loaded int, failed []e
 	base := filepath.Dir(listPath)
 	for _, line := range strings.Split(string(data), "\n") {
 		line = strings.TrimSpace(line)
-		if line == "" || line == "-" || strings.HasPrefix(line, "#") {
+		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		// "path [param=value ...]"
