@@ -25,11 +25,12 @@ FUZZTIME ?= 20000x
 build: bin/capsem
 
 # bin/capsem is the host binary (cgo, for SQLite); bin/capsem-guest is the same
-# program built without cgo: it becomes /init inside the guest.
+# program built without cgo and with only the personalities a VM runs (tag
+# capsem_guest): it becomes /init inside the guest.
 bin/capsem: FORCE
 	@mkdir -p bin
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/capsem .
-	CGO_ENABLED=0 $(GO) build -ldflags "-s -w $(LDFLAGS)" -o bin/capsem-guest .
+	CGO_ENABLED=0 $(GO) build -tags capsem_guest -ldflags "-s -w $(LDFLAGS)" -o bin/capsem-guest .
 	@ln -sf capsem bin/capsem-mcp-server
 
 # run: the main job: boot an ephemeral VM, run a command in it, remove it.

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/capsem/capsem/core/modorder"
 )
 
 // build makes the assets for in under the lock: the kernel stage (from
@@ -78,7 +80,15 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 		}
 		tree.file(guestPath, 0o644, data)
 	}
-	tree.file(LoadOrderPath, 0o644, []byte(LoadOrderText(ks.Modules)))
+	entries := make([]modorder.Entry, 0, len(ks.Modules))
+	for _, p := range ks.Modules {
+		entries = append(entries, modorder.Entry{Path: p, Devices: ks.ModuleDevices[p]})
+	}
+	loadOrder, err := modorder.Format(entries)
+	if err != nil {
+		return nil, fmt.Errorf("guestfs: %w", err)
+	}
+	tree.file(LoadOrderPath, 0o644, []byte(loadOrder))
 
 	// Busybox.
 	broot := filepath.Join(work, "busybox")
@@ -167,8 +177,11 @@ type kernelStage struct {
 	Release string   `json:"kernel_release"`
 	PVH     bool     `json:"pvh"`
 	Modules []string `json:"modules"`
-	BuiltIn []string `json:"built_in,omitempty"`
-	Absent  []string `json:"absent,omitempty"`
+	// ModuleDevices holds, by guest path, the device aliases a module is
+	// loaded for; modules not in it always load.
+	ModuleDevices map[string][]string `json:"module_devices,omitempty"`
+	BuiltIn       []string            `json:"built_in,omitempty"`
+	Absent        []string            `json:"absent,omitempty"`
 	// Files are slash-separated paths relative to the stage directory.
 	Files map[string]FileSum `json:"files"`
 }
@@ -205,7 +218,7 @@ func (ks *kernelStage) verify() error {
 		if !filepath.IsLocal(filepath.FromSlash(rel)) {
 			return fmt.Errorf("kernel stage names an invalid file %q", rel)
 		}
-		if err := verifyFile(filepath.Join(ks.dir, filepath.FromSlash(rel)), sum); err != nil {
+		if err := verifyFile(filepath.Join(ks.dir, filepath.FromSlash(rel)), sum, nil); err != nil {
 			return err
 		}
 	}
@@ -301,6 +314,10 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 		return nil, fmt.Errorf("ordering kernel modules: %w", err)
 	}
 	ks.BuiltIn, ks.Absent = builtin, absent
+	conds, err := mt.deviceConditions(b.opts.Modules, order)
+	if err != nil {
+		return nil, fmt.Errorf("kernel module device conditions: %w", err)
+	}
 	for _, name := range order {
 		data, err := mt.readModule(name)
 		if err != nil {
@@ -311,6 +328,12 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 			return nil, err
 		}
 		ks.Modules = append(ks.Modules, guestPath)
+		if c := conds[name]; len(c) > 0 {
+			if ks.ModuleDevices == nil {
+				ks.ModuleDevices = map[string][]string{}
+			}
+			ks.ModuleDevices[guestPath] = c
+		}
 	}
 	b.progress("modules: %d in load order (%s)", len(order), strings.Join(order, ", "))
 	if len(absent) > 0 {

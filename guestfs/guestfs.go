@@ -25,7 +25,7 @@ import (
 
 // BuilderVersion is part of every cache key: bump it when a change here
 // alters what ends up in the assets, so existing caches are rebuilt.
-const BuilderVersion = "3"
+const BuilderVersion = "4"
 
 // File names inside an asset directory.
 const (
@@ -136,7 +136,11 @@ type Assets struct {
 
 // Verify re-hashes every file the manifest lists and fails on any missing
 // or changed one (DESIGN §3: content hashes are checked before boot).
-func (a *Assets) Verify() error {
+func (a *Assets) Verify() error { return a.verify(nil) }
+
+// verify checks every file against the manifest; sums, when not nil,
+// answers for files unchanged since they were last hashed.
+func (a *Assets) verify(sums *sumCache) error {
 	names := make([]string, 0, len(a.Files))
 	for n := range a.Files {
 		names = append(names, n)
@@ -152,7 +156,7 @@ func (a *Assets) Verify() error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = verifyFile(filepath.Join(a.Dir, n), a.Files[n])
+			errs[i] = verifyFile(filepath.Join(a.Dir, n), a.Files[n], sums)
 		}()
 	}
 	wg.Wait()
@@ -167,22 +171,17 @@ func (a *Assets) Verify() error {
 	return nil
 }
 
-func verifyFile(p string, want FileSum) error {
-	f, err := os.Open(p)
+func verifyFile(p string, want FileSum, sums *sumCache) error {
+	size, got, err := sums.sum(p)
 	if err != nil {
 		return fmt.Errorf("asset %s: %w", filepath.Base(p), err)
 	}
-	defer f.Close()
-	if st, err := f.Stat(); err != nil {
-		return fmt.Errorf("asset %s: %w", filepath.Base(p), err)
-	} else if st.Size() != want.Size {
-		return fmt.Errorf("asset %s: size %d, manifest says %d", filepath.Base(p), st.Size(), want.Size)
+	if size != want.Size {
+		sums.forget(p)
+		return fmt.Errorf("asset %s: size %d, manifest says %d", filepath.Base(p), size, want.Size)
 	}
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return fmt.Errorf("asset %s: hashing: %w", filepath.Base(p), err)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != want.SHA256 {
+	if got != want.SHA256 {
+		sums.forget(p)
 		return fmt.Errorf("asset %s: sha256 %s, manifest says %s (modified or corrupt)", filepath.Base(p), got, want.SHA256)
 	}
 	return nil
@@ -221,6 +220,7 @@ func Ensure(ctx context.Context, opts Options) (*Assets, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer b.saveSums()
 	in, res, err := b.inputs(ctx, false)
 	if err != nil {
 		if a := b.cachedFallback(); a != nil {
@@ -262,6 +262,7 @@ func Build(ctx context.Context, opts Options) (*Assets, error) {
 		return nil, err
 	}
 	b.force = true
+	defer b.saveSums()
 	unlock, err := lockDir(ctx, b)
 	if err != nil {
 		return nil, err
@@ -280,6 +281,7 @@ type builder struct {
 	updated bool // apt-get update already ran in this build
 	force   bool // Build: remake the kernel stage too
 	guest   string
+	sums    *sumCache // sha256 of files unchanged since hashed
 }
 
 func newBuilder(opts Options) (*builder, error) {
@@ -303,7 +305,14 @@ func newBuilder(opts Options) (*builder, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("guestfs: creating the asset directory: %w", err)
 	}
-	return &builder{opts: opts, log: opts.Logger.With("component", "guestfs")}, nil
+	return &builder{opts: opts, log: opts.Logger.With("component", "guestfs"), sums: loadSumCache(dir)}, nil
+}
+
+// saveSums keeps the sums hashed in this run for the next one.
+func (b *builder) saveSums() {
+	if err := b.sums.save(); err != nil {
+		b.log.Debug("saving the asset sum cache", "err", err)
+	}
 }
 
 func (b *builder) progress(format string, args ...any) {
@@ -316,7 +325,7 @@ func (b *builder) progress(format string, args ...any) {
 
 // inputs hashes the guest binary and resolves the packages.
 func (b *builder) inputs(ctx context.Context, fresh bool) (Inputs, resolution, error) {
-	guestSum, err := checkGuestBinary(b.opts.GuestBinary)
+	guestSum, err := checkGuestBinary(b.opts.GuestBinary, b.sums)
 	if err != nil {
 		return Inputs{}, resolution{}, err
 	}
@@ -357,7 +366,7 @@ func (b *builder) cached(in Inputs) (*Assets, bool) {
 		b.log.Warn("asset manifest does not match its directory; rebuilding", "dir", dir)
 		return nil, false
 	}
-	if err := a.Verify(); err != nil {
+	if err := a.verify(b.sums); err != nil {
 		b.log.Warn("cached assets failed verification; rebuilding", "err", err)
 		return nil, false
 	}
@@ -377,7 +386,7 @@ func (b *builder) cachedFallback() *Assets {
 			continue
 		}
 		if best == nil || a.BuiltAt.After(best.BuiltAt) {
-			if a.Verify() == nil {
+			if a.verify(b.sums) == nil {
 				best = a
 			}
 		}
@@ -406,7 +415,7 @@ func (b *builder) listBuilds() []*Assets {
 // checkGuestBinary returns the binary's sha256 after checking it can be
 // PID 1 of a guest with no libc: a static x86-64 ELF (or, for tests and
 // debugging, a #! script).
-func checkGuestBinary(p string) (string, error) {
+func checkGuestBinary(p string, sums *sumCache) (string, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return "", fmt.Errorf("guestfs: guest binary: %w", err)
@@ -434,14 +443,11 @@ func checkGuestBinary(p string) (string, error) {
 	default:
 		return "", fmt.Errorf("guestfs: guest binary %s is not an ELF program", p)
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return "", fmt.Errorf("guestfs: guest binary: %w", err)
+	_, sum, err := sums.sum(p)
+	if err != nil {
+		return "", fmt.Errorf("guestfs: hashing the guest binary %s: %w", p, err)
 	}
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("guestfs: hashing the guest binary: %w", err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return sum, nil
 }
 
 // lockDir takes an exclusive flock on <Dir>/.lock so two builders (two

@@ -140,7 +140,7 @@ func TestCheckGuestBinary(t *testing.T) {
 		{"empty", "too short", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sum, err := checkGuestBinary(write(tc.name, tc.data))
+			sum, err := checkGuestBinary(write(tc.name, tc.data), nil)
 			if tc.want == "" {
 				if err != nil || len(sum) != 64 {
 					t.Fatalf("sum %q err %v", sum, err)

@@ -12,17 +12,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capsem/capsem/core/modorder"
 )
 
 // testGuestInit is the integration test's /init: instead of the capsem
-// agent it loads every module in load-order with busybox insmod, reports,
-// and powers off. Its content is fixed so reruns hit the cache.
+// agent it loads every module in load-order with busybox insmod (whatever
+// devices they are for), reports, and powers off. Its content is fixed so reruns hit the cache.
 const testGuestInit = `#!/bin/sh
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 n=0
-while read -r m; do [ "$m" = - ] && continue; insmod "$m" || echo "CAPSEM-MODFAIL $m"; n=$((n+1)); done < /lib/modules/load-order
+while read -r m rest; do insmod "$m" || echo "CAPSEM-MODFAIL $m"; n=$((n+1)); done < /lib/modules/load-order
 echo "CAPSEM-LOADED $n"
 grep -q ext4 /proc/filesystems && echo CAPSEM-FS-ext4
 grep -q 9p /proc/filesystems && echo CAPSEM-FS-9p
@@ -132,7 +134,14 @@ func TestRealAssets(t *testing.T) {
 	// earlier in the list.
 	var order []string
 	pos := map[string]int{}
-	for _, p := range strings.Fields(string(entries["lib/modules/load-order"].data)) {
+	list, err := modorder.Parse(entries["lib/modules/load-order"].data, "/lib/modules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds := map[string][]string{}
+	for _, le := range list {
+		p := le.Path
+		conds[le.Name()] = le.Devices
 		e, ok := entries[strings.TrimPrefix(p, "/")]
 		if !ok || !bytes.HasPrefix(e.data, elfMagic) {
 			t.Fatalf("module %s missing or not a plain ELF .ko", p)
@@ -146,6 +155,21 @@ func TestRealAssets(t *testing.T) {
 	for _, need := range []string{"virtio_console", "9p", "9pnet_virtio", "vmw_vsock_virtio_transport", "overlay", "ext4", "virtio_pci"} {
 		if _, ok := pos[need]; !ok && !slices.Contains(a.BuiltIn, need) {
 			t.Errorf("%s is neither in load-order nor built in", need)
+		}
+	}
+	// Drivers are for their devices; filesystems and their helpers always load.
+	for mod, want := range map[string]string{
+		"virtio_console": "virtio:d00000003v*", "virtio_blk": "virtio:d00000002v*",
+		"vmw_vsock_virtio_transport": "virtio:d00000013v*", "vsock": "virtio:d00000013v*",
+		"9pnet_virtio": "virtio:d00000009v*", "virtio_pci": "pci:v00001AF4d*sv*sd*bc*sc*i*",
+	} {
+		if _, ok := pos[mod]; ok && !slices.Contains(conds[mod], want) {
+			t.Errorf("%s loads for %v, want a condition %s", mod, conds[mod], want)
+		}
+	}
+	for _, mod := range []string{"ext4", "jbd2", "overlay", "9p", "netfs", "crc32c_generic"} {
+		if _, ok := pos[mod]; ok && len(conds[mod]) != 0 {
+			t.Errorf("%s is conditional (%v); it must always load", mod, conds[mod])
 		}
 	}
 	for _, dep := range [][2]string{

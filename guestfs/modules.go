@@ -16,40 +16,35 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/capsem/capsem/core/modorder"
 )
 
-// DefaultModules are the kernel modules the guest needs, by module name:
-// PCI/MMIO virtio transports, the console port that carries the guest
-// channel, vsock, 9p for the workspace share, overlay and ext4 for the
-// per-VM disk, and virtio-rng so the guest's CRNG seeds quickly. Names
-// that are built into the kernel, or absent from it, are skipped;
-// dependencies (virtio_ring, netfs, jbd2, crc16, ...) are added from the
-// modules' own metadata, and soft dependencies such as ext4's
-// "pre: crypto-crc32c" are resolved through module aliases, since the guest
-// has no modprobe to do it on demand.
+// DefaultModules are the kernel modules the guest may need, by module name:
+// the PCI virtio transport (vmm accepts only PCI machines, q35 and pc), the
+// console port that carries the guest channel, vsock, 9p for the workspace
+// share, overlay and ext4 (with the crc32c its checksums use) for the
+// per-VM disk, and virtio-rng for an entropy device. Names that are built
+// into the kernel, or absent from it, are skipped; dependencies
+// (virtio_ring, netfs, jbd2, crc16, ...) are added from the modules' own
+// metadata, and soft dependencies such as ext4's "pre: crypto-crc32c" are
+// resolved through module aliases, since the guest has no modprobe to do it
+// on demand. Drivers load in the guest only for devices the VM has (see
+// deviceConditions): a serial-channel VM skips vsock and virtio-rng.
 var DefaultModules = []string{
-	"virtio", "virtio_ring", "virtio_pci", "virtio_mmio",
+	"virtio_pci",
 	"virtio_blk", "virtio_console", "virtio_rng",
-	"vsock", "vmw_vsock_virtio_transport",
-	"netfs", "fscache", "9pnet", "9pnet_virtio", "9p",
+	"vmw_vsock_virtio_transport",
+	"9pnet_virtio", "9p",
 	"overlay",
-	"crc16", "crc32c_generic", "libcrc32c", "mbcache", "jbd2", "ext4",
+	"crc32c_generic", "ext4",
 }
 
-// LoadOrderPath is where the initramfs lists the modules to load, one
-// absolute path per line, dependencies first. The agent loads them one by
-// one in that order (loading independent modules at once hung one TCG boot
-// in 54).
-const LoadOrderPath = "/lib/modules/load-order"
-
-// LoadOrderText writes the load-order file for modules already in load order.
-func LoadOrderText(modules []string) string {
-	var b strings.Builder
-	for _, m := range modules {
-		b.WriteString(m + "\n")
-	}
-	return b.String()
-}
+// LoadOrderPath is where the initramfs lists the modules to load, one per
+// line, dependencies first, each with the devices it is for (see
+// core/modorder). The agent loads them one by one in that order (loading
+// independent modules at once hung one TCG boot in 54).
+const LoadOrderPath = modorder.Path
 
 // modName normalizes a module name the way the kernel does (KBUILD_MODNAME
 // turns dashes into underscores): file crc32c-intel.ko is module crc32c_intel.
@@ -510,6 +505,65 @@ func (t *modTree) depsOf(name string) ([]string, error) {
 			t.log.Warn("soft dependency not found; continuing without it", "module", name, "softdep", s)
 		case mod != name && !slices.Contains(out, mod):
 			out = append(out, mod)
+		}
+	}
+	return out, nil
+}
+
+// deviceConditions says which modules of order the guest loads only when a
+// device is there: a wanted driver whose aliases name bus devices (virtio,
+// PCI, ACPI …) loads only when a present device matches one, and a
+// dependency only when some module that needs it would load. Wanted
+// modules without device aliases (filesystems, crypto) always load, and so
+// does everything they need. Modules absent from the map always load.
+func (t *modTree) deviceConditions(wanted, order []string) (map[string][]string, error) {
+	always := map[string]bool{}
+	devices := map[string][]string{}
+	for _, w := range wanted {
+		root := modName(w)
+		if !t.has(root) {
+			continue
+		}
+		mi, err := t.modinfo(root)
+		if err != nil {
+			return nil, err
+		}
+		var own []string
+		for _, a := range mi.Aliases {
+			if modorder.IsDeviceAlias(a) {
+				own = append(own, a)
+			}
+		}
+		// root and everything it needs, transitively.
+		seen := map[string]bool{}
+		stack := []string{root}
+		for len(stack) > 0 {
+			m := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if seen[m] {
+				continue
+			}
+			seen[m] = true
+			deps, err := t.depsOf(m)
+			if err != nil {
+				return nil, err
+			}
+			stack = append(stack, deps...)
+			if len(own) == 0 {
+				always[m] = true
+				continue
+			}
+			for _, a := range own {
+				if !slices.Contains(devices[m], a) {
+					devices[m] = append(devices[m], a)
+				}
+			}
+		}
+	}
+	out := map[string][]string{}
+	for _, m := range order {
+		if !always[m] && len(devices[m]) > 0 {
+			out[m] = devices[m]
 		}
 	}
 	return out, nil

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -156,7 +157,9 @@ func writeModTree(t *testing.T, withDepFile bool) string {
 	mod := func(rel string, info ...string) { put(rel, fakeModule(t, info...)) }
 	mod("kernel/drivers/virtio/virtio.ko", "depends=", "name=virtio")
 	mod("kernel/drivers/virtio/virtio_ring.ko", "depends=", "name=virtio_ring")
-	mod("kernel/drivers/char/virtio_console.ko", "depends=virtio,virtio_ring", "name=virtio_console")
+	mod("kernel/drivers/char/virtio_console.ko", "alias=virtio:d00000003v*", "alias=devname:vport", "depends=virtio,virtio_ring", "name=virtio_console")
+	mod("kernel/net/vmw_vsock/vsock.ko", "depends=", "name=vsock")
+	mod("kernel/net/vmw_vsock/vmw_vsock_virtio_transport.ko", "alias=virtio:d00000013v*", "depends=virtio,virtio_ring,vsock", "name=vmw_vsock_virtio_transport")
 	// ext4 is compressed and soft-depends on an alias two modules provide;
 	// jbd2 depends on a built-in.
 	put("kernel/fs/ext4/ext4.ko.xz", xzCompress(t, fakeModule(t, "softdep=pre: crypto-crc32c", "depends=jbd2,crc16", "name=ext4"), xz.CRC32))
@@ -228,12 +231,44 @@ func TestModTreeUsesModulesDep(t *testing.T) {
 	}
 }
 
-func TestLoadOrderText(t *testing.T) {
-	got := LoadOrderText([]string{"/a.ko", "/b.ko", "/c.ko"})
-	if want := "/a.ko\n/b.ko\n/c.ko\n"; got != want {
-		t.Fatalf("got %q, want %q", got, want)
+func TestDeviceConditions(t *testing.T) {
+	mt, err := openModTree(writeModTree(t, false), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := LoadOrderText(nil); got != "" {
-		t.Fatalf("no modules: %q", got)
+	wanted := []string{"virtio_console", "vmw_vsock_virtio_transport", "ext4"}
+	order, _, _, err := mt.selectModules(wanted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds, err := mt.deviceConditions(wanted, order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		// Drivers load for their device only; virtio_console's own
+		// "devname:" alias is not a device condition.
+		"virtio_console":             {"virtio:d00000003v*"},
+		"vmw_vsock_virtio_transport": {"virtio:d00000013v*"},
+		// vsock serves only the vsock driver, so it shares its condition;
+		// virtio and virtio_ring serve both drivers: either device will do.
+		"vsock":       {"virtio:d00000013v*"},
+		"virtio":      {"virtio:d00000003v*", "virtio:d00000013v*"},
+		"virtio_ring": {"virtio:d00000003v*", "virtio:d00000013v*"},
+		// ext4 and what it needs: always.
+	}
+	for m := range conds {
+		slices.Sort(conds[m])
+	}
+	if !reflect.DeepEqual(conds, want) {
+		t.Fatalf("conditions %v, want %v", conds, want)
+	}
+	// A module wanted for itself always loads, even if a driver needs it
+	// too; virtio_ring, needed only by the driver, keeps the condition.
+	wanted = []string{"virtio_console", "virtio"}
+	order, _, _, _ = mt.selectModules(wanted)
+	conds, err = mt.deviceConditions(wanted, order)
+	if err != nil || !reflect.DeepEqual(conds, map[string][]string{"virtio_console": {"virtio:d00000003v*"}, "virtio_ring": {"virtio:d00000003v*"}}) {
+		t.Fatalf("conditions %v, err %v", conds, err)
 	}
 }

@@ -13,36 +13,10 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/version"
-	"github.com/capsem/capsem/personalities/agent"
-	"github.com/capsem/capsem/personalities/aggregator"
-	"github.com/capsem/capsem/personalities/builtin"
-	"github.com/capsem/capsem/personalities/gateway"
-	"github.com/capsem/capsem/personalities/image"
-	"github.com/capsem/capsem/personalities/policycmd"
-	"github.com/capsem/capsem/personalities/process"
-	"github.com/capsem/capsem/personalities/relay"
-	"github.com/capsem/capsem/personalities/run"
 )
-
-// CLI is the grammar shared by subcommands and symlink names.
-type CLI struct {
-	LogLevel string `name:"log-level" env:"CAPSEM_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`
-
-	Version       VersionCmd     `cmd:"" help:"Print the version."`
-	Run           run.Cmd        `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`
-	Image         image.Cmd      `cmd:"" help:"Build the guest boot assets."`
-	Gateway       gateway.Cmd    `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
-	MCPServer     relay.Cmd      `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
-	Policy        policycmd.Cmd  `cmd:"" help:"Inspect, explain and reload the MCP policy."`
-	MCPAggregator aggregator.Cmd `cmd:"" name:"mcp-aggregator" hidden:"" help:"Internal: the sandboxed MCP aggregator."`
-	MCPBuiltin    builtin.Cmd    `cmd:"" name:"mcp-builtin" hidden:"" help:"Internal: the builtin MCP tool server."`
-	Process       process.Cmd    `cmd:"" hidden:"" help:"Internal: the per-VM process."`
-	Agent         agent.Cmd      `cmd:"" hidden:"" help:"Internal: the guest agent (PID 1 in the VM, installed as /init)."`
-}
 
 // VersionCmd prints the version.
 type VersionCmd struct{}
@@ -112,9 +86,10 @@ func Main(args []string) int {
 	}
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(); err != nil {
-		var exit api.ExitError
+		// api.ExitError and the like: a command's own exit status.
+		var exit interface{ CommandExitCode() int }
 		if errors.As(err, &exit) {
-			return exit.Code
+			return exit.CommandExitCode()
 		}
 		fmt.Fprintln(os.Stderr, "capsem:", err)
 		return 1

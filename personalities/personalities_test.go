@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -22,12 +23,32 @@ func TestRewriteArgs(t *testing.T) {
 	}
 }
 
-// TestGuestBuildWithoutCgo builds the whole program the way it runs in the
-// guest (/init): without cgo.
+// TestGuestBuildWithoutCgo builds the program the way it runs in the guest
+// (/init: no cgo, guest personalities only) and checks that build answers
+// to the guest's names and leaves the host's personalities out; the full
+// program must build without cgo too.
 func TestGuestBuildWithoutCgo(t *testing.T) {
-	cmd := exec.Command("go", "build", "-o", filepath.Join(t.TempDir(), "capsem-guest"), "..")
-	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("CGO_ENABLED=0 build of capsem failed: %v\n%s", err, out)
+	dir := t.TempDir()
+	guest := filepath.Join(dir, "capsem-guest")
+	for _, args := range [][]string{{"-tags", "capsem_guest", "-o", guest}, {"-o", filepath.Join(dir, "capsem-nocgo")}} {
+		cmd := exec.Command("go", append(append([]string{"build"}, args...), "..")...)
+		cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("CGO_ENABLED=0 go build %v failed: %v\n%s", args, err, out)
+		}
+	}
+	out, err := exec.Command(guest, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("capsem-guest --help: %v\n%s", err, out)
+	}
+	for _, want := range []string{"\n  version", "\n  mcp-server"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the guest build lacks %s:\n%s", want, out)
+		}
+	}
+	for _, hostOnly := range []string{"\n  gateway", "\n  policy", "\n  image", "\n  run"} {
+		if strings.Contains(string(out), hostOnly) {
+			t.Errorf("the guest build has the host's %q:\n%s", hostOnly, out)
+		}
 	}
 }

@@ -133,7 +133,7 @@ func GuestBinary(t testing.TB) string {
 	if p, ok := built["guest"]; ok {
 		return p
 	}
-	cmd := exec.Command("go", "build", "-o", next, ".")
+	cmd := exec.Command("go", "build", "-tags", "capsem_guest", "-o", next, ".")
 	cmd.Dir = ModuleRoot(t)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

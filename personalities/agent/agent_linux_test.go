@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -826,6 +827,63 @@ func TestLoadModulesList(t *testing.T) {
 	}
 	if loaded, failed := loadModules(testLog(t), filepath.Join(dir, "absent")); loaded != 0 || failed != nil {
 		t.Fatalf("a missing list is not an error: %d %v", loaded, failed)
+	}
+}
+
+// Drivers load only for devices that are there (or that the command line
+// configures). The loader here records the order and, like the kernel,
+// makes devices appear when their bus driver loads.
+func TestLoadModulesForPresentDevices(t *testing.T) {
+	dir := t.TempDir()
+	addDevice := func(bus, dev, alias string) {
+		os.MkdirAll(filepath.Join(dir, "bus", bus, "devices", dev), 0o755)
+		os.WriteFile(filepath.Join(dir, "bus", bus, "devices", dev, "modalias"), []byte(alias+"\n"), 0o444)
+	}
+	addDevice("pci", "0000:00:02.0", "pci:v00001AF4d00001043sv00001AF4sd00001100bc07sc80i00")
+	cmdline := filepath.Join(dir, "cmdline")
+	os.WriteFile(cmdline, []byte("console=ttyS0 virtio_mmio.device=512@0xfeb00e00:12 quiet\n"), 0o444)
+	list := filepath.Join(dir, "load-order")
+	os.WriteFile(list, []byte(strings.Join([]string{
+		"/m/always.ko",
+		// Listed before the transport that makes its device appear: it
+		// must wait for it, not be dropped.
+		"/m/virtio_console.ko | virtio:d00000003v*",
+		"/m/vsock.ko | virtio:d00000013v*",
+		"/m/virtio_pci.ko | pci:v00001AF4d*sv*sd*bc*sc*i*",
+		"/m/vmw_vsock_virtio_transport.ko | virtio:d00000013v*",
+		"/m/virtio_mmio.ko | acpi*:LNRO0005:*",
+		"/m/virtio-rng.ko | virtio:d00000004v*",
+		"/m/ext4.ko",
+	}, "\n")), 0o644)
+	var order []string
+	load := func(path, params string) error {
+		name := filepath.Base(path)
+		order = append(order, name)
+		switch name {
+		case "virtio_pci.ko":
+			addDevice("virtio", "virtio0", "virtio:d00000003v00001AF4")
+			addDevice("virtio", "virtio1", "virtio:d00000013v00001AF4")
+		case "ext4.ko":
+			return errors.New("module " + path + ": finit_module: EINVAL")
+		}
+		return nil
+	}
+	r := loadModulesWith(testLog(t), list, filepath.Join(dir, "bus"), cmdline, load)
+	loaded, failed, skipped := r.loaded, r.failed, r.skipped
+	want := []string{"always.ko", "virtio_pci.ko", "virtio_console.ko", "vsock.ko", "vmw_vsock_virtio_transport.ko", "virtio_mmio.ko", "ext4.ko"}
+	if !slices.Equal(order, want) {
+		t.Fatalf("load order %v, want %v", order, want)
+	}
+	if loaded != 6 || len(failed) != 1 || !strings.Contains(failed[0].Error(), "/m/ext4.ko") {
+		t.Fatalf("loaded %d, failed %v", loaded, failed)
+	}
+	if !slices.Equal(skipped, []string{"virtio_rng"}) {
+		t.Fatalf("skipped %v", skipped)
+	}
+	// A malformed list is one clear error, and nothing loads.
+	os.WriteFile(list, []byte("/m/a.ko |\n"), 0o644)
+	if loaded, failed := loadModules(testLog(t), list); loaded != 0 || len(failed) != 1 || !strings.Contains(failed[0].Error(), "line 1") {
+		t.Fatalf("malformed list: %d %v", loaded, failed)
 	}
 }
 

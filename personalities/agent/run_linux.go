@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -127,9 +128,11 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	defer reaper.Close()
 
 	t := time.Now()
-	loaded, failed, times := loadModulesTimed(log, ModuleLoadOrder)
+	mods := loadModulesTimed(log, ModuleLoadOrder)
 	hello.Boot.ModulesMS = time.Since(t).Milliseconds()
-	log.Info("kernel modules loaded", "loaded", loaded, "failed", len(failed), "ms", hello.Boot.ModulesMS, "slowest", slowest(times, 6))
+	log.Info("kernel modules loaded", "loaded", mods.loaded, "failed", len(mods.failed), "ms", hello.Boot.ModulesMS,
+		"slowest", slowest(mods.times, 6), "skipped_no_device", strings.Join(mods.skipped, ","),
+		"bus_reads", mods.busReads, "bus_read_ms", mods.busTime.Milliseconds())
 
 	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
