@@ -80,11 +80,19 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 		}
 		tree.file(guestPath, 0o644, data)
 	}
-	entries := make([]modorder.Entry, 0, len(ks.Modules))
-	for _, p := range ks.Modules {
-		entries = append(entries, modorder.Entry{Path: p, Devices: ks.ModuleDevices[p]})
+	stageChains := ks.ModuleChains
+	if len(stageChains) == 0 && len(ks.Modules) > 0 {
+		stageChains = [][]string{ks.Modules} // one chain: the order is all we know
 	}
-	loadOrder, err := modorder.Format(entries)
+	var chains [][]modorder.Entry
+	for _, c := range stageChains {
+		var entries []modorder.Entry
+		for _, p := range c {
+			entries = append(entries, modorder.Entry{Path: p, Devices: ks.ModuleDevices[p]})
+		}
+		chains = append(chains, entries)
+	}
+	loadOrder, err := modorder.FormatChains(chains)
 	if err != nil {
 		return nil, fmt.Errorf("guestfs: %w", err)
 	}
@@ -177,6 +185,9 @@ type kernelStage struct {
 	Release string   `json:"kernel_release"`
 	PVH     bool     `json:"pvh"`
 	Modules []string `json:"modules"`
+	// ModuleChains are Modules split into groups that share no dependency
+	// (Modules is their concatenation).
+	ModuleChains [][]string `json:"module_chains"`
 	// ModuleDevices holds, by guest path, the device aliases a module is
 	// loaded for; modules not in it always load.
 	ModuleDevices map[string][]string `json:"module_devices,omitempty"`
@@ -318,6 +329,8 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 	if err != nil {
 		return nil, fmt.Errorf("kernel module device conditions: %w", err)
 	}
+	sizes := map[string]int64{}
+	guestPaths := map[string]string{}
 	for _, name := range order {
 		data, err := mt.readModule(name)
 		if err != nil {
@@ -327,7 +340,7 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 		if err := put(strings.TrimPrefix(guestPath, "/"), data); err != nil {
 			return nil, err
 		}
-		ks.Modules = append(ks.Modules, guestPath)
+		sizes[name], guestPaths[name] = int64(len(data)), guestPath
 		if c := conds[name]; len(c) > 0 {
 			if ks.ModuleDevices == nil {
 				ks.ModuleDevices = map[string][]string{}
@@ -335,7 +348,21 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 			ks.ModuleDevices[guestPath] = c
 		}
 	}
-	b.progress("modules: %d in load order (%s)", len(order), strings.Join(order, ", "))
+	// Module size stands in for load time (relocations, symbols, code
+	// patching all grow with it).
+	chains, err := mt.chains(order, func(name string) int64 { return sizes[name] })
+	if err != nil {
+		return nil, fmt.Errorf("kernel module chains: %w", err)
+	}
+	for _, c := range chains {
+		var paths []string
+		for _, name := range c {
+			paths = append(paths, guestPaths[name])
+		}
+		ks.Modules = append(ks.Modules, paths...)
+		ks.ModuleChains = append(ks.ModuleChains, paths)
+		b.progress("modules, chain %d: %s", len(ks.ModuleChains), strings.Join(c, ", "))
+	}
 	if len(absent) > 0 {
 		b.progress("warning: not in this kernel: %s", strings.Join(absent, ", "))
 	}

@@ -25,7 +25,7 @@ import (
 
 // BuilderVersion is part of every cache key: bump it when a change here
 // alters what ends up in the assets, so existing caches are rebuilt.
-const BuilderVersion = "4"
+const BuilderVersion = "5"
 
 // File names inside an asset directory.
 const (

@@ -569,6 +569,59 @@ func (t *modTree) deviceConditions(wanted, order []string) (map[string][]string,
 	return out, nil
 }
 
+// chains splits a load order into groups that share no dependency (the
+// connected components of the dependency graph), each keeping order's
+// relative order, so the guest can load them at the same time. weight
+// ranks them, heaviest first, so the agent starts the longest chain first.
+func (t *modTree) chains(order []string, weight func(name string) int64) ([][]string, error) {
+	parent := map[string]string{}
+	var find func(string) string
+	find = func(m string) string {
+		if p, ok := parent[m]; ok && p != m {
+			r := find(p)
+			parent[m] = r
+			return r
+		}
+		parent[m] = m
+		return m
+	}
+	for _, m := range order {
+		find(m)
+		deps, err := t.depsOf(m)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range deps {
+			parent[find(d)] = find(m)
+		}
+	}
+	index := map[string]int{}
+	var out [][]string
+	var weights []int64
+	for _, m := range order {
+		root := find(m)
+		i, ok := index[root]
+		if !ok {
+			i = len(out)
+			index[root] = i
+			out = append(out, nil)
+			weights = append(weights, 0)
+		}
+		out[i] = append(out[i], m)
+		weights[i] += weight(m)
+	}
+	idx := make([]int, len(out))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return weights[idx[a]] > weights[idx[b]] })
+	sorted := make([][]string, len(out))
+	for i, j := range idx {
+		sorted[i] = out[j]
+	}
+	return sorted, nil
+}
+
 // selectModules returns the load order for wanted: modules that exist as
 // files, with their dependencies. Wanted names built into the kernel are
 // returned in builtin; names the kernel lacks entirely in absent (and

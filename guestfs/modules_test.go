@@ -231,6 +231,41 @@ func TestModTreeUsesModulesDep(t *testing.T) {
 	}
 }
 
+func TestModuleChains(t *testing.T) {
+	mt, err := openModTree(writeModTree(t, false), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	order, _, _, err := mt.selectModules([]string{"virtio_console", "ext4", "overlay", "vmw_vsock_virtio_transport"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	weight := map[string]int64{"ext4": 2000, "jbd2": 300, "virtio_console": 100, "overlay": 150}
+	chains, err := mt.chains(order, func(n string) int64 { return weight[n] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{
+		{"crc32c_generic", "jbd2", "crc16", "ext4"}, // heaviest first
+		{"overlay"},
+		{"virtio", "virtio_ring", "virtio_console", "vsock", "vmw_vsock_virtio_transport"},
+	}
+	if !reflect.DeepEqual(chains, want) {
+		t.Fatalf("chains %v, want %v (order %v)", chains, want, order)
+	}
+	// Each chain keeps the load order, and together they are all of it.
+	var flat []string
+	for _, c := range chains {
+		flat = append(flat, c...)
+	}
+	slices.Sort(flat)
+	sorted := slices.Clone(order)
+	slices.Sort(sorted)
+	if !slices.Equal(flat, sorted) {
+		t.Fatalf("chains cover %v, order is %v", flat, order)
+	}
+}
+
 func TestDeviceConditions(t *testing.T) {
 	mt, err := openModTree(writeModTree(t, false), slog.New(slog.DiscardHandler))
 	if err != nil {

@@ -48,6 +48,9 @@ type Spec struct {
 	// Machine is the machine type; "" means q35 (microvm hangs under TCG;
 	// see DESIGN §2).
 	Machine string
+	// Firmware is the BIOS image to boot the kernel with; "" means the
+	// backend's default (SeaBIOS on QEMU).
+	Firmware string
 }
 
 // Disk is a raw disk image.
@@ -159,6 +162,11 @@ func (s Spec) Validate() error {
 	case "", "q35", "pc":
 	default:
 		return bad("machine %q: want q35 or pc", s.Machine)
+	}
+	if s.Firmware != "" {
+		if err := checkPath(s.Firmware); err != nil {
+			return bad("firmware path %q: %v", s.Firmware, err)
+		}
 	}
 	if strings.ContainsAny(s.Cmdline, "\x00\n") {
 		return bad("kernel command line contains a NUL or newline")

@@ -5,6 +5,9 @@
 //
 //	PATH [PARAM=VALUE ...] [| DEVICE-ALIAS-PATTERN ...]
 //
+// A line "---" ends a chain: no module of one chain needs a module of
+// another, so chains may load at the same time, each in its own order.
+//
 // Without patterns the module always loads. With patterns (after a lone
 // "|") it loads only when a device present at that point of the boot has a
 // modalias matching one of them, as udev's coldplug would decide: a driver
@@ -85,9 +88,26 @@ func Bus(pattern string) string {
 	return prefix
 }
 
-// Parse reads a load-order file. Relative paths are resolved against base
-// (the list's directory).
+// ChainSeparator is the line between two chains.
+const ChainSeparator = "---"
+
+// Parse reads a load-order file as one list, chains one after the other.
+// Relative paths are resolved against base (the list's directory).
 func Parse(data []byte, base string) ([]Entry, error) {
+	chains, err := ParseChains(data, base)
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, c := range chains {
+		out = append(out, c...)
+	}
+	return out, nil
+}
+
+// ParseChains reads a load-order file as its chains (empty ones dropped).
+func ParseChains(data []byte, base string) ([][]Entry, error) {
+	var chains [][]Entry
 	var out []Entry
 	for n, line := range strings.Split(string(data), "\n") {
 		if len(line) > MaxLine {
@@ -95,6 +115,16 @@ func Parse(data []byte, base string) ([]Entry, error) {
 		}
 		fields := strings.Fields(line)
 		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		if fields[0] == ChainSeparator {
+			if len(fields) > 1 {
+				return nil, fmt.Errorf("load-order line %d: %q stands alone on its line", n+1, ChainSeparator)
+			}
+			if len(out) > 0 {
+				chains = append(chains, out)
+			}
+			out = nil
 			continue
 		}
 		e := Entry{Path: fields[0]}
@@ -125,14 +155,32 @@ func Parse(data []byte, base string) ([]Entry, error) {
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	if len(out) > 0 {
+		chains = append(chains, out)
+	}
+	return chains, nil
 }
 
 // Format writes entries in the file's syntax. Paths, parameters and
 // patterns must not contain white space (module paths and modaliases never
 // do); Format refuses them rather than write a list that reads back wrong.
-func Format(entries []Entry) (string, error) {
+func Format(entries []Entry) (string, error) { return FormatChains([][]Entry{entries}) }
+
+// FormatChains writes chains separated by ChainSeparator lines.
+func FormatChains(chains [][]Entry) (string, error) {
 	var b strings.Builder
+	for i, entries := range chains {
+		if i > 0 {
+			b.WriteString(ChainSeparator + "\n")
+		}
+		if err := formatEntries(&b, entries); err != nil {
+			return "", err
+		}
+	}
+	return b.String(), nil
+}
+
+func formatEntries(b *strings.Builder, entries []Entry) error {
 	for _, e := range entries {
 		words := append([]string{e.Path}, e.Params...)
 		if len(e.Devices) > 0 {
@@ -140,16 +188,16 @@ func Format(entries []Entry) (string, error) {
 		}
 		for _, w := range words {
 			if w == "" || strings.ContainsAny(w, " \t\r\n") {
-				return "", fmt.Errorf("load-order: %q (module %s) is empty or contains white space", w, e.Path)
+				return fmt.Errorf("load-order: %q (module %s) is empty or contains white space", w, e.Path)
 			}
 		}
-		if strings.HasPrefix(e.Path, "#") || e.Path == "|" {
-			return "", fmt.Errorf("load-order: module path %q would not read back", e.Path)
+		if strings.HasPrefix(e.Path, "#") || e.Path == "|" || e.Path == ChainSeparator {
+			return fmt.Errorf("load-order: module path %q would not read back", e.Path)
 		}
 		b.WriteString(strings.Join(words, " "))
 		b.WriteByte('\n')
 	}
-	return b.String(), nil
+	return nil
 }
 
 // IsDeviceAlias reports whether a module alias names hardware a bus

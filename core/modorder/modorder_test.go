@@ -41,6 +41,29 @@ func TestParse(t *testing.T) {
 	}
 }
 
+func TestChains(t *testing.T) {
+	in := "---\n/a.ko\n/b.ko | virtio:d3*\n---\n---\n/c.ko\n---\n"
+	chains, err := ParseChains([]byte(in), "/")
+	want := [][]Entry{{{Path: "/a.ko"}, {Path: "/b.ko", Devices: []string{"virtio:d3*"}}}, {{Path: "/c.ko"}}}
+	if err != nil || !reflect.DeepEqual(chains, want) {
+		t.Fatalf("chains %#v err %v", chains, err)
+	}
+	flat, err := Parse([]byte(in), "/")
+	if err != nil || len(flat) != 3 || flat[2].Path != "/c.ko" {
+		t.Fatalf("flat %#v err %v", flat, err)
+	}
+	text, err := FormatChains(want)
+	if err != nil || text != "/a.ko\n/b.ko | virtio:d3*\n---\n/c.ko\n" {
+		t.Fatalf("format %q err %v", text, err)
+	}
+	if _, err := ParseChains([]byte("--- x\n"), "/"); err == nil || !strings.Contains(err.Error(), "stands alone") {
+		t.Fatalf("separator with words: %v", err)
+	}
+	if _, err := Format([]Entry{{Path: "---"}}); err == nil {
+		t.Fatal("a module path that reads back as a separator was written")
+	}
+}
+
 func TestFormatRoundTripAndGolden(t *testing.T) {
 	entries := []Entry{
 		{Path: "/lib/modules/6.1.0-57-amd64/kernel/drivers/virtio/virtio_ring.ko"},
@@ -50,7 +73,7 @@ func TestFormatRoundTripAndGolden(t *testing.T) {
 		{Path: "/lib/modules/6.1.0-57-amd64/kernel/fs/ext4/ext4.ko"},
 		{Path: "/m.ko", Params: []string{"a=1"}},
 	}
-	text, err := Format(entries)
+	text, err := FormatChains([][]Entry{entries[:5], entries[5:]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,8 +88,8 @@ func TestFormatRoundTripAndGolden(t *testing.T) {
 	if text != string(want) {
 		t.Fatalf("format changed:\n%s\nwant:\n%s", text, want)
 	}
-	back, err := Parse([]byte(text), "/")
-	if err != nil || !reflect.DeepEqual(back, entries) {
+	back, err := ParseChains([]byte(text), "/")
+	if err != nil || !reflect.DeepEqual(back, [][]Entry{entries[:5], entries[5:]}) {
 		t.Fatalf("round trip: %#v err %v", back, err)
 	}
 	for _, bad := range []Entry{{Path: "/a b.ko"}, {Path: "#x.ko"}, {Path: "|"}, {Path: "/a.ko", Devices: []string{""}}, {Path: "/a.ko", Params: []string{"x=a b"}}} {
@@ -142,28 +165,33 @@ func TestNameAndDeviceAliases(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{"/a.ko\n", "/a.ko x=1 | pci:v* virtio:d1*\n#c\n", "| x", "/a.ko |", "rel.ko a=b=c"} {
+	for _, s := range []string{"/a.ko\n", "/a.ko x=1 | pci:v* virtio:d1*\n#c\n", "| x", "/a.ko |", "rel.ko a=b=c", "/a.ko\n---\n/b.ko\n", "---\n---"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		entries, err := Parse(data, "/base")
+		chains, err := ParseChains(data, "/base")
 		if err != nil {
 			return
 		}
-		for _, e := range entries {
-			if !filepath.IsAbs(e.Path) {
-				t.Fatalf("relative path %q", e.Path)
+		for _, c := range chains {
+			if len(c) == 0 {
+				t.Fatal("an empty chain")
 			}
-			e.Matches([]string{"pci:v1", "virtio:d3"}) // must not panic
+			for _, e := range c {
+				if !filepath.IsAbs(e.Path) {
+					t.Fatalf("relative path %q", e.Path)
+				}
+				e.Matches([]string{"pci:v1", "virtio:d3"}) // must not panic
+			}
 		}
-		// What parsed formats and parses back to the same entries.
-		text, err := Format(entries)
+		// What parsed formats and parses back to the same chains.
+		text, err := FormatChains(chains)
 		if err != nil {
 			return // e.g. a path Parse made absolute that starts oddly; Format refuses rather than lie
 		}
-		back, err := Parse([]byte(text), "/base")
-		if err != nil || !reflect.DeepEqual(back, entries) {
-			t.Fatalf("round trip of %q: %#v (err %v), want %#v", text, back, err, entries)
+		back, err := ParseChains([]byte(text), "/base")
+		if err != nil || !reflect.DeepEqual(back, chains) {
+			t.Fatalf("round trip of %q: %#v (err %v), want %#v", text, back, err, chains)
 		}
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -884,6 +885,47 @@ func TestLoadModulesForPresentDevices(t *testing.T) {
 	os.WriteFile(list, []byte("/m/a.ko |\n"), 0o644)
 	if loaded, failed := loadModules(testLog(t), list); loaded != 0 || len(failed) != 1 || !strings.Contains(failed[0].Error(), "line 1") {
 		t.Fatalf("malformed list: %d %v", loaded, failed)
+	}
+}
+
+// Chains load side by side, each in its own order.
+func TestLoadModuleChainsInParallel(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: chains load one after the other")
+	}
+	dir := t.TempDir()
+	list := filepath.Join(dir, "load-order")
+	os.WriteFile(list, []byte("/m/crc16.ko\n/m/jbd2.ko\n/m/ext4.ko\n---\n/m/virtio_ring.ko\n/m/virtio.ko\n/m/virtio_console.ko\n---\n/m/overlay.ko\n"), 0o644)
+	var mu sync.Mutex
+	running, most := 0, 0
+	var order []string
+	load := func(path, params string) error {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		order = append(order, filepath.Base(path))
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return nil
+	}
+	r := loadModulesWith(testLog(t), list, filepath.Join(dir, "bus"), filepath.Join(dir, "cmdline"), load)
+	if r.loaded != 7 || len(r.failed) != 0 || r.chains != 3 || r.workers != min(3, runtime.NumCPU()) {
+		t.Fatalf("report %+v", r)
+	}
+	if most != r.workers {
+		t.Fatalf("at most %d loads at once, want %d", most, r.workers)
+	}
+	pos := map[string]int{}
+	for i, m := range order {
+		pos[m] = i
+	}
+	for _, pair := range [][2]string{{"crc16.ko", "jbd2.ko"}, {"jbd2.ko", "ext4.ko"}, {"virtio_ring.ko", "virtio.ko"}, {"virtio.ko", "virtio_console.ko"}} {
+		if pos[pair[0]] > pos[pair[1]] {
+			t.Fatalf("%s loaded after %s: %v", pair[0], pair[1], order)
+		}
 	}
 }
 

@@ -132,7 +132,7 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	hello.Boot.ModulesMS = time.Since(t).Milliseconds()
 	log.Info("kernel modules loaded", "loaded", mods.loaded, "failed", len(mods.failed), "ms", hello.Boot.ModulesMS,
 		"slowest", slowest(mods.times, 6), "skipped_no_device", strings.Join(mods.skipped, ","),
-		"bus_reads", mods.busReads, "bus_read_ms", mods.busTime.Milliseconds())
+		"bus_reads", mods.busReads, "bus_read_ms", mods.busTime.Milliseconds(), "chains", mods.chains, "parallel", mods.workers)
 
 	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {

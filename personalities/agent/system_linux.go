@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -105,14 +107,17 @@ func unescapeMountPath(s string) string {
 // dependencies first (written by the image builder).
 const ModuleLoadOrder = modorder.Path
 
-// loadModules loads the modules in the list file with finit_module, one
-// after the other in list order (loading independent modules at the same
-// time hung one boot in 54 under TCG). A module for a device (a driver, or
-// what only drivers need) loads only when such a device is present, or
-// when the kernel command line gives it parameters. A module already
-// loaded (EEXIST) is fine; any other failure is logged and the rest still
-// load, since the channel may not need the one that failed. It returns how
-// many loaded and the failures.
+// loadModules loads the modules in the list file with finit_module. The
+// modules of one chain load one after the other in list order, and chains,
+// which share no module, load side by side. (Loading each dependency level
+// at once, several virtio drivers probing together, hung one TCG boot in
+// 54; a bus's drivers all share its core module, so they stay in one
+// chain and load in sequence.) A module for a device (a driver, or what
+// only drivers need) loads only when such a device is present, or when the
+// kernel command line gives it parameters. A module already loaded
+// (EEXIST) is fine; any other failure is logged and the rest still load,
+// since the channel may not need the one that failed. It returns how many
+// loaded and the failures.
 func loadModules(log *slog.Logger, listPath string) (loaded int, failed []error) {
 	r := loadModulesTimed(log, listPath)
 	return r.loaded, r.failed
@@ -126,6 +131,8 @@ type moduleReport struct {
 	skipped  []string      // modules for devices this VM does not have
 	busReads int           // /sys/bus/<bus> reads to decide that
 	busTime  time.Duration // time those reads took
+	chains   int           // independent chains in the list
+	workers  int           // chains loading at once
 }
 
 // moduleTime is how long one module took to load and initialise.
@@ -212,15 +219,6 @@ func loadModulesTimed(log *slog.Logger, listPath string) moduleReport {
 
 // loadModulesWith is loadModulesTimed with the device and command-line
 // sources and the loader as parameters, for tests.
-//
-// A conditional module whose device is not there yet is deferred, not
-// dropped: devices appear as bus drivers load (virtio_pci creates the
-// virtio devices), and the list orders dependencies, not buses. Whenever a
-// conditional module (a driver, or what drivers need) has loaded, the
-// deferred ones are checked again, in list order, before the next entry,
-// so a deferred dependency still loads before the module that needs it.
-// Unconditional modules (filesystems, libraries) create no bus devices,
-// so they trigger no rescan.
 func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, load func(path, params string) error) (r moduleReport) {
 	data, err := os.ReadFile(listPath)
 	if err != nil {
@@ -229,7 +227,7 @@ func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, lo
 		}
 		return r
 	}
-	entries, err := modorder.Parse(data, filepath.Dir(listPath))
+	chains, err := modorder.ParseChains(data, filepath.Dir(listPath))
 	if err != nil {
 		r.failed = []error{fmt.Errorf("module list %s: %w", listPath, err)}
 		return r
@@ -238,6 +236,49 @@ func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, lo
 	if b, err := os.ReadFile(cmdlinePath); err == nil {
 		configured = modorder.CmdlineModules(string(b))
 	}
+	// Chains share no module, so they load side by side, one per CPU,
+	// heaviest first (the builder's order): under TCG a boot's module
+	// loading is CPU-bound kernel work that a second vCPU halves.
+	r.chains, r.workers = len(chains), min(len(chains), runtime.NumCPU())
+	queue := make(chan []modorder.Entry, len(chains))
+	for _, c := range chains {
+		queue <- c
+	}
+	close(queue)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range r.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range queue {
+				cr := loadChain(log, c, busRoot, configured, load)
+				mu.Lock()
+				r.loaded += cr.loaded
+				r.failed = append(r.failed, cr.failed...)
+				r.times = append(r.times, cr.times...)
+				r.skipped = append(r.skipped, cr.skipped...)
+				r.busReads += cr.busReads
+				r.busTime += cr.busTime
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return r
+}
+
+// loadChain loads one chain in its order. A conditional module whose
+// device is not there yet is deferred, not dropped: devices appear as bus
+// drivers load (virtio_pci creates the virtio devices), and the list
+// orders dependencies, not buses. Whenever a conditional module (a driver,
+// or what drivers need) has loaded, the deferred ones are checked again, in
+// list order, before the next entry, so a deferred dependency still loads
+// before the module that needs it. Unconditional modules (filesystems,
+// libraries) create no bus devices, so they trigger no rescan. A bus
+// driver and the drivers of its devices share the bus's core module, so
+// they are in one chain.
+func loadChain(log *slog.Logger, entries []modorder.Entry, busRoot string, configured map[string]bool, load func(path, params string) error) (r moduleReport) {
 	// Each bus is read when a pattern names it, and again only after a
 	// conditional module loaded.
 	buses := newBusDevices(busRoot)
@@ -268,38 +309,28 @@ func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, lo
 		}
 	}
 	var deferred []modorder.Entry
-	retry := func() {
-		var still []modorder.Entry
-		for _, d := range deferred {
-			if wanted(d) {
-				loadOne(d)
-			} else {
-				still = append(still, d)
+	retryDeferred := func() {
+		for len(deferred) > 0 && devicesChanged {
+			var still []modorder.Entry
+			for _, d := range deferred {
+				if wanted(d) {
+					loadOne(d)
+				} else {
+					still = append(still, d)
+				}
 			}
+			deferred = still
 		}
-		deferred = still
 	}
 	for _, e := range entries {
-		for len(deferred) > 0 && devicesChanged {
-			before := len(deferred)
-			retry()
-			if len(deferred) == before {
-				break
-			}
-		}
+		retryDeferred()
 		if wanted(e) {
 			loadOne(e)
 		} else {
 			deferred = append(deferred, e)
 		}
 	}
-	for len(deferred) > 0 && devicesChanged {
-		before := len(deferred)
-		retry()
-		if len(deferred) == before {
-			break
-		}
-	}
+	retryDeferred()
 	for _, d := range deferred {
 		r.skipped = append(r.skipped, d.Name())
 	}

@@ -168,6 +168,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		Shares:        shares,
 		ChannelSocket: chanSock,
 		ConsoleLog:    filepath.Join(o.SessionDir, "console.log"),
+		Firmware:      qemu.PreferredFirmware(),
 	}
 	backend := &qemu.Backend{Log: o.Logger}
 	m, err := backend.Create(ctx, spec)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/guestfs"
+	"github.com/capsem/capsem/vmm/qemu"
 )
 
 // vmBench measures the VM path: `capsem process` create → exec-ready beside
@@ -48,7 +49,11 @@ func vmBench(capsem string, runs int) error {
 			phases[k] = append(phases[k], v)
 		}
 	}
-	fmt.Printf("\nVM boot under %s, %d runs each, medians (kernel %s, initramfs %d MB)\n", accelName(), runs, filepath.Base(assets.Kernel), fileSize(assets.Initramfs)>>20)
+	fw := qemu.PreferredFirmware()
+	if fw == "" {
+		fw = "SeaBIOS"
+	}
+	fmt.Printf("\nVM boot under %s, %d runs each, medians (kernel %s, initramfs %d MB, firmware %s)\n", accelName(), runs, filepath.Base(assets.Kernel), fileSize(assets.Initramfs)>>20, filepath.Base(fw))
 	fmt.Printf("  bare QEMU boot, same kernel+initramfs, start → first userspace print:      %s\n", ms(median(bare)))
 	fmt.Printf("  capsem create → exec-ready:                                                %s   (%.2f× bare; target ≤ 1.2×)\n", ms(median(ready)), float64(median(ready))/float64(median(bare)))
 	fmt.Printf("  capsem create → exec `true` → stopped:                                     %s\n", ms(median(total)))
@@ -93,8 +98,9 @@ const bareMarker = "CAPSEM-BARE-USERSPACE"
 
 // bareBoot boots the kernel and initramfs with busybox echo as init and
 // times QEMU start → the echo's line on the serial console: the earliest
-// userspace can speak. Same machine type, CPUs and memory as capsem. When
-// echo exits the kernel panics (init died) and panic=-1 -no-reboot ends QEMU.
+// userspace can speak. Same machine type, firmware, CPUs and memory as
+// capsem. When echo exits the kernel panics (init died) and panic=-1
+// -no-reboot ends QEMU.
 func bareBoot(a *guestfs.Assets) (time.Duration, error) {
 	accel := "tcg"
 	cpu := "max"
@@ -105,6 +111,9 @@ func bareBoot(a *guestfs.Assets) (time.Duration, error) {
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-nic", "none", "-serial", "stdio",
 		"-kernel", a.Kernel, "-initrd", a.Initramfs,
 		"-append", "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/bin/echo -- " + bareMarker}
+	if fw := qemu.PreferredFirmware(); fw != "" {
+		args = append(args, "-bios", fw)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)

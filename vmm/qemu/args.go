@@ -80,6 +80,9 @@ func Args(spec vmm.Spec, accel string) ([]string, error) {
 		"-chardev", "socket,id=" + channelChardevID + ",path=" + optValue(spec.ChannelSocket) + ",server=off",
 		"-device", "virtserialport,bus=" + serialBusID + ".0,chardev=" + channelChardevID + ",name=" + guestchan.VirtioPortName,
 	}
+	if spec.Firmware != "" {
+		a = append(a, "-bios", spec.Firmware)
+	}
 	for _, d := range spec.Disks {
 		ro, extra := "off", ",discard=unmap" // deletes in the guest keep the image sparse
 		if d.ReadOnly {

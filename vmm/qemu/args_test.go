@@ -53,6 +53,9 @@ func goldenSpecs() map[string]struct {
 	odd.ChannelSocket = "/tmp/a,b/c.sock"
 	odd.Disks = []vmm.Disk{{ID: "d1", Path: "/tmp/a,b/disk,1.img"}}
 	odd.Shares = []vmm.Share{{Tag: "w", HostPath: "/tmp/a,b/w"}}
+	fw := minimalSpec()
+	fw.Name = "qboot"
+	fw.Firmware = FastFirmware
 	return map[string]struct {
 		spec  vmm.Spec
 		accel string
@@ -62,6 +65,7 @@ func goldenSpecs() map[string]struct {
 		"with-disks":  {disks, vmm.AccelTCG},
 		"with-share":  {share, vmm.AccelTCG},
 		"odd-paths":   {odd, vmm.AccelKVM},
+		"qboot":       {fw, vmm.AccelTCG},
 	}
 }
 
@@ -108,10 +112,15 @@ func TestArgsInvariants(t *testing.T) {
 				t.Errorf("%s: argv lacks %q", name, want)
 			}
 		}
-		for _, bad := range []string{"-netdev", "virtio-net", "-bios", "-boot ", "microvm", "server=on"} {
+		for _, bad := range []string{"-netdev", "virtio-net", "-boot ", "microvm", "server=on"} {
 			if strings.Contains(joined, bad) {
 				t.Errorf("%s: argv has %q", name, bad)
 			}
+		}
+		// The firmware is the spec's, or QEMU's default when it names none.
+		if hasBios := strings.Contains(joined, " -bios "); hasBios != (g.spec.Firmware != "") ||
+			(hasBios && !strings.Contains(joined, " -bios "+g.spec.Firmware+" ")) {
+			t.Errorf("%s: firmware %q but argv %q", name, g.spec.Firmware, joined)
 		}
 		wantCPU := map[string]string{vmm.AccelTCG: "max", vmm.AccelKVM: "host"}[g.accel]
 		if i := slices.Index(args, "-cpu"); i < 0 || args[i+1] != wantCPU {
@@ -134,6 +143,7 @@ func TestArgsRejects(t *testing.T) {
 		"tiny memory":       func(s *vmm.Spec) { s.MemoryMiB = 16 },
 		"bad accel":         func(s *vmm.Spec) { s.Accel = "xen" },
 		"microvm":           func(s *vmm.Spec) { s.Machine = "microvm" },
+		"relative firmware": func(s *vmm.Spec) { s.Firmware = "qboot.rom" },
 		"newline cmdline":   func(s *vmm.Spec) { s.Cmdline = "a\nb" },
 		"bad disk id":       func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "1x", Path: "/d"}} },
 		"disk id too long":  func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "abcdefghijklmnopqrstu", Path: "/d"}} },

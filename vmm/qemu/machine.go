@@ -24,6 +24,21 @@ import (
 // DefaultBinary is the QEMU program, looked up in PATH.
 const DefaultBinary = "qemu-system-x86_64"
 
+// FastFirmware is qboot, the minimal BIOS Debian's qemu-system-data ships:
+// it only sets up what a direct kernel boot needs (PCI, ACPI tables, the
+// PVH entry) and skips SeaBIOS's drive scan and boot menu, about 100-200 ms
+// of every boot under TCG here.
+const FastFirmware = "/usr/share/qemu/qboot.rom"
+
+// PreferredFirmware returns FastFirmware when it is installed, else ""
+// (QEMU's default SeaBIOS).
+func PreferredFirmware() string {
+	if st, err := os.Stat(FastFirmware); err == nil && st.Mode().IsRegular() {
+		return FastFirmware
+	}
+	return ""
+}
+
 // DefaultStopGrace is how long Stop waits after SIGTERM before SIGKILL.
 const DefaultStopGrace = 5 * time.Second
 
