@@ -24,7 +24,7 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 n=0
-while read -r m rest; do insmod "$m" || echo "CAPSEM-MODFAIL $m"; n=$((n+1)); done < /lib/modules/load-order
+while read -r m rest; do [ "$m" = --- ] && continue; insmod "$m" || echo "CAPSEM-MODFAIL $m"; n=$((n+1)); done < /lib/modules/load-order
 echo "CAPSEM-LOADED $n"
 grep -q ext4 /proc/filesystems && echo CAPSEM-FS-ext4
 grep -q 9p /proc/filesystems && echo CAPSEM-FS-9p

@@ -929,6 +929,49 @@ func TestLoadModuleChainsInParallel(t *testing.T) {
 	}
 }
 
+// A boot step waits only for its own modules: the channel's driver is
+// reported in while another chain is still loading.
+func TestModuleLoaderWaitsForNamedModules(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: chains load one after the other")
+	}
+	dir := t.TempDir()
+	list := filepath.Join(dir, "load-order")
+	os.WriteFile(list, []byte("/m/crc16.ko\n/m/ext4.ko\n---\n/m/virtio.ko\n/m/virtio_console.ko\n/m/virtio_rng.ko | virtio:d00000004v*\n"), 0o644)
+	release := make(chan struct{})
+	load := func(path, params string) error {
+		if filepath.Base(path) == "ext4.ko" {
+			<-release // the heavy chain is still busy
+		}
+		return nil
+	}
+	l := startModulesWith(testLog(t), list, filepath.Join(dir, "bus"), filepath.Join(dir, "cmdline"), load)
+	waited := make(chan struct{})
+	go func() {
+		l.wait("virtio_console", "virtio_rng", "built_in_or_unknown")
+		close(waited)
+	}()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("waiting for virtio_console (and a module with no device) blocked on another chain")
+	}
+	done := make(chan moduleReport)
+	go func() { done <- l.finish() }()
+	select {
+	case <-done:
+		t.Fatal("finish returned while ext4 was still loading")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	r := <-done
+	if r.loaded != 4 || !slices.Equal(r.skipped, []string{"virtio_rng"}) || r.elapsed <= 0 {
+		t.Fatalf("report %+v", r)
+	}
+	l.wait("ext4") // settled: returns at once
+}
+
 func TestMountHelpers(t *testing.T) {
 	if !isMountPoint("/proc") {
 		t.Fatal("/proc is a mount point")

@@ -127,49 +127,94 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	reaper := NewReaper(log, true)
 	defer reaper.Close()
 
-	t := time.Now()
-	mods := loadModulesTimed(log, ModuleLoadOrder)
-	hello.Boot.ModulesMS = time.Since(t).Milliseconds()
-	log.Info("kernel modules loaded", "loaded", mods.loaded, "failed", len(mods.failed), "ms", hello.Boot.ModulesMS,
-		"slowest", slowest(mods.times, 6), "skipped_no_device", strings.Join(mods.skipped, ","),
-		"bus_reads", mods.busReads, "bus_read_ms", mods.busTime.Milliseconds(), "chains", mods.chains, "parallel", mods.workers)
+	// Modules load in the background; each step below waits only for the
+	// modules it needs, so the channel opens and the root disk mounts
+	// while the rest still load.
+	mods := startModules(log, ModuleLoadOrder)
+	modsFinished := false
+	defer func() {
+		if !modsFinished {
+			mods.finish() // an early error: no loader outlives boot
+		}
+	}()
 
 	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
 		return fmt.Errorf("agent: reading the kernel command line: %w", err)
 	}
-	// Storage comes before anything else writes a file: after it, / is
-	// the overlay on the per-VM disk.
-	switch plan := planStorage(string(cmdline)); {
-	case plan.empty():
-	case !pid1:
-		log.Warn("not PID 1: leaving the root and the workspace as they are", "plan", plan)
-	default:
-		t = time.Now()
-		if err := setupStorage(ctx, log, plan); err != nil {
-			return err
-		}
-		hello.Boot.StorageMS = time.Since(t).Milliseconds()
-	}
-	ensureSymlinks(log)
-
-	t = time.Now()
 	kind, err := guestchan.FromCmdline(string(cmdline))
 	if err != nil {
 		return err
 	}
 	openCtx, cancel := context.WithTimeout(ctx, ChannelTimeout)
 	defer cancel()
-	ch, err := guestchan.OpenGuest(openCtx, kind, log)
-	if err != nil {
-		return fmt.Errorf("agent: opening the %s channel to the host: %w", kind, err)
+	// The channel opens as soon as its driver is in; the control port is
+	// dialed only when the boot is done, since the host gives the Hello a
+	// deadline from that moment.
+	type channelResult struct {
+		ch   guestchan.Channel
+		err  error
+		took time.Duration
 	}
+	opened := make(chan channelResult, 1)
+	go func() {
+		t := time.Now()
+		mods.wait(channelModules(kind)...)
+		ch, err := guestchan.OpenGuest(openCtx, kind, log)
+		if err != nil {
+			err = fmt.Errorf("agent: opening the %s channel to the host: %w", kind, err)
+		}
+		opened <- channelResult{ch: ch, err: err, took: time.Since(t)}
+	}()
+	joined := false
+	defer func() {
+		if !joined { // an early error: close what the opener made
+			cancel()
+			if r := <-opened; r.ch != nil {
+				r.ch.Close()
+			}
+		}
+	}()
+
+	// Storage comes before anything else writes a file: after it, / is
+	// the overlay on the per-VM disk.
+	var storage *storageStage
+	switch plan := planStorage(string(cmdline)); {
+	case plan.empty():
+	case !pid1:
+		log.Warn("not PID 1: leaving the root and the workspace as they are", "plan", plan)
+	default:
+		if storage, err = prepareStorage(ctx, plan, mods.wait); err != nil {
+			return err
+		}
+	}
+	report := mods.finish()
+	modsFinished = true
+	hello.Boot.ModulesMS = report.elapsed.Milliseconds()
+	log.Info("kernel modules loaded", "loaded", report.loaded, "failed", len(report.failed), "ms", hello.Boot.ModulesMS,
+		"slowest", slowest(report.times, 6), "skipped_no_device", strings.Join(report.skipped, ","),
+		"bus_reads", report.busReads, "bus_read_ms", report.busTime.Milliseconds(), "chains", report.chains, "parallel", report.workers)
+	// The switch moves /sys and /dev under the opener's feet: it waits.
+	res := <-opened
+	joined = true
+	if res.err != nil {
+		return res.err
+	}
+	ch := res.ch
 	defer ch.Close()
+	if storage != nil {
+		if err := storage.finish(ctx, log, mods.wait); err != nil {
+			return err
+		}
+		hello.Boot.StorageMS = storage.took.Milliseconds()
+	}
+	ensureSymlinks(log)
+	t := time.Now()
 	conn, err := dialRetry(openCtx, ch, guestchan.PortControl)
 	if err != nil {
 		return fmt.Errorf("agent: reaching the host's control port over the %s channel: %w", kind, err)
 	}
-	hello.Boot.ChannelMS = time.Since(t).Milliseconds()
+	hello.Boot.ChannelMS = (res.took + time.Since(t)).Milliseconds()
 	log.Info("connected to the host", "channel", kind, "kernel_to_init_ms", hello.Boot.KernelToInitMS,
 		"mounts_ms", hello.Boot.MountsMS, "modules_ms", hello.Boot.ModulesMS, "storage_ms", hello.Boot.StorageMS,
 		"channel_ms", hello.Boot.ChannelMS)
@@ -201,6 +246,16 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		if err != nil {
 			return fmt.Errorf("agent: reconnecting to the control port: %w", err)
 		}
+	}
+}
+
+// channelModules are the drivers a channel kind needs before it opens.
+func channelModules(kind guestchan.Kind) []string {
+	switch kind {
+	case guestchan.KindVsock:
+		return []string{"vmw_vsock_virtio_transport"}
+	default:
+		return []string{"virtio_console"}
 	}
 }
 

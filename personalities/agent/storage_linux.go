@@ -58,34 +58,70 @@ func planStorage(cmdline string) storagePlan {
 
 func (p storagePlan) empty() bool { return p.upperSerial == "" && p.workspaceTag == "" }
 
-// setupStorage makes the per-VM disk the guest's root and mounts the
-// workspace, as the command line asks. A failure is fatal: carrying on from
-// the initramfs would silently drop everything the user writes.
-func setupStorage(ctx context.Context, log *slog.Logger, p storagePlan) error {
+// Modules each storage step needs (names the list may lack when the kernel
+// has them built in; those are not waited for).
+var (
+	rootModules      = []string{"virtio_blk", "crc32c_generic", "ext4", "overlay"}
+	workspaceModules = []string{"9pnet_virtio", "9p"}
+)
+
+// storageStage is the storage setup in two steps, so the slow part (the
+// ext4 and overlay mounts) runs while the rest of the modules still load:
+// prepareStorage assembles the new root on /mnt as soon as its modules are
+// in; finish switches to it (no module may be loading then: the switch
+// moves /sys and the root under the loader's paths) and mounts the
+// workspace. A failure is fatal: carrying on from the initramfs would
+// silently drop everything the user writes.
+type storageStage struct {
+	plan     storagePlan
+	attrs    []any
+	rootDone bool // the overlay is assembled on newRoot
+	took     time.Duration
+}
+
+func prepareStorage(ctx context.Context, p storagePlan, wait func(...string)) (*storageStage, error) {
+	t := time.Now()
+	s := &storageStage{plan: p}
+	defer func() { s.took += time.Since(t) }()
+	if p.upperSerial == "" {
+		return s, nil
+	}
+	wait(rootModules...)
+	dev, err := waitForDisk(ctx, "/sys/block", p.upperSerial, diskWait)
+	if err != nil {
+		return nil, err
+	}
+	found := time.Since(t)
+	if err := assembleRoot(dev); err != nil {
+		return nil, err
+	}
+	s.rootDone = true
+	s.attrs = append(s.attrs, "disk", dev, "upper", filepath.Join(diskMount, "upper"),
+		"find_disk_ms", found.Milliseconds(), "root_ms", time.Since(t).Milliseconds())
+	return s, nil
+}
+
+// finish switches the root (when prepared) and mounts the workspace. Every
+// module must have finished loading.
+func (s *storageStage) finish(ctx context.Context, log *slog.Logger, wait func(...string)) error {
+	t := time.Now()
+	defer func() { s.took += time.Since(t) }()
+	if s.rootDone {
+		if err := switchRoot(); err != nil {
+			return err
+		}
+	}
+	if s.plan.workspaceTag != "" {
+		w := time.Now()
+		wait(workspaceModules...)
+		if err := mountWorkspace(ctx, s.plan.workspaceTag, guestwire.GuestWorkspace); err != nil {
+			return err
+		}
+		s.attrs = append(s.attrs, "workspace", guestwire.GuestWorkspace, "workspace_ms", time.Since(w).Milliseconds())
+	}
 	// One log line for the whole stage: each line costs milliseconds on
 	// an emulated serial console.
-	attrs := []any{}
-	if p.upperSerial != "" {
-		t := time.Now()
-		dev, err := waitForDisk(ctx, "/sys/block", p.upperSerial, diskWait)
-		if err != nil {
-			return err
-		}
-		found := time.Since(t)
-		if err := overlayRoot(dev); err != nil {
-			return err
-		}
-		attrs = append(attrs, "disk", dev, "upper", filepath.Join(diskMount, "upper"),
-			"find_disk_ms", found.Milliseconds(), "root_ms", time.Since(t).Milliseconds())
-	}
-	if p.workspaceTag != "" {
-		t := time.Now()
-		if err := mountWorkspace(ctx, p.workspaceTag, guestwire.GuestWorkspace); err != nil {
-			return err
-		}
-		attrs = append(attrs, "workspace", guestwire.GuestWorkspace, "workspace_ms", time.Since(t).Milliseconds())
-	}
-	log.Info("storage ready", attrs...)
+	log.Info("storage ready", s.attrs...)
 	return nil
 }
 
@@ -131,12 +167,15 @@ func overlayOptions(lower, disk string) string {
 	return "lowerdir=" + lower + ",upperdir=" + filepath.Join(disk, "upper") + ",workdir=" + filepath.Join(disk, "work")
 }
 
-// overlayRoot mounts dev (ext4) and switches the root to an overlay of the
-// initramfs under the disk's upper layer. pivot_root cannot leave rootfs, so
-// this is switch_root's technique: assemble the new root on a directory,
-// move the pseudo filesystems into it, move it onto / and chroot. The
-// initramfs stays in memory as the overlay's lower layer.
-func overlayRoot(dev string) error {
+// The root switch is switch_root's technique, since pivot_root cannot
+// leave rootfs: assemble the new root (an overlay of the initramfs under
+// the disk's upper layer) on a directory, move the pseudo filesystems into
+// it, move it onto / and chroot. The initramfs stays in memory as the
+// overlay's lower layer.
+
+// assembleRoot mounts dev (ext4) and the overlay on newRoot; nothing
+// outside /run/capsem and newRoot changes yet.
+func assembleRoot(dev string) error {
 	for _, d := range []string{diskMount, lowerMount} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("agent: creating %s: %w", d, err)
@@ -167,6 +206,11 @@ func overlayRoot(dev string) error {
 	if err := unix.Mount("overlay", newRoot, "overlay", 0, overlayOptions(lowerMount, diskMount)); err != nil {
 		return fmt.Errorf("agent: mounting the root overlay on %s: %w", newRoot, err)
 	}
+	return nil
+}
+
+// switchRoot makes the overlay assembled on newRoot the root.
+func switchRoot() error {
 	// Move every early mount into the new root; /proc last, since
 	// isMountPoint reads /proc/self/mountinfo.
 	var moves []string

@@ -133,6 +133,7 @@ type moduleReport struct {
 	busTime  time.Duration // time those reads took
 	chains   int           // independent chains in the list
 	workers  int           // chains loading at once
+	elapsed  time.Duration // start to the last module
 }
 
 // moduleTime is how long one module took to load and initialise.
@@ -214,23 +215,55 @@ func (b *busDevices) on(bus string) []string {
 }
 
 func loadModulesTimed(log *slog.Logger, listPath string) moduleReport {
-	return loadModulesWith(log, listPath, sysBus, "/proc/cmdline", loadModule)
+	return startModules(log, listPath).finish()
 }
 
 // loadModulesWith is loadModulesTimed with the device and command-line
 // sources and the loader as parameters, for tests.
-func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, load func(path, params string) error) (r moduleReport) {
+func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, load func(path, params string) error) moduleReport {
+	return startModulesWith(log, listPath, busRoot, cmdlinePath, load).finish()
+}
+
+// moduleLoader loads the module list in the background, so the boot can
+// go on with each step as soon as the modules it needs are in (the root
+// disk needs ext4 and virtio_blk, not 9p), and tells waiters when they are.
+type moduleLoader struct {
+	start time.Time
+
+	mu      sync.Mutex
+	changed *sync.Cond
+	listed  map[string]bool // every module in the list
+	settled map[string]bool // loaded, failed, or given up on (no device)
+	done    bool
+	report  moduleReport
+	elapsed time.Duration
+}
+
+func startModules(log *slog.Logger, listPath string) *moduleLoader {
+	return startModulesWith(log, listPath, sysBus, "/proc/cmdline", loadModule)
+}
+
+func startModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, load func(path, params string) error) *moduleLoader {
+	l := &moduleLoader{start: time.Now(), listed: map[string]bool{}, settled: map[string]bool{}}
+	l.changed = sync.NewCond(&l.mu)
 	data, err := os.ReadFile(listPath)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
-			r.failed = append(r.failed, fmt.Errorf("module list %s: %w", listPath, err))
+			l.report.failed = append(l.report.failed, fmt.Errorf("module list %s: %w", listPath, err))
 		}
-		return r
+		l.finished()
+		return l
 	}
 	chains, err := modorder.ParseChains(data, filepath.Dir(listPath))
 	if err != nil {
-		r.failed = []error{fmt.Errorf("module list %s: %w", listPath, err)}
-		return r
+		l.report.failed = []error{fmt.Errorf("module list %s: %w", listPath, err)}
+		l.finished()
+		return l
+	}
+	for _, c := range chains {
+		for _, e := range c {
+			l.listed[e.Name()] = true
+		}
 	}
 	var configured map[string]bool
 	if b, err := os.ReadFile(cmdlinePath); err == nil {
@@ -239,32 +272,77 @@ func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, lo
 	// Chains share no module, so they load side by side, one per CPU,
 	// heaviest first (the builder's order): under TCG a boot's module
 	// loading is CPU-bound kernel work that a second vCPU halves.
-	r.chains, r.workers = len(chains), min(len(chains), runtime.NumCPU())
+	l.report.chains, l.report.workers = len(chains), min(len(chains), runtime.NumCPU())
 	queue := make(chan []modorder.Entry, len(chains))
 	for _, c := range chains {
 		queue <- c
 	}
 	close(queue)
-	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for range r.workers {
+	for range l.report.workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for c := range queue {
-				cr := loadChain(log, c, busRoot, configured, load)
-				mu.Lock()
+				cr := loadChain(log, c, busRoot, configured, load, l.settle)
+				l.mu.Lock()
+				r := &l.report
 				r.loaded += cr.loaded
 				r.failed = append(r.failed, cr.failed...)
 				r.times = append(r.times, cr.times...)
 				r.skipped = append(r.skipped, cr.skipped...)
 				r.busReads += cr.busReads
 				r.busTime += cr.busTime
-				mu.Unlock()
+				l.mu.Unlock()
 			}
 		}()
 	}
-	wg.Wait()
+	go func() {
+		wg.Wait()
+		l.finished()
+	}()
+	return l
+}
+
+// settle records that the named modules are as loaded as they will get.
+func (l *moduleLoader) settle(names ...string) {
+	l.mu.Lock()
+	for _, n := range names {
+		l.settled[n] = true
+	}
+	l.mu.Unlock()
+	l.changed.Broadcast()
+}
+
+func (l *moduleLoader) finished() {
+	l.mu.Lock()
+	l.done = true
+	l.elapsed = time.Since(l.start)
+	l.mu.Unlock()
+	l.changed.Broadcast()
+}
+
+// wait returns once each named module has loaded, failed or been given up
+// on. A name the list lacks (built into this kernel, or not wanted) is not
+// waited for.
+func (l *moduleLoader) wait(names ...string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for !l.done && slices.ContainsFunc(names, func(n string) bool { return l.listed[n] && !l.settled[n] }) {
+		l.changed.Wait()
+	}
+}
+
+// finish waits for the whole list and returns what it did, with the time
+// from start to the last module.
+func (l *moduleLoader) finish() moduleReport {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for !l.done {
+		l.changed.Wait()
+	}
+	r := l.report
+	r.elapsed = l.elapsed
 	return r
 }
 
@@ -278,7 +356,13 @@ func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, lo
 // libraries) create no bus devices, so they trigger no rescan. A bus
 // driver and the drivers of its devices share the bus's core module, so
 // they are in one chain.
-func loadChain(log *slog.Logger, entries []modorder.Entry, busRoot string, configured map[string]bool, load func(path, params string) error) (r moduleReport) {
+func loadChain(log *slog.Logger, entries []modorder.Entry, busRoot string, configured map[string]bool, load func(path, params string) error, settle func(...string)) (r moduleReport) {
+	defer func() {
+		// Whatever is left (no device for it) is settled with the chain.
+		for _, e := range entries {
+			settle(e.Name())
+		}
+	}()
 	// Each bus is read when a pattern names it, and again only after a
 	// conditional module loaded.
 	buses := newBusDevices(busRoot)
@@ -298,6 +382,7 @@ func loadChain(log *slog.Logger, entries []modorder.Entry, busRoot string, confi
 		t := time.Now()
 		err := load(e.Path, strings.Join(e.Params, " "))
 		r.times = append(r.times, moduleTime{e.Name(), time.Since(t)})
+		settle(e.Name())
 		if err != nil {
 			log.Warn("loading a kernel module", "module", e.Path, "err", err)
 			r.failed = append(r.failed, err)
