@@ -135,7 +135,8 @@ type Assets struct {
 }
 
 // Verify re-hashes every file the manifest lists and fails on any missing
-// or changed one (DESIGN §3: content hashes are checked before boot).
+// or changed one. (Ensure verifies through the sum cache: a file whose
+// identity has not changed since its last full hash is not read again.)
 func (a *Assets) Verify() error { return a.verify(nil) }
 
 // verify checks every file against the manifest; sums, when not nil,
@@ -215,6 +216,8 @@ func Load(dir string) (*Assets, error) {
 // Ensure returns verified assets for the current inputs, building them
 // only when the cache has none: a new kernel or busybox in apt's lists, a
 // changed guest binary, a new builder version, or a failed verification.
+// Files are checked against the manifest's sha256, re-read only when their
+// identity changed since they were last hashed (see sumCache).
 func Ensure(ctx context.Context, opts Options) (*Assets, error) {
 	b, err := newBuilder(opts)
 	if err != nil {

@@ -93,6 +93,34 @@ func TestRealAssets(t *testing.T) {
 		t.Fatalf("warm Ensure rebuilt: %s (built %v) vs %s (built %v); progress %q", again.Dir, again.BuiltAt, a.Dir, a.BuiltAt, progress.String())
 	}
 
+	// A cached file changed in place, size kept and mtime put back, is
+	// caught by the next Ensure (unchanged files are not re-read: the sum
+	// cache goes by inode, size, mtime and ctime) and the build is redone.
+	st, err := os.Stat(a.Initramfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(a.Initramfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(a.Initramfs, data, st.Mode().Perm()); err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(a.Initramfs, st.ModTime(), st.ModTime())
+	rebuilt, err := Ensure(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rebuilt.BuiltAt.Equal(a.BuiltAt) {
+		t.Fatal("Ensure handed out an initramfs modified in place")
+	}
+	if err := rebuilt.Verify(); err != nil {
+		t.Fatalf("the rebuilt assets do not verify: %v", err)
+	}
+	a = rebuilt
+
 	// Kernel: the uncompressed ELF with the PVH note; the bzImage beside it.
 	if a.Kernel != filepath.Join(a.Dir, FileVmlinux) || !a.PVH {
 		t.Fatalf("kernel %s (PVH %v), want the vmlinux", a.Kernel, a.PVH)

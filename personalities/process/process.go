@@ -120,8 +120,9 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Ensure hashes every cached file against its manifest before handing
-	// it out (a mismatch rebuilds), so the boot files are checked once here.
+	// Ensure checks every cached file against its manifest's sha256 before
+	// handing it out (a mismatch rebuilds): it re-reads a file only when its
+	// identity (inode, size, mtime, ctime) changed since its last full hash.
 	assets, err := guestfs.Ensure(ctx, guestfs.Options{Dir: filepath.Join(home, "assets"), GuestBinary: guestBin, Progress: os.Stderr, Logger: o.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("guest assets: %w", err)
