@@ -918,6 +918,12 @@ func TestLoadModuleChainsInParallel(t *testing.T) {
 	if most != r.workers {
 		t.Fatalf("at most %d loads at once, want %d", most, r.workers)
 	}
+	// capsem.module_workers=1 on the command line: one chain at a time.
+	os.WriteFile(filepath.Join(dir, "cmdline"), []byte("quiet "+ModuleWorkersParam+"=1\n"), 0o444)
+	most, order = 0, nil
+	if r := loadModulesWith(testLog(t), list, filepath.Join(dir, "bus"), filepath.Join(dir, "cmdline"), load); r.workers != 1 || r.loaded != 7 || most != 1 {
+		t.Fatalf("with %s=1: workers %d, loaded %d, %d at once", ModuleWorkersParam, r.workers, r.loaded, most)
+	}
 	pos := map[string]int{}
 	for i, m := range order {
 		pos[m] = i

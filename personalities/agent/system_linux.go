@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/modorder"
 )
 
@@ -102,6 +103,10 @@ func unescapeMountPath(s string) string {
 	}
 	return b.String()
 }
+
+// ModuleWorkersParam on the kernel command line caps how many module
+// chains load at once.
+const ModuleWorkersParam = "capsem.module_workers"
 
 // ModuleLoadOrder lists the kernel modules to load (format: core/modorder),
 // dependencies first (written by the image builder).
@@ -266,13 +271,23 @@ func startModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, l
 		}
 	}
 	var configured map[string]bool
+	workers := runtime.NumCPU()
 	if b, err := os.ReadFile(cmdlinePath); err == nil {
 		configured = modorder.CmdlineModules(string(b))
+		// capsem.module_workers=N caps the chains loading at once
+		// (1: one after the other), for diagnosis.
+		if v, ok := guestwire.CmdlineValue(string(b), ModuleWorkersParam); ok {
+			if n, err := strconv.Atoi(v); err == nil && n >= 1 {
+				workers = n
+			} else {
+				log.Warn("ignoring a bad kernel parameter", "param", ModuleWorkersParam, "value", v)
+			}
+		}
 	}
 	// Chains share no module, so they load side by side, one per CPU,
 	// heaviest first (the builder's order): under TCG a boot's module
 	// loading is CPU-bound kernel work that a second vCPU halves.
-	l.report.chains, l.report.workers = len(chains), min(len(chains), runtime.NumCPU())
+	l.report.chains, l.report.workers = len(chains), min(len(chains), workers)
 	queue := make(chan []modorder.Entry, len(chains))
 	for _, c := range chains {
 		queue <- c
