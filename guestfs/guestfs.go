@@ -139,6 +139,35 @@ type Assets struct {
 // identity has not changed since its last full hash is not read again.)
 func (a *Assets) Verify() error { return a.verify(nil) }
 
+// VerifyBootFiles re-hashes the files a boot hands to the VM (the kernel it
+// boots and the initramfs, which holds the guest binary) against the
+// manifest, reading every byte whatever the sum cache says. The per-VM
+// process runs it while the VM boots and reports the VM ready only when it
+// passed. A mismatch also drops the asset's entries from the sum cache, so
+// the next Ensure hashes them again and rebuilds.
+func (a *Assets) VerifyBootFiles() error {
+	var errs []error
+	for _, p := range []string{a.Kernel, a.Initramfs} {
+		want, ok := a.Files[filepath.Base(p)]
+		if !ok {
+			errs = append(errs, fmt.Errorf("asset %s: not in the manifest", filepath.Base(p)))
+			continue
+		}
+		if err := verifyFile(p, want, nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		sums := loadSumCache(filepath.Dir(a.Dir))
+		for n := range a.Files {
+			sums.forget(filepath.Join(a.Dir, n))
+		}
+		sums.save()
+		return fmt.Errorf("assets in %s: %w", a.Dir, err)
+	}
+	return nil
+}
+
 // verify checks every file against the manifest; sums, when not nil,
 // answers for files unchanged since they were last hashed.
 func (a *Assets) verify(sums *sumCache) error {

@@ -120,6 +120,40 @@ func TestRealAssets(t *testing.T) {
 		t.Fatalf("the rebuilt assets do not verify: %v", err)
 	}
 	a = rebuilt
+	if err := a.VerifyBootFiles(); err != nil {
+		t.Fatalf("VerifyBootFiles on good assets: %v", err)
+	}
+
+	// Bytes that change with no trace in the file's identity (a disk
+	// error): the sum cache still vouches, so Ensure hands the build out,
+	// but the full re-hash every boot runs (VerifyBootFiles) catches it and
+	// drops the cache's word, and the next Ensure rebuilds.
+	data, _ = os.ReadFile(a.Initramfs)
+	data[len(data)/3] ^= 0xff
+	os.WriteFile(a.Initramfs, data, st.Mode().Perm())
+	sums := loadSumCache(dir)
+	fst, _ := os.Stat(a.Initramfs)
+	id, _ := identityOf(fst)
+	sums.entries[a.Initramfs] = sumEntry{fileIdentity: id, SHA256: a.Files[FileInitramfs].SHA256}
+	sums.dirty = true
+	if err := sums.save(); err != nil {
+		t.Fatal(err)
+	}
+	vouched, err := Ensure(ctx, opts)
+	if err != nil || !vouched.BuiltAt.Equal(a.BuiltAt) {
+		t.Fatalf("Ensure did not take the cache's word (err %v)", err)
+	}
+	if err := vouched.VerifyBootFiles(); err == nil || !strings.Contains(err.Error(), "initramfs.cpio") {
+		t.Fatalf("VerifyBootFiles missed a corrupted initramfs: %v", err)
+	}
+	again, err = Ensure(ctx, opts)
+	if err != nil || again.BuiltAt.Equal(a.BuiltAt) {
+		t.Fatalf("Ensure after a failed boot check did not rebuild (err %v)", err)
+	}
+	if err := again.VerifyBootFiles(); err != nil {
+		t.Fatal(err)
+	}
+	a = again
 
 	// Kernel: the uncompressed ELF with the PVH note; the bzImage beside it.
 	if a.Kernel != filepath.Join(a.Dir, FileVmlinux) || !a.PVH {

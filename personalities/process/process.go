@@ -99,6 +99,7 @@ type VM struct {
 // Boot prepares assets, starts QEMU and waits for the guest agent.
 func Boot(ctx context.Context, o Options) (*VM, error) {
 	t0 := time.Now()
+	var verifyMS atomic.Int64
 	timings := map[string]int64{}
 	mark := func(stage string, since time.Time) time.Time {
 		now := time.Now()
@@ -128,6 +129,17 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, fmt.Errorf("guest assets: %w", err)
 	}
 	t := mark("assets", t0)
+	// And every byte the VM boots from is hashed again, beside the boot
+	// (off its critical path): the VM is ready only once that passed, so
+	// a file corrupted in place (no identity change, say a disk error)
+	// never runs a command.
+	bootFilesOK := make(chan error, 1)
+	go func() {
+		t := time.Now()
+		err := assets.VerifyBootFiles()
+		verifyMS.Store(time.Since(t).Milliseconds())
+		bootFilesOK <- err
+	}()
 
 	sources, err := mcpgw.SourcesFor(o.ConfigPath, !o.NoAutodetect)
 	if err != nil {
@@ -200,6 +212,10 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if v.hello.Boot.StorageMS > 0 {
 		timings["guest_storage"] = v.hello.Boot.StorageMS
 	}
+	if err := <-bootFilesOK; err != nil {
+		return nil, fmt.Errorf("guest assets failed verification during the boot (the next start rebuilds them): %w", err)
+	}
+	timings["asset_hash"] = verifyMS.Load()
 	if err := v.ctl.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano()}); err != nil {
 		return nil, fmt.Errorf("sending boot config: %w", err)
 	}

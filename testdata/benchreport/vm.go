@@ -57,7 +57,7 @@ func vmBench(capsem string, runs int) error {
 	fmt.Printf("  bare QEMU boot, same kernel+initramfs, start → first userspace print:      %s\n", ms(median(bare)))
 	fmt.Printf("  capsem create → exec-ready:                                                %s   (%.2f× bare; target ≤ 1.2×)\n", ms(median(ready)), float64(median(ready))/float64(median(bare)))
 	fmt.Printf("  capsem create → exec `true` → stopped:                                     %s\n", ms(median(total)))
-	keys := []string{"assets", "disk", "qemu_start", "kernel_to_hello", "guest_kernel_to_init", "guest_modules", "guest_storage", "guest_channel", "ready", "exec", "shutdown"}
+	keys := []string{"assets", "asset_hash", "disk", "qemu_start", "kernel_to_hello", "guest_kernel_to_init", "guest_modules", "guest_storage", "guest_channel", "ready", "exec", "shutdown"}
 	fmt.Printf("  phases (ms; the guest_ stages overlap, in guest clock):")
 	for _, k := range keys {
 		if v := phases[k]; len(v) > 0 {
