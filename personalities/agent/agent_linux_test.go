@@ -978,6 +978,40 @@ func TestModuleLoaderWaitsForNamedModules(t *testing.T) {
 	l.wait("ext4") // settled: returns at once
 }
 
+// The power-off grace ends as soon as no process but init and the caller
+// runs a program; kernel threads and zombies (empty cmdline) do not count.
+func TestWaitForNoProcesses(t *testing.T) {
+	root := t.TempDir()
+	proc := func(pid, cmdline string) {
+		os.MkdirAll(filepath.Join(root, pid), 0o755)
+		os.WriteFile(filepath.Join(root, pid, "cmdline"), []byte(cmdline), 0o444)
+	}
+	proc("1", "/init\x00")
+	proc("2", "")                 // kthreadd
+	proc("77", "")                // a zombie
+	proc("100", "/init\x00agent") // the caller
+	os.MkdirAll(filepath.Join(root, "self"), 0o755)
+	start := time.Now()
+	if !waitForNoProcesses(root, 100, time.Second) || time.Since(start) > 500*time.Millisecond {
+		t.Fatalf("waited %v with nothing left to wait for", time.Since(start))
+	}
+	proc("200", "sleep\x00100\x00")
+	start = time.Now()
+	if waitForNoProcesses(root, 100, 100*time.Millisecond) || time.Since(start) < 100*time.Millisecond {
+		t.Fatalf("a running program did not hold the grace (%v)", time.Since(start))
+	}
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		os.WriteFile(filepath.Join(root, "200", "cmdline"), nil, 0o444) // it exited
+	}()
+	if !waitForNoProcesses(root, 100, 5*time.Second) {
+		t.Fatal("the grace did not end when the last program exited")
+	}
+	if waitForNoProcesses(filepath.Join(root, "missing"), 100, 20*time.Millisecond) {
+		t.Fatal("an unreadable /proc ended the grace early")
+	}
+}
+
 func TestMountHelpers(t *testing.T) {
 	if !isMountPoint("/proc") {
 		t.Fatal("/proc is a mount point")

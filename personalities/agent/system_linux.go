@@ -548,14 +548,48 @@ func unmountWritable(log *slog.Logger) {
 	unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_RDONLY, "")
 }
 
+// waitForNoProcesses waits, at most limit, until procRoot lists no process
+// but self that is still running a program: kernel threads and zombies
+// (reaped by PID 1's reaper) have an empty cmdline.
+func waitForNoProcesses(procRoot string, self int, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		if !otherProcesses(procRoot, self) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func otherProcesses(procRoot string, self int) bool {
+	ents, err := os.ReadDir(procRoot)
+	if err != nil {
+		return true // cannot tell: take the whole grace
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self || pid == 1 {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "cmdline")); err == nil && len(b) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // powerOff stops every other process, syncs, unmounts and powers the VM
 // off. Only PID 1 may call it. It never returns; if the reboot call fails
 // there is nothing left to do but wait.
 func powerOff(log *slog.Logger) {
 	// kill(-1) from PID 1 reaches every process but itself: a short grace
-	// for clean exits, then no more writers on the disks.
+	// for clean exits (over as soon as none is left, which at a normal
+	// stop is at once), then no more writers on the disks.
 	unix.Kill(-1, unix.SIGTERM)
-	time.Sleep(200 * time.Millisecond)
+	waitForNoProcesses("/proc", os.Getpid(), 200*time.Millisecond)
 	unix.Kill(-1, unix.SIGKILL)
 	unix.Sync()
 	unmountWritable(log)
