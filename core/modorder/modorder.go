@@ -79,7 +79,7 @@ func Bus(pattern string) string {
 		return ""
 	}
 	prefix = strings.TrimSuffix(prefix, "*")
-	if prefix == "" || strings.Contains(prefix, "*") {
+	if prefix == "" || prefix == "." || prefix == ".." || strings.Contains(prefix, "*") {
 		return ""
 	}
 	if prefix == "of" {

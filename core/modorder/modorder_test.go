@@ -122,7 +122,7 @@ func TestMatches(t *testing.T) {
 func TestBus(t *testing.T) {
 	for pattern, want := range map[string]string{
 		"pci:v00001AF4d*": "pci", "virtio:d00000003v*": "virtio", "acpi*:LNRO0005:*": "acpi",
-		"of:N*T*Cvirtio,mmio": "platform", "platform:x": "platform", "*:x": "", "p?i:x": "", "nocolon": "", "a/b:x": "",
+		"of:N*T*Cvirtio,mmio": "platform", "platform:x": "platform", "*:x": "", "p?i:x": "", "nocolon": "", "a/b:x": "", "..:x": "", ".:x": "",
 	} {
 		if got := Bus(pattern); got != want {
 			t.Errorf("Bus(%q) = %q, want %q", pattern, got, want)
