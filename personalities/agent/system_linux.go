@@ -203,10 +203,14 @@ func (b *busDevices) on(bus string) []string {
 			p := filepath.Join(dir, e.Name())
 			a, ok := b.aliases[p]
 			if !ok {
-				if data, err := os.ReadFile(filepath.Join(p, "modalias")); err == nil {
-					a = strings.TrimSpace(string(data))
+				data, err := os.ReadFile(filepath.Join(p, "modalias"))
+				if err != nil {
+					// None (yet: a device being added gets its
+					// attributes after its directory): ask again.
+					continue
 				}
-				b.aliases[p] = a // "" for devices without one: not read again
+				a = strings.TrimSpace(string(data))
+				b.aliases[p] = a
 			}
 			if a != "" {
 				out = append(out, a)
