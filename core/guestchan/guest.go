@@ -90,6 +90,14 @@ func openVirtioPort(ctx context.Context, sysDir, devDir, name string) (*os.File,
 	for {
 		f, err := tryOpenVirtioPort(sysDir, devDir, name)
 		if err == nil {
+			// Until QEMU has told the guest that the host side is open, a
+			// read of the port returns 0 bytes, which the multiplexer
+			// would take for the end of the channel: a port opened right
+			// as its driver loads must wait for that.
+			if err := waitForPeer(ctx, f, func() (bool, error) { return portPeerConnected(f) }); err != nil {
+				f.Close()
+				return nil, fmt.Errorf("guestchan: virtio port %q: %w", name, err)
+			}
 			return f, nil
 		}
 		select {
@@ -101,6 +109,27 @@ func openVirtioPort(ctx context.Context, sysDir, devDir, name string) (*os.File,
 }
 
 var errPortNotFound = errors.New("no such port")
+
+// waitForPeer polls connected (every portPollInterval) until it reports
+// the host side open, bounded by ctx.
+func waitForPeer(ctx context.Context, f *os.File, connected func() (bool, error)) error {
+	t := time.NewTicker(portPollInterval / 2)
+	defer t.Stop()
+	for {
+		ok, err := connected()
+		if err != nil {
+			return fmt.Errorf("checking whether the host side is open: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the host side of %s never opened: %w", f.Name(), ctx.Err())
+		case <-t.C:
+		}
+	}
+}
 
 func tryOpenVirtioPort(sysDir, devDir, name string) (*os.File, error) {
 	entries, err := os.ReadDir(sysDir)

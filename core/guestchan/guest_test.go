@@ -100,3 +100,28 @@ func TestOpenGuestUnknownKind(t *testing.T) {
 	}
 	ch.Close()
 }
+
+// A port opened before the host side is up must wait for it, not be handed
+// to the multiplexer (its reads would return 0 bytes: end of channel).
+func TestWaitForPeer(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "port")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	calls := 0
+	err = waitForPeer(context.Background(), f, func() (bool, error) { calls++; return calls >= 3, nil })
+	if err != nil || calls != 3 {
+		t.Fatalf("err %v after %d checks, want success on the third", err, calls)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	err = waitForPeer(ctx, f, func() (bool, error) { return false, nil })
+	if err == nil || !strings.Contains(err.Error(), "never opened") || !strings.Contains(err.Error(), f.Name()) {
+		t.Fatalf("a host side that never opens: %v", err)
+	}
+	boom := errors.New("poll failed")
+	if err := waitForPeer(context.Background(), f, func() (bool, error) { return false, boom }); !errors.Is(err, boom) {
+		t.Fatalf("a failing check: %v", err)
+	}
+}
