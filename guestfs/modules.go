@@ -40,10 +40,10 @@ var DefaultModules = []string{
 	"crc32c_generic", "ext4",
 }
 
-// LoadOrderPath is where the initramfs lists the modules to load, one per
-// line, dependencies first, each with the devices it is for (see
-// core/modorder). The agent loads them one by one in that order (loading
-// independent modules at once hung one TCG boot in 54).
+// LoadOrderPath is where the initramfs lists the modules to load (format:
+// core/modorder): dependencies first, each with the devices it is for, in
+// chains that share no module. The agent loads a chain in its order and
+// the chains side by side.
 const LoadOrderPath = modorder.Path
 
 // modName normalizes a module name the way the kernel does (KBUILD_MODNAME
