@@ -11,7 +11,7 @@ import (
 // CGO_ENABLED=0 bin/capsem-guest that becomes the VM's /init): only the
 // personalities that run inside a VM. Leaving the host's out (gateway,
 // aggregator, per-VM process, image builder and their MCP SDK, HTTP and
-// SQLite code) halves the binary, and a PID 1 that starts ~65 ms sooner
+// SQLite code) takes the binary from 14 to 6 MB, and PID 1 starts ~65 ms sooner
 // under TCG.
 type CLI struct {
 	LogLevel string `name:"log-level" env:"CAPSEM_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`

@@ -58,7 +58,7 @@ func (c *BuildCmd) run(ctx context.Context, stdout, progress io.Writer, ensure, 
 		opts.Dir = c.Dir
 	}
 	if _, err := os.Stat(opts.GuestBinary); errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("image build: guest binary %s not found: build one with CGO_ENABLED=0 go build -o %s . or pass --guest-binary", opts.GuestBinary, opts.GuestBinary)
+		return fmt.Errorf("image build: guest binary %s not found: build one with CGO_ENABLED=0 go build -tags capsem_guest -o %s . (make build does) or pass --guest-binary", opts.GuestBinary, opts.GuestBinary)
 	}
 	build := ensure
 	if c.Force {
