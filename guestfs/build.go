@@ -57,7 +57,7 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 	}
 	m := Manifest{
 		Inputs: in, InputsHash: in.Hash(), Files: map[string]FileSum{},
-		Release: ks.Release, PVH: ks.PVH, Modules: ks.Modules, BuiltIn: ks.BuiltIn, Absent: ks.Absent,
+		Release: ks.Release, PVH: ks.PVH, Modules: ks.modules(), BuiltIn: ks.BuiltIn, Absent: ks.Absent,
 	}
 	// Kernel files: hard links into the kernel stage (no second 66 MB copy
 	// per build); Verify re-hashes them all the same.
@@ -73,19 +73,15 @@ func (b *builder) build(ctx context.Context, in Inputs, res resolution) (*Assets
 	}
 
 	tree := newFSTree()
-	for _, guestPath := range ks.Modules {
+	for _, guestPath := range ks.modules() {
 		data, err := os.ReadFile(filepath.Join(ks.dir, filepath.FromSlash(strings.TrimPrefix(guestPath, "/"))))
 		if err != nil {
 			return nil, fmt.Errorf("guestfs: reading a staged module: %w", err)
 		}
 		tree.file(guestPath, 0o644, data)
 	}
-	stageChains := ks.ModuleChains
-	if len(stageChains) == 0 && len(ks.Modules) > 0 {
-		stageChains = [][]string{ks.Modules} // one chain: the order is all we know
-	}
 	var chains [][]modorder.Entry
-	for _, c := range stageChains {
+	for _, c := range ks.ModuleChains {
 		var entries []modorder.Entry
 		for _, p := range c {
 			entries = append(entries, modorder.Entry{Path: p, Devices: ks.ModuleDevices[p]})
@@ -182,11 +178,10 @@ func (b *builder) prepare(ctx context.Context, res resolution) (*kernelStage, st
 // unpacking 400 MB of modules and decompressing the kernel again.
 type kernelStage struct {
 	dir     string
-	Release string   `json:"kernel_release"`
-	PVH     bool     `json:"pvh"`
-	Modules []string `json:"modules"`
-	// ModuleChains are Modules split into groups that share no dependency
-	// (Modules is their concatenation).
+	Release string `json:"kernel_release"`
+	PVH     bool   `json:"pvh"`
+	// ModuleChains are the modules' guest paths in load order, split into
+	// groups that share no dependency.
 	ModuleChains [][]string `json:"module_chains"`
 	// ModuleDevices holds, by guest path, the device aliases a module is
 	// loaded for; modules not in it always load.
@@ -198,6 +193,16 @@ type kernelStage struct {
 }
 
 const kernelStageFile = "kernel.json"
+
+// modules is every module's guest path in load order: the chains one after
+// the other.
+func (ks *kernelStage) modules() []string {
+	var out []string
+	for _, c := range ks.ModuleChains {
+		out = append(out, c...)
+	}
+	return out
+}
 
 // kernelStageKey names a kernel stage: the package's content, the module
 // list and the builder version.
@@ -359,7 +364,6 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 		for _, name := range c {
 			paths = append(paths, guestPaths[name])
 		}
-		ks.Modules = append(ks.Modules, paths...)
 		ks.ModuleChains = append(ks.ModuleChains, paths)
 		b.progress("modules, chain %d: %s", len(ks.ModuleChains), strings.Join(c, ", "))
 	}

@@ -49,16 +49,11 @@ func (e Entry) Name() string {
 // Conditional reports whether the entry depends on a device being present.
 func (e Entry) Conditional() bool { return len(e.Devices) > 0 }
 
-// Matches reports whether one of the entry's patterns matches one of the
-// modaliases. A malformed pattern counts as a match: loading a module too
-// many is harmless, missing one is not.
-func (e Entry) Matches(modaliases []string) bool {
-	return e.MatchesOn(func(string) []string { return modaliases })
-}
-
-// MatchesOn is Matches with the modaliases asked bus by bus (see Bus), so
-// a caller reads only the buses the patterns name, stopping at the first
-// match.
+// MatchesOn reports whether one of the entry's patterns matches the
+// modalias of a present device. devices is asked bus by bus (see Bus), so a
+// caller reads only the buses the patterns name, stopping at the first
+// match. A malformed pattern counts as a match: loading a module too many
+// is harmless, missing one is not.
 func (e Entry) MatchesOn(devices func(bus string) []string) bool {
 	for _, p := range e.Devices {
 		for _, a := range devices(Bus(p)) {

@@ -819,15 +819,16 @@ func TestLoadModulesList(t *testing.T) {
 	dir := t.TempDir()
 	list := filepath.Join(dir, "load-order")
 	os.WriteFile(list, []byte("# comment\n\nkernel/missing.ko\n/nonexistent/virtio.ko.xz debug=1\n"), 0o644)
-	loaded, failed := loadModules(testLog(t), list)
+	r := startModules(testLog(t), list).finish()
+	loaded, failed := r.loaded, r.failed
 	if loaded != 0 || len(failed) != 2 {
 		t.Fatalf("loaded %d failed %v", loaded, failed)
 	}
 	if !strings.Contains(failed[0].Error(), filepath.Join(dir, "kernel/missing.ko")) || !strings.Contains(failed[1].Error(), "/nonexistent/virtio.ko.xz") {
 		t.Fatalf("errors do not name the module: %v", failed)
 	}
-	if loaded, failed := loadModules(testLog(t), filepath.Join(dir, "absent")); loaded != 0 || failed != nil {
-		t.Fatalf("a missing list is not an error: %d %v", loaded, failed)
+	if r := startModules(testLog(t), filepath.Join(dir, "absent")).finish(); r.loaded != 0 || r.failed != nil {
+		t.Fatalf("a missing list is not an error: %d %v", r.loaded, r.failed)
 	}
 }
 
@@ -869,7 +870,7 @@ func TestLoadModulesForPresentDevices(t *testing.T) {
 		}
 		return nil
 	}
-	r := loadModulesWith(testLog(t), list, filepath.Join(dir, "bus"), cmdline, load)
+	r := startModulesWith(testLog(t), list, filepath.Join(dir, "bus"), cmdline, load).finish()
 	loaded, failed, skipped := r.loaded, r.failed, r.skipped
 	want := []string{"always.ko", "virtio_pci.ko", "virtio_console.ko", "vsock.ko", "vmw_vsock_virtio_transport.ko", "virtio_mmio.ko", "ext4.ko"}
 	if !slices.Equal(order, want) {
@@ -883,18 +884,17 @@ func TestLoadModulesForPresentDevices(t *testing.T) {
 	}
 	// A malformed list is one clear error, and nothing loads.
 	os.WriteFile(list, []byte("/m/a.ko |\n"), 0o644)
-	if loaded, failed := loadModules(testLog(t), list); loaded != 0 || len(failed) != 1 || !strings.Contains(failed[0].Error(), "line 1") {
-		t.Fatalf("malformed list: %d %v", loaded, failed)
+	if r := startModules(testLog(t), list).finish(); r.loaded != 0 || len(r.failed) != 1 || !strings.Contains(r.failed[0].Error(), "line 1") {
+		t.Fatalf("malformed list: %d %v", r.loaded, r.failed)
 	}
 }
 
-// Chains load side by side, each in its own order.
+// Chains load side by side, each in its own order; capsem.module_workers
+// sets how many at once (the default is one per CPU).
 func TestLoadModuleChainsInParallel(t *testing.T) {
-	if runtime.NumCPU() < 2 {
-		t.Skip("one CPU: chains load one after the other")
-	}
 	dir := t.TempDir()
 	list := filepath.Join(dir, "load-order")
+	cmdline := filepath.Join(dir, "cmdline")
 	os.WriteFile(list, []byte("/m/crc16.ko\n/m/jbd2.ko\n/m/ext4.ko\n---\n/m/virtio_ring.ko\n/m/virtio.ko\n/m/virtio_console.ko\n---\n/m/overlay.ko\n"), 0o644)
 	var mu sync.Mutex
 	running, most := 0, 0
@@ -911,38 +911,39 @@ func TestLoadModuleChainsInParallel(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	r := loadModulesWith(testLog(t), list, filepath.Join(dir, "bus"), filepath.Join(dir, "cmdline"), load)
-	if r.loaded != 7 || len(r.failed) != 0 || r.chains != 3 || r.workers != min(3, runtime.NumCPU()) {
-		t.Fatalf("report %+v", r)
-	}
-	if most != r.workers {
-		t.Fatalf("at most %d loads at once, want %d", most, r.workers)
-	}
-	// capsem.module_workers=1 on the command line: one chain at a time.
-	os.WriteFile(filepath.Join(dir, "cmdline"), []byte("quiet "+ModuleWorkersParam+"=1\n"), 0o444)
-	most, order = 0, nil
-	if r := loadModulesWith(testLog(t), list, filepath.Join(dir, "bus"), filepath.Join(dir, "cmdline"), load); r.workers != 1 || r.loaded != 7 || most != 1 {
-		t.Fatalf("with %s=1: workers %d, loaded %d, %d at once", ModuleWorkersParam, r.workers, r.loaded, most)
-	}
-	pos := map[string]int{}
-	for i, m := range order {
-		pos[m] = i
-	}
-	for _, pair := range [][2]string{{"crc16.ko", "jbd2.ko"}, {"jbd2.ko", "ext4.ko"}, {"virtio_ring.ko", "virtio.ko"}, {"virtio.ko", "virtio_console.ko"}} {
-		if pos[pair[0]] > pos[pair[1]] {
-			t.Fatalf("%s loaded after %s: %v", pair[0], pair[1], order)
+	for _, workers := range []int{2, 1} {
+		os.WriteFile(cmdline, []byte("quiet "+ModuleWorkersParam+"="+strconv.Itoa(workers)+"\n"), 0o644)
+		most, order = 0, nil
+		r := startModulesWith(testLog(t), list, filepath.Join(dir, "bus"), cmdline, load).finish()
+		if r.loaded != 7 || len(r.failed) != 0 || r.chains != 3 || r.workers != workers {
+			t.Fatalf("%s=%d: report %+v", ModuleWorkersParam, workers, r)
 		}
+		if most != workers {
+			t.Fatalf("%s=%d: at most %d loads at once", ModuleWorkersParam, workers, most)
+		}
+		pos := map[string]int{}
+		for i, m := range order {
+			pos[m] = i
+		}
+		for _, pair := range [][2]string{{"crc16.ko", "jbd2.ko"}, {"jbd2.ko", "ext4.ko"}, {"virtio_ring.ko", "virtio.ko"}, {"virtio.ko", "virtio_console.ko"}} {
+			if pos[pair[0]] > pos[pair[1]] {
+				t.Fatalf("%s=%d: %s loaded after %s: %v", ModuleWorkersParam, workers, pair[0], pair[1], order)
+			}
+		}
+	}
+	// Without the parameter: one chain per CPU.
+	os.Remove(cmdline)
+	if r := startModulesWith(testLog(t), list, filepath.Join(dir, "bus"), cmdline, load).finish(); r.workers != min(3, runtime.NumCPU()) {
+		t.Fatalf("default workers %d, want one per CPU (%d)", r.workers, runtime.NumCPU())
 	}
 }
 
 // A boot step waits only for its own modules: the channel's driver is
 // reported in while another chain is still loading.
 func TestModuleLoaderWaitsForNamedModules(t *testing.T) {
-	if runtime.NumCPU() < 2 {
-		t.Skip("one CPU: chains load one after the other")
-	}
 	dir := t.TempDir()
 	list := filepath.Join(dir, "load-order")
+	os.WriteFile(filepath.Join(dir, "cmdline"), []byte(ModuleWorkersParam+"=2\n"), 0o644)
 	os.WriteFile(list, []byte("/m/crc16.ko\n/m/ext4.ko\n---\n/m/virtio.ko\n/m/virtio_console.ko\n/m/virtio_rng.ko | virtio:d00000004v*\n"), 0o644)
 	release := make(chan struct{})
 	load := func(path, params string) error {

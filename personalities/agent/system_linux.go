@@ -104,29 +104,13 @@ func unescapeMountPath(s string) string {
 	return b.String()
 }
 
-// ModuleWorkersParam on the kernel command line caps how many module
-// chains load at once.
+// ModuleWorkersParam on the kernel command line sets how many module
+// chains load at once (default: one per CPU; 1: one after the other).
 const ModuleWorkersParam = "capsem.module_workers"
 
 // ModuleLoadOrder lists the kernel modules to load (format: core/modorder),
 // dependencies first (written by the image builder).
 const ModuleLoadOrder = modorder.Path
-
-// loadModules loads the modules in the list file with finit_module. The
-// modules of one chain load one after the other in list order, and chains,
-// which share no module, load side by side. (Loading each dependency level
-// at once, several virtio drivers probing together, hung one TCG boot in
-// 54; a bus's drivers all share its core module, so they stay in one
-// chain and load in sequence.) A module for a device (a driver, or what
-// only drivers need) loads only when such a device is present, or when the
-// kernel command line gives it parameters. A module already loaded
-// (EEXIST) is fine; any other failure is logged and the rest still load,
-// since the channel may not need the one that failed. It returns how many
-// loaded and the failures.
-func loadModules(log *slog.Logger, listPath string) (loaded int, failed []error) {
-	r := loadModulesTimed(log, listPath)
-	return r.loaded, r.failed
-}
 
 // moduleReport is what loading the module list did, for the boot log.
 type moduleReport struct {
@@ -223,16 +207,6 @@ func (b *busDevices) on(bus string) []string {
 	return out
 }
 
-func loadModulesTimed(log *slog.Logger, listPath string) moduleReport {
-	return startModules(log, listPath).finish()
-}
-
-// loadModulesWith is loadModulesTimed with the device and command-line
-// sources and the loader as parameters, for tests.
-func loadModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, load func(path, params string) error) moduleReport {
-	return startModulesWith(log, listPath, busRoot, cmdlinePath, load).finish()
-}
-
 // moduleLoader loads the module list in the background, so the boot can
 // go on with each step as soon as the modules it needs are in (the root
 // disk needs ext4 and virtio_blk, not 9p), and tells waiters when they are.
@@ -248,6 +222,17 @@ type moduleLoader struct {
 	elapsed time.Duration
 }
 
+// startModules starts loading the list with finit_module. The modules of
+// one chain load one after the other in list order, and chains, which share
+// no module, load side by side. (Loading each dependency level at once,
+// several virtio drivers probing together, hung one TCG boot in 54; a
+// bus's drivers all share its core module, so they stay in one chain and
+// load in sequence.) A module for a device (a driver, or what only drivers
+// need) loads only when such a device is present, or when the kernel
+// command line gives it parameters. A module already loaded (EEXIST) is
+// fine; any other failure is logged and the rest still load, since the
+// channel may not need the one that failed. startModulesWith takes the
+// device and command-line sources and the loader as parameters, for tests.
 func startModules(log *slog.Logger, listPath string) *moduleLoader {
 	return startModulesWith(log, listPath, sysBus, "/proc/cmdline", loadModule)
 }
@@ -278,8 +263,7 @@ func startModulesWith(log *slog.Logger, listPath, busRoot, cmdlinePath string, l
 	workers := runtime.NumCPU()
 	if b, err := os.ReadFile(cmdlinePath); err == nil {
 		configured = modorder.CmdlineModules(string(b))
-		// capsem.module_workers=N caps the chains loading at once
-		// (1: one after the other), for diagnosis.
+		// capsem.module_workers=N, for diagnosis.
 		if v, ok := guestwire.CmdlineValue(string(b), ModuleWorkersParam); ok {
 			if n, err := strconv.Atoi(v); err == nil && n >= 1 {
 				workers = n
