@@ -189,7 +189,11 @@ func formatEntries(b *strings.Builder, entries []Entry) error {
 		if strings.HasPrefix(e.Path, "#") || e.Path == "|" || e.Path == ChainSeparator {
 			return fmt.Errorf("load-order: module path %q would not read back", e.Path)
 		}
-		b.WriteString(strings.Join(words, " "))
+		line := strings.Join(words, " ")
+		if len(line) > MaxLine {
+			return fmt.Errorf("load-order: the line for module %s is %d bytes, longer than %d", e.Path, len(line), MaxLine)
+		}
+		b.WriteString(line)
 		b.WriteByte('\n')
 	}
 	return nil

@@ -92,7 +92,7 @@ func TestFormatRoundTripAndGolden(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(back, [][]Entry{entries[:5], entries[5:]}) {
 		t.Fatalf("round trip: %#v err %v", back, err)
 	}
-	for _, bad := range []Entry{{Path: "/a b.ko"}, {Path: "#x.ko"}, {Path: "|"}, {Path: "/a.ko", Devices: []string{""}}, {Path: "/a.ko", Params: []string{"x=a b"}}} {
+	for _, bad := range []Entry{{Path: "/" + strings.Repeat("x", MaxLine)}, {Path: "/a b.ko"}, {Path: "#x.ko"}, {Path: "|"}, {Path: "/a.ko", Devices: []string{""}}, {Path: "/a.ko", Params: []string{"x=a b"}}} {
 		if _, err := Format([]Entry{bad}); err == nil {
 			t.Errorf("Format(%#v) succeeded", bad)
 		}
