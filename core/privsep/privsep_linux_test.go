@@ -213,7 +213,11 @@ func runProbe(arg string) int {
 	// Read every thread's status after the goroutines above created threads.
 	tasks, _ := os.ReadDir("/proc/self/task")
 	for _, t := range tasks {
-		r.Threads = append(r.Threads, procStatus("/proc/self/task/"+t.Name()+"/status"))
+		st := procStatus("/proc/self/task/" + t.Name() + "/status")
+		if e, ok := st["error"]; ok && strings.Contains(e, "no such file or directory") {
+			continue // the thread exited after the listing: nothing left to check
+		}
+		r.Threads = append(r.Threads, st)
 	}
 
 	env, err := ChildEnv(InheritedEnv(os.Environ()), map[string]string{"GRANDCHILD_EXTRA": "1"})
