@@ -1,6 +1,8 @@
 package guestfs
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"os"
@@ -305,5 +307,56 @@ func TestDeviceConditions(t *testing.T) {
 	conds, err = mt.deviceConditions(wanted, order)
 	if err != nil || !reflect.DeepEqual(conds, map[string][]string{"virtio_console": {"virtio:d00000003v*"}, "virtio_ring": {"virtio:d00000003v*"}}) {
 		t.Fatalf("conditions %v, err %v", conds, err)
+	}
+}
+
+// signedModule appends a sign-file style signature of sigLen bytes with the
+// given 8-byte header to body.
+func signedModule(body []byte, header []byte, sigLen uint32) []byte {
+	out := append(slices.Clone(body), bytes.Repeat([]byte{0x30}, int(sigLen))...)
+	out = append(out, header...)
+	out = binary.BigEndian.AppendUint32(out, sigLen)
+	return append(out, moduleSigMarker...)
+}
+
+func TestStripModuleSignature(t *testing.T) {
+	body := append([]byte("\x7fELF"), bytes.Repeat([]byte{7}, 100)...)
+	pkcs7 := []byte{0, 0, 2, 0, 0, 0, 0, 0}
+	for _, tc := range []struct {
+		name    string
+		in      []byte
+		want    []byte
+		wantErr string
+	}{
+		{"unsigned", body, body, ""},
+		{"signed", signedModule(body, pkcs7, 500), body, ""},
+		{"signed, signature of one byte", signedModule(body, pkcs7, 1), body, ""},
+		{"marker alone", moduleSigMarker, nil, "too short"},
+		{"X.509 id type", signedModule(body, []byte{0, 0, 1, 0, 0, 0, 0, 0}, 500), nil, "not a plain PKCS#7"},
+		{"signer name set", signedModule(body, []byte{0, 0, 2, 4, 0, 0, 0, 0}, 500), nil, "not a plain PKCS#7"},
+		{"padding set", signedModule(body, []byte{0, 0, 2, 0, 0, 0, 0, 1}, 500), nil, "not a plain PKCS#7"},
+		{"empty signature", signedModule(body, pkcs7, 0), nil, "does not fit"},
+		{"length beyond the data", func() []byte {
+			m := signedModule(body, pkcs7, 10)
+			binary.BigEndian.PutUint32(m[len(m)-len(moduleSigMarker)-4:], 1<<20)
+			return m
+		}(), nil, "does not fit"},
+		{"not ELF", signedModule([]byte("#!/bin/sh\n"), pkcs7, 10), nil, "not an ELF"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := stripModuleSignature(tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "appended signature") {
+					t.Fatalf("error %v, want one naming %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, tc.want) {
+				t.Fatalf("got %d bytes, want %d", len(got), len(tc.want))
+			}
+		})
 	}
 }

@@ -121,3 +121,34 @@ func FuzzParseStanzas(f *testing.F) {
 		}
 	})
 }
+
+// FuzzStripModuleSignature: a stripped module is a prefix of the input that
+// still starts as ELF; input without the marker comes back unchanged.
+func FuzzStripModuleSignature(f *testing.F) {
+	body := append([]byte("\x7fELF"), make([]byte, 60)...)
+	f.Add(body)
+	f.Add(signedModule(body, []byte{0, 0, 2, 0, 0, 0, 0, 0}, 40))
+	f.Add(signedModule(body, []byte{0, 0, 2, 0, 0, 0, 0, 0}, 70))
+	f.Add(moduleSigMarker)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := stripModuleSignature(data)
+		if err != nil {
+			if !bytes.HasSuffix(data, moduleSigMarker) {
+				t.Fatalf("error on input without a signature: %v", err)
+			}
+			return
+		}
+		if !bytes.HasPrefix(data, got) {
+			t.Fatal("output is not a prefix of the input")
+		}
+		if !bytes.HasSuffix(data, moduleSigMarker) {
+			if len(got) != len(data) {
+				t.Fatal("unsigned input changed")
+			}
+			return
+		}
+		if len(got) >= len(data) || !bytes.HasPrefix(got, []byte("\x7fELF")) {
+			t.Fatalf("signed input of %d bytes stripped to %d", len(data), len(got))
+		}
+	})
+}

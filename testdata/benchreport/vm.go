@@ -96,11 +96,12 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d.Micros
 // bareMarker is what the bare boot's init prints: the first userspace output.
 const bareMarker = "CAPSEM-BARE-USERSPACE"
 
-// bareBoot boots the kernel and initramfs with busybox echo as init and
-// times QEMU start → the echo's line on the serial console: the earliest
-// userspace can speak. Same machine type, firmware, CPUs and memory as
-// capsem. When echo exits the kernel panics (init died) and panic=-1
-// -no-reboot ends QEMU.
+// bareBoot boots the kernel and initramfs with a busybox shell as init that
+// echoes a marker, and times QEMU start → that line on the serial console:
+// the earliest userspace can speak. Same machine type, firmware, CPUs and
+// memory as capsem. The shell then sleeps rather than exits, since init
+// exiting panics the kernel and the panic report can land in the middle of
+// the marker on the console; QEMU is killed once the marker is seen.
 func bareBoot(a *guestfs.Assets) (time.Duration, error) {
 	accel := "tcg"
 	cpu := "max"
@@ -110,7 +111,7 @@ func bareBoot(a *guestfs.Assets) (time.Duration, error) {
 	args := []string{"-machine", "q35", "-accel", accel, "-cpu", cpu, "-smp", "2", "-m", "1024",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-nic", "none", "-serial", "stdio",
 		"-kernel", a.Kernel, "-initrd", a.Initramfs,
-		"-append", "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/bin/echo -- " + bareMarker}
+		"-append", `console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/bin/sh -- -c "echo ` + bareMarker + `; exec sleep 600"`}
 	if fw := qemu.PreferredFirmware(); fw != "" {
 		args = append(args, "-bios", fw)
 	}
@@ -144,7 +145,8 @@ func bareBoot(a *guestfs.Assets) (time.Duration, error) {
 			break
 		}
 	}
-	io.Copy(io.Discard, console) // the panic report, until QEMU exits
+	cmd.Process.Kill()
+	io.Copy(io.Discard, console)
 	werr := cmd.Wait()
 	if seen == 0 {
 		return 0, fmt.Errorf("the bare guest never printed %q (qemu: %v): console %q, stderr %s", bareMarker, werr, tail, stderr.String())
