@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/aggwire"
+	"github.com/capsem/capsem/core/procs"
 )
 
 // Spawner builds (but does not start) the aggregator command. Stdin and
@@ -133,8 +134,8 @@ func (c *Client) launch() (*instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting aggregator: %w", err)
 	}
-	inst := &instance{cmd: cmd, w: aggwire.NewWriter(stdin), stdin: stdin, pending: map[uint64]chan *aggwire.Response{}, dead: make(chan struct{})}
-	go inst.readLoop(stdout, c.log)
+	inst := &instance{cmd: cmd, w: aggwire.NewWriter(procs.RawWriter(stdin)), stdin: stdin, pending: map[uint64]chan *aggwire.Response{}, dead: make(chan struct{})}
+	go inst.readLoop(procs.RawReader(stdout), c.log)
 
 	c.mu.Lock()
 	servers := c.servers

@@ -14,6 +14,7 @@ import (
 
 	"github.com/capsem/capsem/core/jsonrpc"
 	"github.com/capsem/capsem/core/mcpframe"
+	"github.com/capsem/capsem/core/procs"
 )
 
 // MetaPrefix starts the optional first line a relay sends: NUL
@@ -53,6 +54,8 @@ func (e *Endpoint) Serve(ctx context.Context, ln net.Listener) error {
 type conn struct {
 	e        *Endpoint
 	c        io.ReadWriteCloser
+	r        io.Reader // c, through raw system calls when it is a socket
+	w        io.Writer
 	metaName string
 
 	wmu  sync.Mutex // serializes answer frames
@@ -76,6 +79,8 @@ func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error 
 	c := &conn{
 		e:        e,
 		c:        rwc,
+		r:        procs.RawReader(rwc),
+		w:        procs.RawWriter(rwc),
 		inflight: map[uint32]struct{}{},
 		cancels:  map[string]context.CancelFunc{},
 	}
@@ -118,7 +123,7 @@ func (c *conn) send(streamID uint32, name string, payload []byte) {
 	var err error
 	c.wbuf, err = mcpframe.Append(c.wbuf[:0], &mcpframe.Frame{StreamID: streamID, Name: name, Payload: payload})
 	if err == nil {
-		_, err = c.c.Write(c.wbuf)
+		_, err = c.w.Write(c.wbuf)
 	}
 	if cap(c.wbuf) > 64<<10 {
 		c.wbuf = nil // do not pin a large buffer after a big answer
@@ -130,7 +135,7 @@ func (c *conn) send(streamID uint32, name string, payload []byte) {
 }
 
 func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
-	br := bufio.NewReaderSize(c.c, 64<<10)
+	br := bufio.NewReaderSize(c.r, 64<<10)
 	if err := c.readMeta(br); err != nil {
 		return err
 	}

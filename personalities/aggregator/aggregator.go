@@ -39,7 +39,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 	in, out, restore := procs.PollableStdio()
 	defer restore()
 	a := New(slog.Default())
-	return a.Serve(ctx, in, out)
+	return a.Serve(ctx, procs.RawReader(in), procs.RawWriter(out))
 }
 
 // BuiltinName is the reserved name of the builtin server.

@@ -41,8 +41,8 @@ func (c *Cmd) Run(ctx context.Context) error {
 	}
 	in, out, restore := procs.PollableStdio()
 	defer restore()
-	r := &Relay{Dial: dial, Name: ParentProcessName(os.Getppid()), Out: out}
-	return r.Run(ctx, in)
+	r := &Relay{Dial: dial, Name: ParentProcessName(os.Getppid()), Out: procs.RawWriter(out)}
+	return r.Run(ctx, procs.RawReader(in))
 }
 
 // Dialer opens a connection to the endpoint.
@@ -114,6 +114,8 @@ type pendingCall struct {
 
 type relayConn struct {
 	c       net.Conn
+	r       io.Reader // c, through raw system calls where it can
+	w       io.Writer
 	wmu     sync.Mutex
 	mu      sync.Mutex
 	pending map[uint32]pendingCall
@@ -238,7 +240,7 @@ func (r *Relay) handleLine(ctx context.Context, line []byte, tooLong bool) {
 	buf, err := mcpframe.Encode(&f)
 	if err == nil {
 		rc.wmu.Lock()
-		_, err = rc.c.Write(buf)
+		_, err = rc.w.Write(buf)
 		rc.wmu.Unlock()
 	}
 	if err != nil {
@@ -290,7 +292,7 @@ func (r *Relay) connection(ctx context.Context) (*relayConn, error) {
 		c.Close()
 		return nil, fmt.Errorf("sending metadata: %w", err)
 	}
-	rc := &relayConn{c: c, pending: map[uint32]pendingCall{}, done: make(chan struct{})}
+	rc := &relayConn{c: c, r: procs.RawReader(c), w: procs.RawWriter(c), pending: map[uint32]pendingCall{}, done: make(chan struct{})}
 	r.conn = rc
 	r.nextID = 0
 	go r.readLoop(rc)
@@ -313,7 +315,7 @@ func (r *Relay) retire(rc *relayConn) {
 
 func (r *Relay) readLoop(rc *relayConn) {
 	defer close(rc.done)
-	fr := mcpframe.NewReader(rc.c)
+	fr := mcpframe.NewReader(rc.r)
 	reason := "connection closed"
 	for {
 		f, err := fr.Read()
