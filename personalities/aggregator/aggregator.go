@@ -305,7 +305,7 @@ func (a *Aggregator) transport(ctx context.Context, def aggwire.ServerDef) (mcp.
 	}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}, nil
+	return &commandTransport{cmd: cmd, terminate: 2 * time.Second}, nil
 }
 
 type headerTransport struct {
