@@ -458,6 +458,9 @@ func (l *Ledger) execTx(reqs []*request) (err error) {
 	// The writer never uses a caller's context: a caller giving up must not
 	// abort a transaction that carries other callers' rows.
 	ctx := context.Background()
+	if len(reqs) == 1 && len(reqs[0].t) == 1 {
+		return l.execOne(ctx, reqs[0])
+	}
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: begin transaction on %s: %w", l.path, err)
@@ -491,6 +494,28 @@ func (l *Ledger) execTx(reqs []*request) (err error) {
 		return fmt.Errorf("ledger: commit to %s: %w", l.path, err)
 	}
 	l.rows.Add(uint64(rows))
+	l.commits.Add(1)
+	select {
+	case l.checkpointKick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// execOne writes a lone row as one statement in SQLite's own implicit
+// transaction: as atomic and durable as BEGIN/INSERT/COMMIT, in one call
+// into SQLite instead of three (a quiet gateway's every call).
+func (l *Ledger) execOne(ctx context.Context, r *request) error {
+	t := r.t[0]
+	if hook := l.testHookBeforeCommit; hook != nil {
+		if err := hook(1); err != nil {
+			return err
+		}
+	}
+	if _, err := l.stmts[t].ExecContext(ctx, r.args[0]...); err != nil {
+		return fmt.Errorf("ledger: insert into %s in %s: %w", tables[t].name, l.path, err)
+	}
+	l.rows.Add(1)
 	l.commits.Add(1)
 	select {
 	case l.checkpointKick <- struct{}{}:
