@@ -16,6 +16,7 @@ import (
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/version"
+	"github.com/capsem/capsem/personalities/agent"
 )
 
 // VersionCmd prints the version.
@@ -58,6 +59,9 @@ func Main(args []string) int {
 		return 126
 	}
 	args = RewriteArgs(args)
+	if isBareInit(args, os.Getpid()) {
+		return runInit()
+	}
 	var cli CLI
 	parser, err := kong.New(&cli,
 		kong.Name("capsem"),
@@ -91,6 +95,32 @@ func Main(args []string) int {
 		if errors.As(err, &exit) {
 			return exit.CommandExitCode()
 		}
+		fmt.Fprintln(os.Stderr, "capsem:", err)
+		return 1
+	}
+	return 0
+}
+
+// isBareInit reports whether this is the guest's init with nothing to
+// parse: PID 1 running the agent (RewriteArgs has dropped the kernel's
+// leftover words) with no flags.
+func isBareInit(args []string, pid int) bool {
+	return pid == 1 && len(args) == 2 && args[1] == "agent"
+}
+
+// runInit starts the guest agent as PID 1 without the CLI parser. Init takes
+// no flags (the kernel's leftover words are ignored either way), and under
+// TCG every code path costs a translation the first time it runs: kong's
+// reflective parse was a large part of the time from the kernel starting
+// /init to the agent's first step.
+func runInit() int {
+	level := os.Getenv("CAPSEM_LOG_LEVEL")
+	if level == "" {
+		level = "info"
+	}
+	logger := logs.New(os.Stderr, level)
+	slog.SetDefault(logger)
+	if err := (&agent.Cmd{}).Run(logs.WithLogger(context.Background(), logger)); err != nil {
 		fmt.Fprintln(os.Stderr, "capsem:", err)
 		return 1
 	}

@@ -27,6 +27,27 @@ func TestRewriteArgs(t *testing.T) {
 // (/init: no cgo, guest personalities only) and checks that build answers
 // to the guest's names and leaves the host's personalities out; the full
 // program must build without cgo too.
+// Only a flagless agent run as PID 1 skips the CLI parser; a test running
+// the agent elsewhere, or with flags, goes through kong as before.
+func TestIsBareInit(t *testing.T) {
+	for _, tc := range []struct {
+		argv []string
+		pid  int
+		want bool
+	}{
+		{[]string{"/init", "splash", "foo"}, 1, true},
+		{[]string{"/init"}, 1, true},
+		{[]string{"/init"}, 42, false},
+		{[]string{"capsem", "agent", "--allow-not-pid1"}, 1, false},
+		{[]string{"capsem", "version"}, 1, false},
+		{[]string{"capsem-mcp-server"}, 1, false},
+	} {
+		if got := isBareInit(RewriteArgs(tc.argv), tc.pid); got != tc.want {
+			t.Errorf("isBareInit(%q, pid %d) = %v, want %v", tc.argv, tc.pid, got, tc.want)
+		}
+	}
+}
+
 func TestGuestBuildWithoutCgo(t *testing.T) {
 	dir := t.TempDir()
 	guest := filepath.Join(dir, "capsem-guest")
