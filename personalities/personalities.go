@@ -114,11 +114,7 @@ func isBareInit(args []string, pid int) bool {
 // reflective parse was a large part of the time from the kernel starting
 // /init to the agent's first step.
 func runInit() int {
-	level := os.Getenv("CAPSEM_LOG_LEVEL")
-	if level == "" {
-		level = "info"
-	}
-	logger := logs.New(os.Stderr, level)
+	logger := logs.New(os.Stderr, os.Getenv("CAPSEM_LOG_LEVEL")) // unset: info
 	slog.SetDefault(logger)
 	if err := (&agent.Cmd{}).Run(logs.WithLogger(context.Background(), logger)); err != nil {
 		fmt.Fprintln(os.Stderr, "capsem:", err)
