@@ -10,6 +10,7 @@ package procs
 import (
 	"os"
 	"runtime"
+	"runtime/debug"
 )
 
 // Limit lowers GOMAXPROCS to n unless the environment sets GOMAXPROCS.
@@ -23,3 +24,24 @@ func Limit(n int) {
 // Helper is the P count for a helper that fans out work (the aggregator,
 // the builtin server): a quarter of the CPUs, at least one.
 func Helper() int { return max(1, runtime.NumCPU()/4) }
+
+// Helpers collect garbage less often than Go's default (GOGC 100): the MCP
+// SDK's JSON decoding allocates a 32 KiB buffer per value it unmarshals
+// (about 128 KiB per tools/call), so at the default the aggregator spent a
+// sixth of its time in the collector. The soft limit keeps a process with a
+// large live heap from growing to five times it. GOGC and GOMEMLIMIT in the
+// environment still win.
+const (
+	helperGCPercent   = 400
+	helperMemoryLimit = 128 << 20
+)
+
+// TuneGC applies the helpers' collector settings.
+func TuneGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(helperGCPercent)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(helperMemoryLimit)
+	}
+}

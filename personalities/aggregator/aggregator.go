@@ -35,6 +35,7 @@ type Cmd struct{}
 
 // Run serves stdin/stdout until EOF or a shutdown request.
 func (c *Cmd) Run(ctx context.Context) error {
+	procs.TuneGC()
 	procs.Limit(procs.Helper())
 	in, out, restore := procs.PollableStdio()
 	defer restore()

@@ -16,14 +16,14 @@ import (
 
 // client drives an in-process Aggregator over pipes with real aggwire frames.
 type client struct {
-	t      *testing.T
+	t      testing.TB
 	w      *aggwire.Writer
 	resps  chan *aggwire.Response
 	nextID uint64
 	done   chan error
 }
 
-func startAggregator(t *testing.T, servers []aggwire.ServerDef) *client {
+func startAggregator(t testing.TB, servers []aggwire.ServerDef) *client {
 	t.Helper()
 	reqR, reqW := io.Pipe()
 	respR, respW := io.Pipe()

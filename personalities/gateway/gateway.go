@@ -37,6 +37,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 	// cgo call) and every message wakes spare threads; on a 2-core host a
 	// quarter of the CPUs (at least one P) took context switches per call
 	// from 18 to 10 and added calls/s at every concurrency (make bench).
+	procs.TuneGC()
 	procs.Limit(procs.Helper())
 	sources, err := mcpgw.SourcesFor(c.Config, !c.NoAutodetect)
 	if err != nil {

@@ -34,6 +34,7 @@ type Cmd struct{}
 
 // Run relays stdin/stdout until stdin closes.
 func (c *Cmd) Run(ctx context.Context) error {
+	procs.TuneGC()
 	procs.Limit(1) // a forwarder: one P is plenty, and it shares the CPUs
 	dial, err := DialerFromEnv(os.Getenv(EndpointEnv))
 	if err != nil {
