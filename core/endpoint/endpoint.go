@@ -20,6 +20,7 @@ import (
 	"github.com/capsem/capsem/core/jsonrpc"
 	"github.com/capsem/capsem/core/mcpframe"
 	"github.com/capsem/capsem/core/policy"
+	"github.com/capsem/capsem/core/rawjson"
 )
 
 // Upstream performs aggregator requests. Do must return promptly when ctx is
@@ -369,40 +370,73 @@ const (
 // statelessRequest reports whether the request speaks the stateless revision,
 // whose results carry resultType and the server's identity in _meta.
 func statelessRequest(params json.RawMessage) bool {
-	// Most requests never mention the key: skip the parse for them.
-	if len(params) == 0 || params[0] != '{' || !bytes.Contains(params, []byte(metaProtocolVersion)) {
+	// Most requests never mention the key: skip the scan for them. The scan
+	// reads only _meta (params holds the call's arguments, of any size).
+	if len(params) == 0 || !bytes.Contains(params, []byte(metaProtocolVersion)) {
 		return false
 	}
-	var p struct {
-		Meta map[string]json.RawMessage `json:"_meta"`
-	}
-	if json.Unmarshal(params, &p) != nil {
+	meta, _, ok := rawjson.Member(params, "_meta")
+	if !ok {
 		return false
 	}
+	raw, _, ok := rawjson.Member(meta, metaProtocolVersion)
 	var v string
-	return json.Unmarshal(p.Meta[metaProtocolVersion], &v) == nil && v >= DiscoverVersion
+	return ok && json.Unmarshal(raw, &v) == nil && v >= DiscoverVersion
 }
 
+// decorateStateless adds resultType (unless present) and the gateway's
+// identity in _meta (keeping the other _meta keys) to a result object. It
+// splices them into the result's text rather than decoding and re-encoding
+// the whole result (a tool's output, of any size); a repeated key's last
+// occurrence is the one that counts, as in JSON.parse. Anything but a
+// valid JSON object is returned unchanged.
 func (e *Endpoint) decorateStateless(result json.RawMessage) json.RawMessage {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(result, &m) != nil || m == nil {
+	if t := bytes.TrimSpace(result); len(t) == 0 || t[0] != '{' || !json.Valid(t) {
 		return result
 	}
-	if _, ok := m["resultType"]; !ok {
-		m["resultType"] = json.RawMessage(`"complete"`)
+	out := bytes.TrimSpace(result)
+	meta := map[string]json.RawMessage{}
+	rawMeta, at, hasMeta := rawjson.Member(out, "_meta")
+	if hasMeta && json.Unmarshal(rawMeta, &meta) != nil || meta == nil {
+		meta = map[string]json.RawMessage{} // not an object: replaced
 	}
-	var meta map[string]any
-	_ = json.Unmarshal(m["_meta"], &meta)
-	if meta == nil {
-		meta = map[string]any{}
-	}
-	meta[metaServerInfo] = e.serverInfo()
-	m["_meta"], _ = json.Marshal(meta)
-	out, err := json.Marshal(m)
+	info, err := json.Marshal(e.serverInfo())
 	if err != nil {
 		return result
 	}
+	meta[metaServerInfo] = info
+	newMeta, err := json.Marshal(meta)
+	if err != nil {
+		return result
+	}
+	if hasMeta {
+		spliced := make([]byte, 0, len(out)-len(rawMeta)+len(newMeta))
+		spliced = append(spliced, out[:at]...)
+		spliced = append(spliced, newMeta...)
+		out = append(spliced, out[at+len(rawMeta):]...)
+	} else {
+		out = appendMember(out, "_meta", newMeta)
+	}
+	if _, _, ok := rawjson.Member(out, "resultType"); !ok {
+		out = appendMember(out, "resultType", []byte(`"complete"`))
+	}
 	return out
+}
+
+// appendMember returns obj, a JSON object with no space around it, with
+// "key":value added as its last member.
+func appendMember(obj []byte, key string, value []byte) []byte {
+	k, _ := json.Marshal(key)
+	body := bytes.TrimSpace(obj[1 : len(obj)-1])
+	out := make([]byte, 0, len(obj)+len(k)+len(value)+2)
+	out = append(out, obj[:len(obj)-1]...)
+	if len(body) > 0 {
+		out = append(out, ',')
+	}
+	out = append(out, k...)
+	out = append(out, ':')
+	out = append(out, value...)
+	return append(out, '}')
 }
 
 func (o *outcome) fail(err *jsonrpc.Error) *outcome {

@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+
+	"github.com/capsem/capsem/core/rawjson"
 )
 
 // Rank orders where a decision came from. A decision can only be relaxed by
@@ -207,7 +209,7 @@ func (e *Engine) CheckResponse(_ context.Context, c *Call, result json.RawMessag
 		if !r.matchesTarget(c) {
 			continue
 		}
-		v, ok := findPath(result, r.retPath)
+		v, ok := rawjson.FindPath(result, r.retPath)
 		if !ok || !valueMatches(v, r.retEquals, r.ReturnsMatches) {
 			continue
 		}
@@ -314,7 +316,7 @@ func (r *Rule) matchesRequest(c *Call, args []byte) bool {
 	if r.argPath == nil {
 		return true // Validate guarantees a tool or resource condition
 	}
-	v, ok := findPath(args, r.argPath)
+	v, ok := rawjson.FindPath(args, r.argPath)
 	return ok && valueMatches(v, r.equals, r.Matches)
 }
 

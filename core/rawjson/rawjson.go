@@ -1,4 +1,9 @@
-package policy
+// Package rawjson finds values in JSON text without decoding it: values off
+// the path are only skipped, so looking into a 1 MiB document costs a scan,
+// not a decode. Where a key repeats, the last one counts, as in JSON.parse
+// and encoding/json. The input is expected to be valid JSON (its callers
+// parsed it already); on malformed input a value is simply not found.
+package rawjson
 
 import (
 	"bytes"
@@ -6,15 +11,10 @@ import (
 	"strconv"
 )
 
-// findPath returns the raw JSON value at a dot path (object keys and array
-// indexes) in doc without decoding the rest: values off the path are only
-// skipped, so a rule on a 1 MiB argument object costs a scan, not a decode.
-// Where a key repeats, the last one counts, as in JSON.parse and
-// encoding/json (the server must not see a different value than the rule).
-// A string holding a JSON object or array is entered when the path goes on.
-// doc is expected to be valid JSON (the gateway parsed it already); on
-// malformed input the path is simply not found.
-func findPath(doc []byte, path []string) ([]byte, bool) {
+// FindPath returns the raw JSON value at a path of object keys and array
+// indexes in doc. A string holding a JSON object or array is entered when
+// the path goes on (tools often return JSON as text).
+func FindPath(doc []byte, path []string) ([]byte, bool) {
 	cur := trimSpace(doc)
 	for _, part := range path {
 		if len(cur) == 0 {
@@ -33,7 +33,7 @@ func findPath(doc []byte, path []string) ([]byte, bool) {
 		var ok bool
 		switch cur[0] {
 		case '{':
-			cur, ok = memberOf(cur, part)
+			cur, _, ok = Member(cur, part)
 		case '[':
 			cur, ok = elementOf(cur, part)
 		default:
@@ -46,47 +46,53 @@ func findPath(doc []byte, path []string) ([]byte, bool) {
 	return cur, len(cur) > 0
 }
 
-// memberOf returns the value of the last member named key in an object.
-func memberOf(obj []byte, key string) ([]byte, bool) {
+// Member returns the value of the last member named key in obj, a JSON
+// object (leading space allowed), and the offset in obj where it starts.
+func Member(obj []byte, key string) (value []byte, start int, ok bool) {
 	var found []byte
-	i := skipWS(obj, 1)
+	at := 0
+	i := skipWS(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return nil, 0, false
+	}
+	i = skipWS(obj, i+1)
 	if i < len(obj) && obj[i] == '}' {
-		return nil, false
+		return nil, 0, false
 	}
 	for i < len(obj) {
 		if obj[i] != '"' {
-			return nil, false
+			return nil, 0, false
 		}
 		kEnd := skipString(obj, i)
 		if kEnd < 0 {
-			return nil, false
+			return nil, 0, false
 		}
 		match := keyEquals(obj[i:kEnd], key)
 		i = skipWS(obj, kEnd)
 		if i >= len(obj) || obj[i] != ':' {
-			return nil, false
+			return nil, 0, false
 		}
 		vStart := skipWS(obj, i+1)
 		vEnd := skipValue(obj, vStart)
 		if vEnd < 0 {
-			return nil, false
+			return nil, 0, false
 		}
 		if match {
-			found = obj[vStart:vEnd]
+			found, at = obj[vStart:vEnd], vStart
 		}
 		i = skipWS(obj, vEnd)
 		if i >= len(obj) {
-			return nil, false
+			return nil, 0, false
 		}
 		if obj[i] == '}' {
-			return found, found != nil
+			return found, at, found != nil
 		}
 		if obj[i] != ',' {
-			return nil, false
+			return nil, 0, false
 		}
 		i = skipWS(obj, i+1)
 	}
-	return nil, false
+	return nil, 0, false
 }
 
 // elementOf returns the element at a decimal index of an array.

@@ -1,0 +1,117 @@
+package rawjson
+
+import (
+	"encoding/json"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// lookup is the oracle for FindPath: the same walk over a fully decoded
+// document.
+func lookup(v any, path []string) (any, bool) {
+	for _, part := range path {
+		if s, ok := v.(string); ok {
+			t := strings.TrimSpace(s)
+			if t == "" || (t[0] != '{' && t[0] != '[') || json.Unmarshal([]byte(t), &v) != nil {
+				return nil, false
+			}
+		}
+		switch cur := v.(type) {
+		case map[string]any:
+			next, ok := cur[part]
+			if !ok {
+				return nil, false
+			}
+			v = next
+		case []any:
+			i, err := strconv.Atoi(part)
+			if err != nil || i < 0 || i >= len(cur) || (len(part) > 1 && part[0] == '0') || part[0] == '+' {
+				return nil, false
+			}
+			v = cur[i]
+		default:
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+func TestFindPath(t *testing.T) {
+	doc := `{"a":{"b":[10,{"c":"sk-x"}],"e\u0041":1},"dup":1,"dup":2,"text":"{\"inner\":[true]}","s":"x\"y","n":null}`
+	cases := []struct {
+		path string
+		want string
+	}{
+		{"a.b.1.c", `"sk-x"`},
+		{"a.b.0", `10`},
+		{"a.eA", `1`},
+		{"dup", `2`},
+		{"text.inner.0", `true`},
+		{"s", `"x\"y"`},
+		{"n", `null`},
+		{"a.b.2", ""},
+		{"a.b.01", ""},
+		{"a.x", ""},
+		{"s.x", ""},
+	}
+	for _, tc := range cases {
+		got, ok := FindPath([]byte(doc), strings.Split(tc.path, "."))
+		if string(got) != tc.want || ok != (tc.want != "") {
+			t.Errorf("FindPath(%q) = %q, %v; want %q", tc.path, got, ok, tc.want)
+		}
+	}
+}
+
+// FuzzFindPath: on valid JSON the scanner agrees with a full decode, both on
+// presence and on the value found.
+func FuzzFindPath(f *testing.F) {
+	f.Add(`{"a":{"b":[1,{"c":"sk-x"}]}}`, "a.b.1.c")
+	f.Add(`{"k":1,"k":{"x":2}}`, "k.x")
+	f.Add(`{"t":"[1,2]"}`, "t.1")
+	f.Add(`[ {"a" : "b\\"} , 2 ]`, "0.a")
+	f.Fuzz(func(t *testing.T, doc, dotPath string) {
+		var decoded any
+		if json.Unmarshal([]byte(doc), &decoded) != nil {
+			FindPath([]byte(doc), strings.Split(dotPath, ".")) // must not panic
+			return
+		}
+		path := strings.Split(dotPath, ".")
+		want, wantOK := lookup(decoded, path)
+		raw, ok := FindPath([]byte(doc), path)
+		if ok != wantOK {
+			t.Fatalf("FindPath(%s, %q) found=%v, decode found=%v", doc, dotPath, ok, wantOK)
+		}
+		if ok {
+			var got any
+			if err := json.Unmarshal(raw, &got); err != nil || !reflect.DeepEqual(got, want) {
+				t.Fatalf("FindPath(%s, %q) = %s, decode = %#v", doc, dotPath, raw, want)
+			}
+		}
+	})
+}
+
+func TestMember(t *testing.T) {
+	doc := ` { "a" : 1 , "m" : {"x":[1]} , "a" : "last" } `
+	for _, tc := range []struct {
+		key, want string
+	}{
+		{"a", `"last"`},
+		{"m", `{"x":[1]}`},
+		{"x", ""},
+	} {
+		v, at, ok := Member([]byte(doc), tc.key)
+		if string(v) != tc.want || ok != (tc.want != "") {
+			t.Errorf("Member(%q) = %q, %v; want %q", tc.key, v, ok, tc.want)
+		}
+		if ok && doc[at:at+len(v)] != tc.want {
+			t.Errorf("Member(%q) offset %d points at %q", tc.key, at, doc[at:])
+		}
+	}
+	for _, notObject := range []string{`[1]`, `"s"`, ``, `{}`, ` {  } `} {
+		if _, _, ok := Member([]byte(notObject), "a"); ok {
+			t.Errorf("Member(%q) found a member", notObject)
+		}
+	}
+}
