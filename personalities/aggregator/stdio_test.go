@@ -2,7 +2,9 @@ package aggregator
 
 import (
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,16 +56,26 @@ func TestCommandTransportTerminatesStuckServers(t *testing.T) {
 		script string
 		signal syscall.Signal
 	}{
-		{"ignores EOF", "exec sleep 60", syscall.SIGTERM},
-		{"ignores SIGTERM", "trap '' TERM; while :; do sleep 0.05; done", syscall.SIGKILL},
+		{"ignores EOF", `: > "$READY"; exec sleep 60`, syscall.SIGTERM},
+		{"ignores SIGTERM", `trap '' TERM; : > "$READY"; while :; do sleep 0.05; done`, syscall.SIGKILL},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			ready := filepath.Join(t.TempDir(), "ready")
 			cmd := exec.Command("sh", "-c", tc.script)
+			cmd.Env = append(os.Environ(), "READY="+ready)
 			conn, err := (&commandTransport{cmd: cmd, terminate: 100 * time.Millisecond}).Connect(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(50 * time.Millisecond) // let sh install its trap
+			// The script marks when its trap is in place.
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if _, err := os.Stat(ready); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the server script never started")
+				}
+			}
 			err = conn.Close()
 			st := cmd.ProcessState
 			if st == nil {
