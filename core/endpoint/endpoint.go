@@ -391,10 +391,10 @@ func statelessRequest(params json.RawMessage) bool {
 // occurrence is the one that counts, as in JSON.parse. Anything but a
 // valid JSON object is returned unchanged.
 func (e *Endpoint) decorateStateless(result json.RawMessage) json.RawMessage {
-	if t := bytes.TrimSpace(result); len(t) == 0 || t[0] != '{' || !json.Valid(t) {
+	out := bytes.TrimSpace(result)
+	if len(out) == 0 || out[0] != '{' || !json.Valid(out) {
 		return result
 	}
-	out := bytes.TrimSpace(result)
 	meta := map[string]json.RawMessage{}
 	rawMeta, at, hasMeta := rawjson.Member(out, "_meta")
 	if hasMeta && json.Unmarshal(rawMeta, &meta) != nil || meta == nil {
