@@ -4,9 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/capsem/capsem/core/rawjson/rawjsontest"
 )
 
 func call(method, name string, args string) *Call {
@@ -256,43 +257,13 @@ func FuzzRuleMatch(f *testing.F) {
 		// Presence alone (no value condition) must agree with a direct decode.
 		var doc any
 		if json.Unmarshal([]byte(args), &doc) == nil {
-			_, present := lookup(doc, strings.Split(dotPath, "."))
+			_, present := rawjsontest.Lookup(doc, strings.Split(dotPath, "."))
 			presence := &Engine{Rules: []Rule{{Name: "p", Action: Block, Argument: dotPath}}}
 			if got := presence.CheckRequest(context.Background(), c).Decision == Block; got != present {
 				t.Fatalf("presence of %q in %s: rule says %v, lookup says %v", dotPath, args, got, present)
 			}
 		}
 	})
-}
-
-// lookup is the oracle for rawjson.FindPath: the same walk over a fully decoded
-// document.
-func lookup(v any, path []string) (any, bool) {
-	for _, part := range path {
-		if s, ok := v.(string); ok {
-			t := strings.TrimSpace(s)
-			if t == "" || (t[0] != '{' && t[0] != '[') || json.Unmarshal([]byte(t), &v) != nil {
-				return nil, false
-			}
-		}
-		switch cur := v.(type) {
-		case map[string]any:
-			next, ok := cur[part]
-			if !ok {
-				return nil, false
-			}
-			v = next
-		case []any:
-			i, err := strconv.Atoi(part)
-			if err != nil || i < 0 || i >= len(cur) || (len(part) > 1 && part[0] == '0') || part[0] == '+' {
-				return nil, false
-			}
-			v = cur[i]
-		default:
-			return nil, false
-		}
-	}
-	return v, true
 }
 
 func TestGlobMatch(t *testing.T) {

@@ -3,40 +3,11 @@ package rawjson
 import (
 	"encoding/json"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
-)
 
-// lookup is the oracle for FindPath: the same walk over a fully decoded
-// document.
-func lookup(v any, path []string) (any, bool) {
-	for _, part := range path {
-		if s, ok := v.(string); ok {
-			t := strings.TrimSpace(s)
-			if t == "" || (t[0] != '{' && t[0] != '[') || json.Unmarshal([]byte(t), &v) != nil {
-				return nil, false
-			}
-		}
-		switch cur := v.(type) {
-		case map[string]any:
-			next, ok := cur[part]
-			if !ok {
-				return nil, false
-			}
-			v = next
-		case []any:
-			i, err := strconv.Atoi(part)
-			if err != nil || i < 0 || i >= len(cur) || (len(part) > 1 && part[0] == '0') || part[0] == '+' {
-				return nil, false
-			}
-			v = cur[i]
-		default:
-			return nil, false
-		}
-	}
-	return v, true
-}
+	"github.com/capsem/capsem/core/rawjson/rawjsontest"
+)
 
 func TestFindPath(t *testing.T) {
 	doc := `{"a":{"b":[10,{"c":"sk-x"}],"e\u0041":1},"dup":1,"dup":2,"text":"{\"inner\":[true]}","s":"x\"y","n":null}`
@@ -78,7 +49,7 @@ func FuzzFindPath(f *testing.F) {
 			return
 		}
 		path := strings.Split(dotPath, ".")
-		want, wantOK := lookup(decoded, path)
+		want, wantOK := rawjsontest.Lookup(decoded, path)
 		raw, ok := FindPath([]byte(doc), path)
 		if ok != wantOK {
 			t.Fatalf("FindPath(%s, %q) found=%v, decode found=%v", doc, dotPath, ok, wantOK)
