@@ -493,12 +493,7 @@ func (l *Ledger) execTx(reqs []*request) (err error) {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("ledger: commit to %s: %w", l.path, err)
 	}
-	l.rows.Add(uint64(rows))
-	l.commits.Add(1)
-	select {
-	case l.checkpointKick <- struct{}{}:
-	default:
-	}
+	l.committed(rows)
 	return nil
 }
 
@@ -515,13 +510,19 @@ func (l *Ledger) execOne(ctx context.Context, r *request) error {
 	if _, err := l.stmts[t].ExecContext(ctx, r.args[0]...); err != nil {
 		return fmt.Errorf("ledger: insert into %s in %s: %w", tables[t].name, l.path, err)
 	}
-	l.rows.Add(1)
+	l.committed(1)
+	return nil
+}
+
+// committed counts a committed transaction of rows and nudges the
+// checkpointer.
+func (l *Ledger) committed(rows int) {
+	l.rows.Add(uint64(rows))
 	l.commits.Add(1)
 	select {
 	case l.checkpointKick <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 func (l *Ledger) finish(r *request, err error) {
