@@ -303,7 +303,8 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 		return nil, err
 	}
 	b.progress("extracting the uncompressed kernel from %s…", filepath.Base(vmlinuz))
-	if elfKernel, err := ExtractVmlinux(bz); err != nil {
+	elfKernel, err := ExtractVmlinux(bz)
+	if err != nil {
 		// The bzImage still boots, only more slowly under TCG.
 		b.log.Warn("no uncompressed kernel; the guest boots the bzImage", "err", err)
 		b.progress("warning: %v; using vmlinuz", err)
@@ -336,11 +337,25 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 	}
 	sizes := map[string]int64{}
 	guestPaths := map[string]string{}
+	// Module patching reads the kernel's export CRCs for the symbols it
+	// adds; without the ELF kernel it adds none.
+	var crcs map[string]uint32
+	if elfKernel != nil {
+		if crcs, err = kernelCRCs(elfKernel); err != nil {
+			return nil, err
+		}
+	}
+	var patched moduleStats
 	for _, name := range order {
 		data, err := mt.readModule(name)
 		if err != nil {
 			return nil, err
 		}
+		data, st, err := patchModule(data, crcs)
+		if err != nil {
+			return nil, fmt.Errorf("patching module %s: %w", name, err)
+		}
+		patched.add(st)
 		guestPath := path.Join("/lib/modules", release, plainModulePath(mt.paths[name]))
 		if err := put(strings.TrimPrefix(guestPath, "/"), data); err != nil {
 			return nil, err
@@ -353,6 +368,8 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 			ks.ModuleDevices[guestPath] = c
 		}
 	}
+	b.progress("modules: %d static call sites, %d prepatched as direct calls and %d as NOPs; %d ftrace sites as NOPs",
+		patched.staticSites, patched.staticDirect, patched.staticNops, patched.fentryNops)
 	// Module size stands in for load time (relocations, symbols, code
 	// patching all grow with it).
 	chains, err := mt.chains(order, func(name string) int64 { return sizes[name] })

@@ -3,6 +3,8 @@ package guestfs
 import (
 	"bytes"
 	"context"
+	"debug/elf"
+	"encoding/binary"
 	"os"
 	"os/exec"
 	"path"
@@ -201,6 +203,15 @@ func TestRealAssets(t *testing.T) {
 		t.Fatal(err)
 	}
 	conds := map[string][]string{}
+	vmlinux, err := os.ReadFile(a.Kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crcs, err := kernelCRCs(vmlinux)
+	if err != nil || len(crcs) < 1000 {
+		t.Fatalf("the kernel's export CRCs: %d (%v)", len(crcs), err)
+	}
+	patchedSites := 0
 	for _, le := range list {
 		p := le.Path
 		conds[le.Name()] = le.Devices
@@ -213,8 +224,12 @@ func TestRealAssets(t *testing.T) {
 		if bytes.HasSuffix(e.data, moduleSigMarker) {
 			t.Fatalf("module %s still carries its signature", p)
 		}
+		patchedSites += checkModulePatched(t, p, e.data, crcs)
 		pos[strings.TrimSuffix(path.Base(p), ".ko")] = len(order)
 		order = append(order, p)
+	}
+	if patchedSites < 500 {
+		t.Errorf("only %d static call and ftrace sites prepatched across the modules", patchedSites)
 	}
 	if !slices.Equal(order, a.Modules) {
 		t.Fatalf("load-order %v is not the manifest's modules %v in order", order, a.Modules)
@@ -303,4 +318,95 @@ func bootCheck(t *testing.T, ctx context.Context, qemu, kernel, initrd string, m
 		}
 	}
 	t.Logf("booted %s, loaded %d modules, powered off: %v wall", filepath.Base(kernel), modules, elapsed)
+}
+
+// checkModulePatched checks a real module from the image the way the
+// kernel will see it: no `call __fentry__` left and no __mcount_loc to
+// load; no call left to the trampoline of a static call key whose value
+// the build predicts; and an added __cond_resched carries the kernel's own
+// CRC in __versions (else the loader warns). It returns how many patched
+// sites it saw.
+func checkModulePatched(t *testing.T, name string, data []byte, crcs map[string]uint32) int {
+	t.Helper()
+	f, err := elf.NewFile(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("module %s: %v", name, err)
+	}
+	if s := f.Section("__mcount_loc"); s != nil && s.Flags&elf.SHF_ALLOC != 0 {
+		t.Errorf("module %s: __mcount_loc still loads", name)
+	}
+	syms, err := f.Symbols()
+	if err != nil {
+		t.Fatalf("module %s: %v", name, err)
+	}
+	relas, err := relocations(f, data)
+	if err != nil {
+		t.Fatalf("module %s: %v", name, err)
+	}
+	predicted := func(sym string) bool {
+		n, ok := strings.CutPrefix(sym, "__SCT__")
+		if !ok {
+			return false
+		}
+		_, kernelKey := kernelPreemptTargets[n]
+		return kernelKey || strings.HasPrefix(n, "tp_func_")
+	}
+	patched := 0
+	for secIdx, byOff := range relas {
+		sec := f.Sections[secIdx]
+		if sec.Flags&elf.SHF_EXECINSTR == 0 {
+			continue
+		}
+		code, _ := sec.Data()
+		for off, r := range byOff {
+			if r.sym == 0 || int(r.sym) > len(syms) || off == 0 || off > uint64(len(code)) {
+				continue
+			}
+			s := syms[r.sym-1].Name
+			isCall := code[off-1] == x86CallOpcode
+			switch {
+			case r.typ == rX8664None:
+				patched++
+			case s == "__fentry__" && isCall:
+				t.Errorf("module %s: call __fentry__ left at %s+%#x", name, sec.Name, off-1)
+			case predicted(s) && isCall:
+				// A module's tracepoint key defined elsewhere is not
+				// predicted: only flag keys the module defines.
+				if !strings.HasPrefix(s, "__SCT__tp_func_") || definesKey(syms, strings.TrimPrefix(s, "__SCT__")) {
+					t.Errorf("module %s: call %s left at %s+%#x", name, s, sec.Name, off-1)
+				}
+			case s == "__cond_resched" || strings.HasPrefix(s, "__traceiter_"):
+				patched++
+			}
+		}
+	}
+	for _, s := range syms {
+		if s.Name != "__cond_resched" {
+			continue
+		}
+		vers := f.Section("__versions")
+		if vers == nil {
+			t.Fatalf("module %s: __cond_resched added without a __versions table", name)
+		}
+		b, _ := vers.Data()
+		found := false
+		for i := 0; i+modversionSize <= len(b); i += modversionSize {
+			if strings.TrimRight(string(b[i+8:i+modversionSize]), "\x00") == "__cond_resched" {
+				found = binary.LittleEndian.Uint64(b[i:]) == uint64(crcs["__cond_resched"])
+			}
+		}
+		if !found {
+			t.Errorf("module %s: __versions lacks __cond_resched with the kernel's CRC %#x", name, crcs["__cond_resched"])
+		}
+	}
+	return patched
+}
+
+func definesKey(syms []elf.Symbol, key string) bool {
+	for _, s := range syms {
+		if s.Name == "__SCK__"+key && s.Section != elf.SHN_UNDEF {
+			return true
+		}
+	}
+	return false
 }

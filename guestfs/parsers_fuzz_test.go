@@ -152,3 +152,38 @@ func FuzzStripModuleSignature(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPatchModule: any input either fails with an error or comes back as
+// an ELF file no shorter than it, the input itself untouched; a patched
+// module still parses, and patching it again finds nothing more to do.
+func FuzzPatchModule(f *testing.F) {
+	f.Add(fakeStaticCallModule(fakeModOpts{}))
+	f.Add(fakeStaticCallModule(fakeModOpts{badFentry: true, noVersions: true}))
+	f.Add(fakeModule(f, "name=plain"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		orig := bytes.Clone(data)
+		out, st, err := patchModule(data, testCRCs)
+		if !bytes.Equal(data, orig) {
+			t.Fatal("the input was modified")
+		}
+		if err != nil {
+			return
+		}
+		if len(out) < len(data) {
+			t.Fatalf("output of %d bytes from %d", len(out), len(data))
+		}
+		if st.staticDirect+st.staticNops+st.fentryNops == 0 {
+			if !bytes.Equal(out, data) {
+				t.Fatal("nothing patched, yet the output differs")
+			}
+			return
+		}
+		again, st2, err := patchModule(out, testCRCs)
+		if err != nil {
+			t.Fatalf("the patched module does not patch again: %v", err)
+		}
+		if st2.fentryNops != 0 || st2.staticNops != 0 || (st2.staticDirect != 0 && len(again) != len(out)) {
+			t.Fatalf("patching twice did more work: %+v", st2)
+		}
+	})
+}
