@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -111,7 +112,9 @@ func TestNamedVMKeepsFilesAcrossBoots(t *testing.T) {
 	v := bootVMIn(t, "keeper", dir)
 	t.Logf("first boot (disk created): %v", v.info.BootTimings)
 	out, _ := v.guestSh(t, `set -e
-awk '$2 == "/" {print "root=" $3} $2 == "/root/workspace" {print "workspace=" $3}' /proc/mounts
+awk '$2 == "/" {print "root=" $3} $2 == "/root/workspace" {print "workspace=" $3} $3 == "ext4" {print "ext4opts=" $4}' /proc/mounts
+echo "clock=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+echo "lazyinit=$(ps | grep -c '[[]ext4lazyinit[]]' || true)"
 echo persisted-etc > /etc/capsem-persist
 head -c 1048576 /dev/urandom > /root/one-mib.bin
 echo "sum=$(sha256sum /root/one-mib.bin | cut -d' ' -f1)"
@@ -130,6 +133,24 @@ echo from-guest > /root/workspace/guest.txt
 		t.Fatalf("first boot: want an overlay root, a 9p workspace and a checksum; got %q", out)
 	}
 	sum := got["sum"]
+	// The disk is mounted so that deletes punch holes, and no background
+	// thread zeroes the inode tables of a fresh sparse image or reads its
+	// bitmaps ahead.
+	opts := strings.Split(got["ext4opts"], ",")
+	for _, want := range []string{"discard", "noinit_itable", "no_prefetch_block_bitmaps"} {
+		if !slices.Contains(opts, want) {
+			t.Errorf("per-VM disk mount options %q lack %s", got["ext4opts"], want)
+		}
+	}
+	if got["lazyinit"] != "0" {
+		t.Errorf("%s ext4lazyinit threads run in the guest, want none", got["lazyinit"])
+	}
+	// A clocksource the vDSO can read (the TSC under TCG, kvm-clock under
+	// KVM), not the HPET, whose every read is a system call and an
+	// emulated MMIO access.
+	if c := got["clock"]; c != "tsc" && c != "kvm-clock" {
+		t.Errorf("guest clocksource %q, want tsc or kvm-clock", c)
+	}
 
 	// The workspace is the host's directory, both ways.
 	if b, err := os.ReadFile(filepath.Join(ws, "guest.txt")); err != nil || string(b) != "from-guest\n" {

@@ -98,20 +98,19 @@ const bareMarker = "CAPSEM-BARE-USERSPACE"
 
 // bareBoot boots the kernel and initramfs with a busybox shell as init that
 // echoes a marker, and times QEMU start → that line on the serial console:
-// the earliest userspace can speak. Same machine type, firmware, CPUs and
-// memory as capsem. The shell then sleeps rather than exits, since init
+// the earliest userspace can speak. Same machine type, firmware, CPUs,
+// memory and accelerator kernel parameters as capsem. The shell then sleeps rather than exits, since init
 // exiting panics the kernel and the panic report can land in the middle of
 // the marker on the console; QEMU is killed once the marker is seen.
 func bareBoot(a *guestfs.Assets) (time.Duration, error) {
-	accel := "tcg"
-	cpu := "max"
+	accel, cpu, params := "tcg", "max", " "+qemu.TCGKernelParams
 	if accelName() == "KVM" {
-		accel, cpu = "kvm", "host"
+		accel, cpu, params = "kvm", "host", ""
 	}
 	args := []string{"-machine", "q35", "-accel", accel, "-cpu", cpu, "-smp", "2", "-m", "1024",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-nic", "none", "-serial", "stdio",
 		"-kernel", a.Kernel, "-initrd", a.Initramfs,
-		"-append", `console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/bin/sh -- -c "echo ` + bareMarker + `; exec sleep 600"`}
+		"-append", `console=ttyS0 panic=-1 quiet loglevel=3` + params + ` rdinit=/bin/sh -- -c "echo ` + bareMarker + `; exec sleep 600"`}
 	if fw := qemu.PreferredFirmware(); fw != "" {
 		args = append(args, "-bios", fw)
 	}

@@ -29,6 +29,18 @@ const (
 	serialBusID      = "vser0"
 )
 
+// TCGKernelParams are added to the guest kernel's command line under TCG.
+//
+// tsc=reliable: TCG's CPU models do not advertise an invariant TSC, so on a
+// multi-CPU guest the kernel assumes the TSCs are not synchronized, drops
+// the TSC clocksource and falls back to the HPET, whose every read is an
+// emulated MMIO access and which the vDSO cannot use: each clock_gettime
+// becomes a system call. Under TCG every vCPU's TSC is the same host
+// counter, which QEMU keeps monotonic, with no per-CPU offset unless the
+// guest writes one, so it is synchronized and constant-rate. Measured here:
+// exec `true` p50 18.7 → 16.4 ms. (KVM guests use kvm-clock.)
+const TCGKernelParams = "tsc=reliable"
+
 // Args returns QEMU's argv (without the program name) for spec with the
 // resolved accelerator ("kvm" or "tcg"). It is a pure function of its
 // inputs: no probes, no environment, no files.
@@ -36,7 +48,7 @@ func Args(spec vmm.Spec, accel string) ([]string, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	cpu := ""
+	cpu, cmdline := "", spec.Cmdline
 	switch accel {
 	case vmm.AccelKVM:
 		cpu = "host"
@@ -44,6 +56,7 @@ func Args(spec vmm.Spec, accel string) ([]string, error) {
 		// max: every feature TCG can emulate, so the guest kernel picks
 		// its fast paths (e.g. RDRAND for early entropy).
 		cpu = "max"
+		cmdline = strings.TrimSpace(cmdline + " " + TCGKernelParams)
 	default:
 		return nil, fmt.Errorf("qemu: accelerator %q: want %q or %q", accel, vmm.AccelKVM, vmm.AccelTCG)
 	}
@@ -70,7 +83,7 @@ func Args(spec vmm.Spec, accel string) ([]string, error) {
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"-kernel", spec.Kernel,
 		"-initrd", spec.Initramfs,
-		"-append", spec.Cmdline,
+		"-append", cmdline,
 		// Serial console (ttyS0) appended to the log file; append=on so a
 		// named VM's log survives a restart.
 		"-chardev", "file,id=" + consoleChardevID + ",path=" + optValue(spec.ConsoleLog) + ",append=on",
