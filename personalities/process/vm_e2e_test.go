@@ -415,3 +415,32 @@ func TestBadConfigFailsBeforeBoot(t *testing.T) {
 		t.Errorf("a VM was started for an invalid configuration: %v", err)
 	}
 }
+
+// TestLedgerFailureStopsTheBoot: the ledger opens beside the boot, so a
+// session.db that cannot be opened is found only once the guest is up;
+// the process must still fail, name the ledger, and leave no QEMU behind.
+func TestLedgerFailureStopsTheBoot(t *testing.T) {
+	dir := t.TempDir()
+	session := filepath.Join(dir, "s")
+	if err := os.MkdirAll(filepath.Join(session, "session.db"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A process that wrongly boots on would serve forever: bound it.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testkit.CapsemBinary(t), "process", "--session-dir", session, "--socket", filepath.Join(dir, "p.sock"),
+		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil || err == nil || !strings.Contains(string(out), "opening session ledger") {
+		t.Fatalf("want a failure naming the ledger: %v\n%s", err, out)
+	}
+	// QEMU died with the process (it is reaped in teardown; the console
+	// log shows the guest got as far as its agent).
+	if b, err := exec.Command("pgrep", "-f", "qemu-system.*"+session).Output(); err == nil && len(bytes.TrimSpace(b)) > 0 {
+		t.Fatalf("QEMU still runs after the failed boot: pids %s", b)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "p.sock")); !os.IsNotExist(err) {
+		t.Errorf("the API socket exists after a failed boot: %v", err)
+	}
+}
