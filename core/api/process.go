@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"time"
 
@@ -177,6 +178,41 @@ func (c *ProcessClient) WaitReady(ctx context.Context) (*Info, error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// ReadyLine is what `capsem process --ready-fd N` writes on N once its API
+// accepts connections.
+const ReadyLine = "ready\n"
+
+// WaitReadyPipe waits for the process's readiness line on ready (the read
+// end of the pipe whose write end the process got as --ready-fd), then
+// returns its Info. No polling: it returns as soon as the API listens, and
+// fails as soon as the process dies first (the pipe closes). It closes
+// ready.
+func (c *ProcessClient) WaitReadyPipe(ctx context.Context, ready *os.File) (*Info, error) {
+	defer ready.Close()
+	got := make(chan error, 1)
+	go func() {
+		buf := make([]byte, len(ReadyLine))
+		_, err := io.ReadFull(ready, buf)
+		switch {
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			err = errors.New("the VM process ended before its API was ready")
+		case err == nil && string(buf) != ReadyLine:
+			err = fmt.Errorf("the VM process wrote %q on its readiness pipe, want %q", buf, ReadyLine)
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			return nil, err
+		}
+	case <-ctx.Done():
+		ready.Close() // ends the read
+		return nil, fmt.Errorf("waiting for the VM process: %w", ctx.Err())
+	}
+	return c.Info(ctx)
 }
 
 // Exec runs a command, streaming output to stdout and stderr, and returns

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestctl"
@@ -29,6 +30,7 @@ import (
 	"github.com/capsem/capsem/guestfs"
 	"github.com/capsem/capsem/vmm"
 	"github.com/capsem/capsem/vmm/qemu"
+	"golang.org/x/sys/unix"
 )
 
 // Cmd is `capsem process`.
@@ -42,6 +44,7 @@ type Cmd struct {
 	MemoryMiB    int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
+	ReadyFD      int    `name:"ready-fd" default:"-1" hidden:"" help:"Inherited file descriptor to write api.ReadyLine on, then close, once the API accepts connections (the parent waits on it instead of polling)."`
 }
 
 // Run boots the VM and serves until it stops.
@@ -49,12 +52,27 @@ func (c *Cmd) Run(ctx context.Context) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.Default().With("vm", c.Name)
+	notify := func() {}
+	if c.ReadyFD >= 0 {
+		// Not for QEMU or the gateway's children: the parent must see the
+		// pipe close when this process dies. A raw descriptor, not an
+		// *os.File, whose finalizer could close it early: on a failure it
+		// stays open until the process exits, after the error is written.
+		fd := c.ReadyFD
+		unix.CloseOnExec(fd)
+		notify = func() {
+			if _, err := unix.Write(fd, []byte(api.ReadyLine)); err != nil {
+				log.Warn("writing the readiness line", "fd", fd, "err", err)
+			}
+			unix.Close(fd)
+		}
+	}
 	v, err := Boot(ctx, c.options(log))
 	if err != nil {
 		return err
 	}
 	v.gw.ReloadOnSignal(ctx)
-	return v.ServeAPI(ctx, c.Socket)
+	return v.ServeAPI(ctx, c.Socket, notify)
 }
 
 func (c *Cmd) options(log *slog.Logger) Options {
@@ -309,8 +327,9 @@ func (v *VM) teardown(ctx context.Context) {
 }
 
 // ServeAPI serves the process API on a 0600 Unix socket until the VM stops,
-// QEMU exits, or ctx is done; then it stops the VM.
-func (v *VM) ServeAPI(ctx context.Context, sock string) error {
+// QEMU exits, or ctx is done; then it stops the VM. listening runs once the
+// socket accepts connections.
+func (v *VM) ServeAPI(ctx context.Context, sock string, listening func()) error {
 	_ = os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -324,6 +343,7 @@ func (v *VM) ServeAPI(ctx context.Context, sock string) error {
 	}
 	srv := &http.Server{Handler: v.routes(), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
+	listening()
 	var exitErr error
 	select {
 	case <-ctx.Done():

@@ -81,7 +81,16 @@ func (c *Cmd) Run(ctx context.Context) error {
 	if c.GuestBin != "" {
 		args = append(args, "--guest-binary", c.GuestBin)
 	}
+	// The process writes api.ReadyLine on fd 3 once its API listens: no
+	// polling, and a process that dies first closes the pipe at once.
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("creating the readiness pipe: %w", err)
+	}
+	defer readyR.Close()
+	args = append(args, "--ready-fd", "3")
 	proc := exec.Command(self, args...)
+	proc.ExtraFiles = []*os.File{readyW}
 	logFile, err := os.OpenFile(filepath.Join(sessionDir, "process.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -89,7 +98,9 @@ func (c *Cmd) Run(ctx context.Context) error {
 	defer logFile.Close()
 	proc.Stdout, proc.Stderr = logFile, logFile
 	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := proc.Start(); err != nil {
+	err = proc.Start()
+	readyW.Close() // the child holds its own copy
+	if err != nil {
 		return fmt.Errorf("starting the VM process: %w", err)
 	}
 	exited := make(chan error, 1)
@@ -107,11 +118,18 @@ func (c *Cmd) Run(ctx context.Context) error {
 	bootCtx, cancelBoot := context.WithTimeout(ctx, c.BootLimit)
 	defer cancelBoot()
 	readyCh := make(chan error, 1)
-	go func() { _, err := client.WaitReady(bootCtx); readyCh <- err }()
+	go func() { _, err := client.WaitReadyPipe(bootCtx, readyR); readyCh <- err }()
 	select {
 	case err := <-readyCh:
 		if err != nil {
-			proc.Process.Kill()
+			// A closed pipe means the process is exiting: let it finish
+			// writing its reason to the log before reading the log.
+			select {
+			case exitErr := <-exited:
+				exited <- exitErr
+			case <-time.After(5 * time.Second):
+				proc.Process.Kill()
+			}
 			return fmt.Errorf("the VM did not become ready: %w (log: %s)", err, tail(filepath.Join(sessionDir, "process.log")))
 		}
 	case err := <-exited:

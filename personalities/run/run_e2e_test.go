@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capsem/capsem/core/testkit"
 )
@@ -79,5 +80,21 @@ func TestRunAppliesPolicy(t *testing.T) {
 	}
 	if strings.Contains(stdout, `"name":"builtin__http_head"`) || !strings.Contains(stdout, `"name":"builtin__http_get"`) {
 		t.Errorf("tools/list does not hide exactly the blocked tool: %.3000s", stdout)
+	}
+}
+
+// TestRunReportsAProcessThatDiesBeforeReady: the VM process refuses a bad
+// configuration before booting anything; `capsem run` learns it from the
+// readiness pipe closing, at once, and shows the process's reason.
+func TestRunReportsAProcessThatDiesBeforeReady(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "bad.toml")
+	os.WriteFile(cfg, []byte("[mcp]\ndefault = \"perhaps\"\n"), 0o600)
+	start := time.Now()
+	_, stderr, code := capsemRun(t, "--config", cfg, "--", "true")
+	if code == 0 || !strings.Contains(stderr, `"perhaps" is not a decision`) {
+		t.Fatalf("exit %d, stderr %q: want a failure with the process's reason", code, stderr)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("took %v to report a process that failed before booting", d)
 	}
 }

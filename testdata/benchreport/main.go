@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,11 +34,23 @@ type result struct {
 	perSec   float64
 }
 
+// concurrencyLevels are the gateway section's levels (-levels).
+var concurrencyLevels []int
+
 func main() {
 	duration := flag.Duration("duration", 3*time.Second, "measuring time per concurrency level")
 	vmRuns := flag.Int("vm-runs", 5, "boots per VM figure (0 skips the VM section)")
 	gatewaySection := flag.Bool("gateway", true, "run the MCP gateway section")
+	levels := flag.String("levels", "1,16,64", "comma-separated concurrency levels of the gateway section (for profiling one)")
 	flag.Parse()
+	for _, f := range strings.Split(*levels, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "benchreport: -levels: %q is not a concurrency level\n", f)
+			os.Exit(2)
+		}
+		concurrencyLevels = append(concurrencyLevels, n)
+	}
 	if *gatewaySection {
 		if err := run(*duration); err != nil {
 			fmt.Fprintln(os.Stderr, "benchreport:", err)
@@ -91,7 +104,7 @@ func run(d time.Duration) error {
 	total := 0
 	procs := processes(plain.cmd.Process.Pid, plain.relay.Process.Pid)
 	var cpuLines, policyLines []string
-	for _, c := range []int{1, 16, 64} {
+	for _, c := range concurrencyLevels {
 		base := measure(direct, "echo", c, d)
 		before, switchesBefore := cpuTimes(procs), contextSwitches(procs)
 		gwr := measure(plain.session, "echo__echo", c, d)
