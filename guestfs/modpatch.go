@@ -187,13 +187,13 @@ func (m *modFile) location(symIdx uint32, addend int64) (int, uint64, bool) {
 // callSite checks that sec+off holds `call <rel32>` whose relocation (at
 // off+1, PC-relative, addend -4) exists, returning that relocation and the
 // instruction's file offset.
-func (m *modFile) callSite(sec int, off uint64, opcode byte) (rela, uint64, bool) {
+func (m *modFile) callSite(sec int, off uint64) (rela, uint64, bool) {
 	s := m.f.Sections[sec]
 	if s.Type != elf.SHT_PROGBITS || s.Flags&elf.SHF_EXECINSTR == 0 || off > s.Size || s.Size-off < 5 {
 		return rela{}, 0, false
 	}
 	insn := s.Offset + off
-	if m.out[insn] != opcode {
+	if m.out[insn] != x86CallOpcode {
 		return rela{}, 0, false
 	}
 	r, ok := m.relas[sec][off+1]
@@ -240,7 +240,7 @@ func (m *modFile) nopFentry(st *moduleStats) error {
 		if !ok {
 			return nil
 		}
-		call, insn, ok := m.callSite(sec, at, x86CallOpcode)
+		call, insn, ok := m.callSite(sec, at)
 		if !ok || !bytes.Equal(m.out[insn+1:insn+5], []byte{0, 0, 0, 0}) {
 			return nil
 		}
@@ -289,7 +289,7 @@ func (m *modFile) prepatchStaticCalls(st *moduleStats) error {
 		if !ok || (int64(ks.Value)+key.addend)&staticCallSiteTail != 0 {
 			continue
 		}
-		call, insn, ok := m.callSite(sec, at, x86CallOpcode)
+		call, insn, ok := m.callSite(sec, at)
 		if !ok {
 			continue
 		}

@@ -185,10 +185,10 @@ func assembleRoot(dev string) (ext4Mount time.Duration, err error) {
 	// discard: deleting files in the guest punches holes in the host's
 	// image (QEMU runs the disk with discard=unmap), so it stays sparse.
 	// noinit_itable: mkfs left the inode tables to be zeroed lazily, but
-	// the image is a new sparse file whose unwritten blocks already read
-	// as zeros, so the kernel's background zeroing (a thread that would
-	// write every table, taking guest CPU and host I/O for minutes after
-	// each boot) has nothing to do. no_prefetch_block_bitmaps: the same
+	// it made the image as a sparse file, whose never-written blocks read
+	// as zeros, so the kernel's background zeroing (a thread writing every
+	// table, taking guest CPU and host I/O after each boot) has nothing to
+	// do. no_prefetch_block_bitmaps: the same
 	// thread would otherwise start to read every block bitmap ahead of
 	// need, during the boot; the allocator reads them as it goes.
 	mt := time.Now()
