@@ -83,19 +83,19 @@ func (c *Cmd) Run(ctx context.Context) error {
 	}
 	// The process writes api.ReadyLine on fd 3 once its API listens: no
 	// polling, and a process that dies first closes the pipe at once.
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("creating the readiness pipe: %w", err)
-	}
-	defer readyR.Close()
 	args = append(args, "--ready-fd", "3")
 	proc := exec.Command(self, args...)
-	proc.ExtraFiles = []*os.File{readyW}
 	logFile, err := os.OpenFile(filepath.Join(sessionDir, "process.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logFile.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("creating the readiness pipe: %w", err)
+	}
+	defer readyR.Close()
+	proc.ExtraFiles = []*os.File{readyW}
 	proc.Stdout, proc.Stderr = logFile, logFile
 	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	err = proc.Start()
@@ -122,13 +122,17 @@ func (c *Cmd) Run(ctx context.Context) error {
 	select {
 	case err := <-readyCh:
 		if err != nil {
-			// A closed pipe means the process is exiting: let it finish
-			// writing its reason to the log before reading the log.
-			select {
-			case exitErr := <-exited:
-				exited <- exitErr
-			case <-time.After(5 * time.Second):
+			// Out of time: stop it. A closed pipe means the process is
+			// exiting: let it finish writing its reason to the log first.
+			if bootCtx.Err() != nil {
 				proc.Process.Kill()
+			} else {
+				select {
+				case exitErr := <-exited:
+					exited <- exitErr
+				case <-time.After(5 * time.Second):
+					proc.Process.Kill()
+				}
 			}
 			return fmt.Errorf("the VM did not become ready: %w (log: %s)", err, tail(filepath.Join(sessionDir, "process.log")))
 		}

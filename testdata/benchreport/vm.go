@@ -99,9 +99,10 @@ const bareMarker = "CAPSEM-BARE-USERSPACE"
 // bareBoot boots the kernel and initramfs with a busybox shell as init that
 // echoes a marker, and times QEMU start → that line on the serial console:
 // the earliest userspace can speak. Same machine type, firmware, CPUs,
-// memory and accelerator kernel parameters as capsem. The shell then sleeps rather than exits, since init
-// exiting panics the kernel and the panic report can land in the middle of
-// the marker on the console; QEMU is killed once the marker is seen.
+// memory and accelerator kernel parameters as capsem. The shell then
+// sleeps rather than exits, since init exiting panics the kernel and the
+// panic report can land in the middle of the marker on the console; QEMU
+// is killed once the marker is seen.
 func bareBoot(a *guestfs.Assets) (time.Duration, error) {
 	accel, cpu, params := "tcg", "max", " "+qemu.TCGKernelParams
 	if accelName() == "KVM" {
