@@ -188,9 +188,9 @@ func assembleRoot(dev string) (ext4Mount time.Duration, err error) {
 	// it made the image as a sparse file, whose never-written blocks read
 	// as zeros, so the kernel's background zeroing (a thread writing every
 	// table, taking guest CPU and host I/O after each boot) has nothing to
-	// do. no_prefetch_block_bitmaps: the same
-	// thread would otherwise start to read every block bitmap ahead of
-	// need, during the boot; the allocator reads them as it goes.
+	// do. no_prefetch_block_bitmaps: the same thread would otherwise start
+	// to read every block bitmap ahead of need, during the boot; the
+	// allocator reads them as it goes.
 	mt := time.Now()
 	if err := unix.Mount(dev, diskMount, "ext4", 0, "discard,noinit_itable,no_prefetch_block_bitmaps"); err != nil {
 		return 0, fmt.Errorf("agent: mounting the per-VM disk %s (ext4) on %s: %w", dev, diskMount, err)
