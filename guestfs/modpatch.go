@@ -171,6 +171,20 @@ func (m *modFile) section(name string) int {
 	return -1
 }
 
+// table finds the section of 8-byte entries called name: idx is -1 when
+// the module has none.
+func (m *modFile) table(name string) (idx int, sec *elf.Section, err error) {
+	idx = m.section(name)
+	if idx < 0 {
+		return -1, nil, nil
+	}
+	sec = m.f.Sections[idx]
+	if sec.Size%8 != 0 {
+		return 0, nil, fmt.Errorf("%s is %d bytes, not whole 8-byte entries", name, sec.Size)
+	}
+	return idx, sec, nil
+}
+
 // location resolves symbol + addend to a section index and offset.
 func (m *modFile) location(symIdx uint32, addend int64) (int, uint64, bool) {
 	s, ok := m.sym(symIdx)
@@ -218,13 +232,9 @@ func (m *modFile) writeNop(insn uint64, r rela) {
 // allocated section). All or nothing: if any listed site is not the
 // expected call, the module is left as it is.
 func (m *modFile) nopFentry(st *moduleStats) error {
-	idx := m.section("__mcount_loc")
-	if idx < 0 || m.f.Sections[idx].Flags&elf.SHF_ALLOC == 0 {
-		return nil
-	}
-	loc := m.f.Sections[idx]
-	if loc.Size%8 != 0 {
-		return fmt.Errorf("__mcount_loc is %d bytes, not whole 8-byte entries", loc.Size)
+	idx, loc, err := m.table("__mcount_loc")
+	if err != nil || idx < 0 || loc.Flags&elf.SHF_ALLOC == 0 {
+		return err
 	}
 	type site struct {
 		insn uint64
@@ -260,13 +270,9 @@ func (m *modFile) nopFentry(st *moduleStats) error {
 // prepatchStaticCalls writes each static call site's predicted
 // instruction (see the comment at the top of this file).
 func (m *modFile) prepatchStaticCalls(st *moduleStats) error {
-	idx := m.section(".static_call_sites")
-	if idx < 0 {
-		return nil
-	}
-	sites := m.f.Sections[idx]
-	if sites.Size%8 != 0 {
-		return fmt.Errorf(".static_call_sites is %d bytes, not whole 8-byte entries", sites.Size)
+	idx, sites, err := m.table(".static_call_sites")
+	if err != nil || idx < 0 {
+		return err
 	}
 	type retarget struct {
 		r      rela
