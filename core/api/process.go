@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"strconv"
 	"time"
 
@@ -183,6 +184,26 @@ func (c *ProcessClient) WaitReady(ctx context.Context) (*Info, error) {
 // ReadyLine is what `capsem process --ready-fd N` writes on N once its API
 // accepts connections.
 const ReadyLine = "ready\n"
+
+// StartWithReadyPipe starts cmd, a `capsem process` command line, with a
+// readiness pipe: the write end goes to the child as an extra file named by
+// an added --ready-fd flag. The returned read end is for WaitReadyPipe.
+func StartWithReadyPipe(cmd *exec.Cmd) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("creating the readiness pipe: %w", err)
+	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, w)
+	// ExtraFiles[i] is the child's descriptor 3+i.
+	cmd.Args = append(cmd.Args, "--ready-fd", strconv.Itoa(2+len(cmd.ExtraFiles)))
+	err = cmd.Start()
+	w.Close() // the child holds its own copy
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
 
 // WaitReadyPipe waits for the process's readiness line on ready (the read
 // end of the pipe whose write end the process got as --ready-fd), then

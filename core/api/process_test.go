@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -78,5 +79,36 @@ func TestWaitReadyPipe(t *testing.T) {
 				t.Errorf("the read end is still open after WaitReadyPipe: %v", err)
 			}
 		})
+	}
+}
+
+// TestStartWithReadyPipe: the child finds the pipe at the descriptor the
+// added --ready-fd names, after any extra files the caller passed.
+func TestStartWithReadyPipe(t *testing.T) {
+	sock := serveInfo(t)
+	for _, extra := range []int{0, 2} {
+		// sh gets the flag as $1 and the descriptor as $2.
+		cmd := exec.Command("sh", "-c", `[ "$1" = --ready-fd ] && printf 'ready\n' >&"$2"`, "sh")
+		for range extra {
+			f, err := os.Open(os.DevNull)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+		}
+		r, err := StartWithReadyPipe(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		info, err := NewProcessClient(sock).WaitReadyPipe(ctx, r)
+		cancel()
+		if werr := cmd.Wait(); err != nil || werr != nil || info.State != "running" {
+			t.Fatalf("with %d extra files: info %+v, err %v, child %v (args %q)", extra, info, err, werr, cmd.Args)
+		}
+	}
+	if _, err := StartWithReadyPipe(exec.Command("/nonexistent/capsem")); err == nil {
+		t.Fatal("starting a missing binary succeeded")
 	}
 }

@@ -81,28 +81,21 @@ func (c *Cmd) Run(ctx context.Context) error {
 	if c.GuestBin != "" {
 		args = append(args, "--guest-binary", c.GuestBin)
 	}
-	// The process writes api.ReadyLine on fd 3 once its API listens: no
-	// polling, and a process that dies first closes the pipe at once.
-	args = append(args, "--ready-fd", "3")
 	proc := exec.Command(self, args...)
 	logFile, err := os.OpenFile(filepath.Join(sessionDir, "process.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logFile.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("creating the readiness pipe: %w", err)
-	}
-	defer readyR.Close()
-	proc.ExtraFiles = []*os.File{readyW}
 	proc.Stdout, proc.Stderr = logFile, logFile
 	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err = proc.Start()
-	readyW.Close() // the child holds its own copy
+	// The process writes api.ReadyLine on the pipe once its API listens:
+	// no polling, and a process that dies first closes the pipe at once.
+	readyR, err := api.StartWithReadyPipe(proc)
 	if err != nil {
 		return fmt.Errorf("starting the VM process: %w", err)
 	}
+	defer readyR.Close()
 	exited := make(chan error, 1)
 	go func() { exited <- proc.Wait() }()
 	defer func() {

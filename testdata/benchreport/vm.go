@@ -167,20 +167,13 @@ func startProcess(capsem, home, guest string) (*vmHandle, time.Duration, map[str
 		return nil, 0, nil, err
 	}
 	sock := filepath.Join(dir, "p.sock")
-	// Readiness as `capsem run` waits for it: a line on an inherited pipe.
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return nil, 0, nil, err
-	}
 	start := time.Now()
-	cmd := exec.Command(capsem, "--log-level", "warn", "process", "--session-dir", filepath.Join(dir, "s"), "--socket", sock, "--guest-binary", guest, "--ready-fd", "3")
+	cmd := exec.Command(capsem, "--log-level", "warn", "process", "--session-dir", filepath.Join(dir, "s"), "--socket", sock, "--guest-binary", guest)
 	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+home)
 	cmd.Stderr = io.Discard
-	cmd.ExtraFiles = []*os.File{readyW}
-	err = cmd.Start()
-	readyW.Close()
+	// Readiness as `capsem run` waits for it: a line on an inherited pipe.
+	readyR, err := api.StartWithReadyPipe(cmd)
 	if err != nil {
-		readyR.Close()
 		return nil, 0, nil, err
 	}
 	h := &vmHandle{cmd: cmd, client: api.NewProcessClient(sock), dir: dir, done: make(chan error, 1)}
