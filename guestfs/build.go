@@ -368,8 +368,9 @@ func (b *builder) kernelStage(ctx context.Context, p pkgInfo) (*kernelStage, err
 			ks.ModuleDevices[guestPath] = c
 		}
 	}
-	b.progress("modules: %d static call sites, %d prepatched as direct calls and %d as NOPs; %d ftrace sites as NOPs",
-		patched.staticSites, patched.staticDirect, patched.staticNops, patched.fentryNops)
+	b.progress("modules: %d static call sites, %d prepatched as direct calls and %d as NOPs; %d ftrace sites as NOPs; "+
+		"ORC unwind tables of %d modules and trace event lists of %d left unloaded",
+		patched.staticSites, patched.staticDirect, patched.staticNops, patched.fentryNops, patched.unwindTables, patched.eventTables)
 	// Module size stands in for load time (relocations, symbols, code
 	// patching all grow with it).
 	chains, err := mt.chains(order, func(name string) int64 { return sizes[name] })

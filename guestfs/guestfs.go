@@ -25,7 +25,7 @@ import (
 
 // BuilderVersion is part of every cache key: bump it when a change here
 // alters what ends up in the assets, so existing caches are rebuilt.
-const BuilderVersion = "7"
+const BuilderVersion = "8"
 
 // File names inside an asset directory.
 const (

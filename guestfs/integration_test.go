@@ -335,6 +335,14 @@ func checkModulePatched(t *testing.T, name string, data []byte, crcs map[string]
 	if s := f.Section("__mcount_loc"); s != nil && s.Flags&elf.SHF_ALLOC != 0 {
 		t.Errorf("module %s: __mcount_loc still loads", name)
 	}
+	for _, table := range []string{orcUnwindSection, orcUnwindIPSection} {
+		if f.Section(table) != nil {
+			t.Errorf("module %s: %s is still there for the kernel to sort at load", name, table)
+		}
+	}
+	if s := f.Section(traceEventsSection); s != nil && s.Flags&elf.SHF_ALLOC != 0 {
+		t.Errorf("module %s: _ftrace_events still loads", name)
+	}
 	syms, err := f.Symbols()
 	if err != nil {
 		t.Fatalf("module %s: %v", name, err)

@@ -48,6 +48,24 @@ import (
 //     module's functions. The cost: the function tracer cannot trace
 //     module functions in the guest (kprobes still can). Modules whose
 //     sites are not all in the expected shape are left whole.
+//
+// Two more tables are processed at every load and used by nothing a sandbox
+// needs; patchModule keeps them from loading (dropTables):
+//
+//   - The ORC unwind tables (.orc_unwind, .orc_unwind_ip): module_finalize
+//     heap-sorts them at every load, through indirect compare and swap
+//     calls (ext4: 13,781 entries). The cost: a guest kernel stack trace
+//     through module code is marked unreliable (the unwinder falls back to
+//     guessing frames, and oopses still list the module's addresses with
+//     "?").
+//   - The trace event list (_ftrace_events): each event becomes a tracefs
+//     directory of files at load (ext4: 113 events, jbd2: 21). The cost:
+//     the modules' events are not in tracefs or perf by name; their
+//     tracepoints stay, and BPF raw tracepoints still attach.
+//
+// Measured together (8 interleaved boots each, guest clock, "Run /init" to
+// the control connection): median 581 -> 556 ms; summed module load time in
+// one boot pair 432 -> 283 ms, ext4 alone 95 -> 58 ms.
 
 // x86-64 instructions and relocation types the patcher reads and writes.
 var x86Nop5 = []byte{0x0f, 0x1f, 0x44, 0x00, 0x00} // the kernel's x86_nops[5]
@@ -84,6 +102,7 @@ var kernelPreemptTargets = map[string]string{
 type moduleStats struct {
 	staticSites, staticDirect, staticNops int
 	fentryNops                            int
+	unwindTables, eventTables             int // modules whose tables no longer load
 }
 
 func (s *moduleStats) add(o moduleStats) {
@@ -91,6 +110,60 @@ func (s *moduleStats) add(o moduleStats) {
 	s.staticDirect += o.staticDirect
 	s.staticNops += o.staticNops
 	s.fentryNops += o.fentryNops
+	s.unwindTables += o.unwindTables
+	s.eventTables += o.eventTables
+}
+
+// Load-time tables dropTables stops the kernel from processing (see the
+// comment at the top of this file).
+const (
+	orcUnwindSection   = ".orc_unwind"
+	orcUnwindIPSection = ".orc_unwind_ip"
+	traceEventsSection = "_ftrace_events"
+)
+
+// dropTables keeps the module's ORC unwind tables and its trace event
+// list from loading. The kernel's x86 module_finalize finds the ORC pair by
+// name whether allocated or not, and would keep pointers into the
+// temporary copy of a section that is not allocated, so the pair is also
+// renamed to the empty string (offset 0 of the section name table, which
+// ELF defines as empty). _ftrace_events is found only as an allocated
+// section. Relocations against sections that are not allocated are skipped
+// by the loader, so nothing is written into them.
+func (m *modFile) dropTables(st *moduleStats) error {
+	var orc []int
+	unwind, unwindIP := false, false
+	for i, sec := range m.f.Sections {
+		switch sec.Name {
+		case orcUnwindSection:
+			unwind = true
+			orc = append(orc, i)
+		case orcUnwindIPSection:
+			unwindIP = true
+			orc = append(orc, i)
+		case traceEventsSection:
+			if sec.Flags&elf.SHF_ALLOC != 0 {
+				m.setSectionFlags(i, uint64(sec.Flags&^elf.SHF_ALLOC))
+				st.eventTables = 1
+			}
+		}
+	}
+	if !unwind || !unwindIP {
+		return nil
+	}
+	shstrndx := int(binary.LittleEndian.Uint16(m.out[0x3e:])) // e_shstrndx
+	if shstrndx == 0 || shstrndx >= len(m.f.Sections) {
+		return fmt.Errorf("section name table index %d is not one of the %d sections", shstrndx, len(m.f.Sections))
+	}
+	if names := m.f.Sections[shstrndx]; names.Type != elf.SHT_STRTAB || names.Size == 0 || m.out[names.Offset] != 0 {
+		return fmt.Errorf("section name table (section %d) does not start with the empty name", shstrndx)
+	}
+	for _, i := range orc {
+		binary.LittleEndian.PutUint32(m.shdr(i)[0:], 0) // sh_name
+		m.setSectionFlags(i, uint64(m.f.Sections[i].Flags&^elf.SHF_ALLOC))
+	}
+	st.unwindTables = 1
+	return nil
 }
 
 // rela is one Elf64_Rela entry and where it sits in the file.
@@ -131,24 +204,25 @@ func patchModule(data []byte, crcs map[string]uint32) ([]byte, moduleStats, erro
 			return nil, st, fmt.Errorf("section %s (%d bytes at %d) runs past the end of the %d-byte file", s.Name, s.Size, s.Offset, len(data))
 		}
 	}
-	if f.Section("__mcount_loc") == nil && f.Section(".static_call_sites") == nil {
-		return data, st, nil
-	}
-	syms, err := f.Symbols()
-	if err != nil {
-		return nil, st, fmt.Errorf("symbol table: %w", err)
-	}
-	m := &modFile{out: bytes.Clone(data), f: f, syms: syms, crcs: crcs, added: map[string]uint32{}}
-	if m.relas, err = relocations(f, data); err != nil {
+	m := &modFile{out: bytes.Clone(data), f: f, crcs: crcs, added: map[string]uint32{}}
+	if err := m.dropTables(&st); err != nil {
 		return nil, st, err
 	}
-	if err := m.nopFentry(&st); err != nil {
-		return nil, st, err
+	if f.Section("__mcount_loc") != nil || f.Section(".static_call_sites") != nil {
+		if m.syms, err = f.Symbols(); err != nil {
+			return nil, st, fmt.Errorf("symbol table: %w", err)
+		}
+		if m.relas, err = relocations(f, data); err != nil {
+			return nil, st, err
+		}
+		if err := m.nopFentry(&st); err != nil {
+			return nil, st, err
+		}
+		if err := m.prepatchStaticCalls(&st); err != nil {
+			return nil, st, err
+		}
 	}
-	if err := m.prepatchStaticCalls(&st); err != nil {
-		return nil, st, err
-	}
-	if st.fentryNops+st.staticDirect+st.staticNops == 0 {
+	if st.fentryNops+st.staticDirect+st.staticNops+st.unwindTables+st.eventTables == 0 {
 		return data, st, nil
 	}
 	return m.out, st, nil

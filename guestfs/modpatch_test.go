@@ -513,3 +513,111 @@ func TestKernelCRCs(t *testing.T) {
 		t.Fatalf("a kernel without export tables: %v %v, want none and no error", got, err)
 	}
 }
+
+// fakeTablesModule builds a module with a .text section and the load-time
+// tables dropTables handles: which names the sections present, and
+// eventFlags are _ftrace_events' flags. index gives each table's section
+// index.
+func fakeTablesModule(which []string, eventFlags elf.SectionFlag) (data []byte, index map[string]int) {
+	index = map[string]int{}
+	const secText, secSymtab = 1, 2
+	symtab, strtab := symtabBytes([]testSym{{"", byte(elf.STB_LOCAL)<<4 | byte(elf.STT_SECTION), secText, 0}})
+	info := elf.SHF_INFO_LINK
+	secs := []testSection{
+		{name: ".text", typ: elf.SHT_PROGBITS, flags: elf.SHF_ALLOC | elf.SHF_EXECINSTR, data: []byte{0xc3, 0xc3, 0xc3, 0xc3}, align: 16},
+		{name: ".symtab", typ: elf.SHT_SYMTAB, data: symtab, link: secSymtab + 1, info: 2, entsize: elf64SymSize, align: 8},
+		{name: ".strtab", typ: elf.SHT_STRTAB, data: strtab, align: 1},
+	}
+	for _, name := range which {
+		idx := uint32(len(secs) + 1)
+		index[name] = int(idx)
+		switch name {
+		case orcUnwindIPSection:
+			secs = append(secs,
+				testSection{name: name, typ: elf.SHT_PROGBITS, flags: elf.SHF_ALLOC, data: make([]byte, 8), align: 4},
+				testSection{name: ".rela" + name, typ: elf.SHT_RELA, flags: info, link: secSymtab, info: idx, entsize: elf64RelaSize, align: 8,
+					data: relaBytes([]testRela{{0, 1, rX8664PC32, 0}, {4, 1, rX8664PC32, 2}})})
+		case orcUnwindSection:
+			secs = append(secs, testSection{name: name, typ: elf.SHT_PROGBITS, flags: elf.SHF_ALLOC, data: make([]byte, 12), align: 2})
+		case traceEventsSection:
+			secs = append(secs,
+				testSection{name: name, typ: elf.SHT_PROGBITS, flags: eventFlags, data: make([]byte, 8), align: 8},
+				testSection{name: ".rela" + name, typ: elf.SHT_RELA, flags: info, link: secSymtab, info: idx, entsize: elf64RelaSize, align: 8,
+					data: relaBytes([]testRela{{0, 1, rX866464, 0}})})
+		}
+	}
+	return buildELF(elf.ET_REL, elf.EM_X86_64, secs), index
+}
+
+func TestPatchModuleDropsTables(t *testing.T) {
+	all := []string{orcUnwindIPSection, orcUnwindSection, traceEventsSection}
+	cases := []struct {
+		name          string
+		which         []string
+		eventFlags    elf.SectionFlag
+		unwind, event int  // stats
+		orcKept       bool // the ORC pair still loads under its names
+	}{
+		{"unwind tables and trace events", all, elf.SHF_ALLOC | elf.SHF_WRITE, 1, 1, false},
+		{"one ORC section alone is left (the kernel needs both anyway)", []string{orcUnwindIPSection, traceEventsSection}, elf.SHF_ALLOC | elf.SHF_WRITE, 0, 1, true},
+		{"trace events not loaded already", all, elf.SHF_WRITE, 1, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in, index := fakeTablesModule(tc.which, tc.eventFlags)
+			orig := bytes.Clone(in)
+			out, st, err := patchModule(in, testCRCs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(in, orig) {
+				t.Fatal("patchModule changed its input")
+			}
+			if st.unwindTables != tc.unwind || st.eventTables != tc.event || st.staticSites+st.fentryNops != 0 {
+				t.Fatalf("stats %+v, want %d unwind and %d event tables", st, tc.unwind, tc.event)
+			}
+			f, err := elf.NewFile(bytes.NewReader(out))
+			if err != nil {
+				t.Fatalf("the output does not parse: %v", err)
+			}
+			for _, name := range []string{orcUnwindSection, orcUnwindIPSection} {
+				i, ok := index[name]
+				if !ok {
+					continue
+				}
+				s := f.Sections[i]
+				loads := s.Name == name && s.Flags&elf.SHF_ALLOC != 0
+				if loads != tc.orcKept {
+					t.Errorf("%s: now named %q with flags %v; want it still loading: %v", name, s.Name, s.Flags, tc.orcKept)
+				}
+				if !tc.orcKept && s.Name != "" {
+					t.Errorf("%s renamed to %q, want the empty name module_finalize does not look for", name, s.Name)
+				}
+			}
+			if ev := f.Section(traceEventsSection); ev == nil || ev.Flags&elf.SHF_ALLOC != 0 {
+				t.Errorf("_ftrace_events %+v: want it present and no longer allocated", ev)
+			}
+			if text, _ := f.Section(".text").Data(); !bytes.Equal(text, []byte{0xc3, 0xc3, 0xc3, 0xc3}) {
+				t.Errorf(".text changed: % x", text)
+			}
+			// Patching the output again finds nothing more to do.
+			again, st2, err := patchModule(out, testCRCs)
+			if err != nil || !bytes.Equal(again, out) || st2 != (moduleStats{}) {
+				t.Errorf("second patch: stats %+v, err %v, changed %v", st2, err, !bytes.Equal(again, out))
+			}
+		})
+	}
+}
+
+func TestPatchModuleTablesNeedAnEmptyFirstName(t *testing.T) {
+	in, _ := fakeTablesModule([]string{orcUnwindIPSection, orcUnwindSection}, 0)
+	f, err := elf.NewFile(bytes.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shstrndx := binary.LittleEndian.Uint16(in[0x3e:])
+	in[f.Sections[shstrndx].Offset] = 'x'
+	if _, _, err := patchModule(in, testCRCs); err == nil || !strings.Contains(err.Error(), "does not start with the empty name") {
+		t.Fatalf("err %v, want one naming the section name table", err)
+	}
+}

@@ -2,6 +2,7 @@ package guestfs
 
 import (
 	"bytes"
+	"debug/elf"
 	"encoding/binary"
 	"strings"
 	"testing"
@@ -160,6 +161,8 @@ func FuzzPatchModule(f *testing.F) {
 	f.Add(fakeStaticCallModule(fakeModOpts{}))
 	f.Add(fakeStaticCallModule(fakeModOpts{badFentry: true, noVersions: true}))
 	f.Add(fakeModule(f, "name=plain"))
+	tables, _ := fakeTablesModule([]string{orcUnwindIPSection, orcUnwindSection, traceEventsSection}, elf.SHF_ALLOC)
+	f.Add(tables)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		orig := bytes.Clone(data)
 		out, st, err := patchModule(data, testCRCs)
@@ -172,7 +175,7 @@ func FuzzPatchModule(f *testing.F) {
 		if len(out) < len(data) {
 			t.Fatalf("output of %d bytes from %d", len(out), len(data))
 		}
-		if st.staticDirect+st.staticNops+st.fentryNops == 0 {
+		if st.staticDirect+st.staticNops+st.fentryNops+st.unwindTables+st.eventTables == 0 {
 			if !bytes.Equal(out, data) {
 				t.Fatal("nothing patched, yet the output differs")
 			}
@@ -182,7 +185,8 @@ func FuzzPatchModule(f *testing.F) {
 		if err != nil {
 			t.Fatalf("the patched module does not patch again: %v", err)
 		}
-		if st2.fentryNops != 0 || st2.staticNops != 0 || (st2.staticDirect != 0 && len(again) != len(out)) {
+		if st2.fentryNops != 0 || st2.staticNops != 0 || st2.unwindTables != 0 || st2.eventTables != 0 ||
+			(st2.staticDirect != 0 && len(again) != len(out)) {
 			t.Fatalf("patching twice did more work: %+v", st2)
 		}
 	})

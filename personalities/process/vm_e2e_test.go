@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -395,6 +396,49 @@ func TestConsoleLogs(t *testing.T) {
 	}
 	if _, err := v.client.Logs(ctx, -1, ""); err != nil {
 		t.Fatalf("tail<=0 means the default: %v", err)
+	}
+}
+
+// TestGuestKernelLoadedTheImageModules: the modules the image builder
+// patched loaded without the kernel complaining (a wrong patch shows up as a
+// warning, an oops or an unknown symbol), the filesystems they provide are
+// registered, and the tables it left unloaded are absent as the README
+// says: no module trace events in tracefs, while the kernel's own remain.
+func TestGuestKernelLoadedTheImageModules(t *testing.T) {
+	v := sharedVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const script = `dmesg
+echo "::fs $(grep -cwE 'ext4|overlay|9p' /proc/filesystems)"
+mkdir -p /sys/kernel/tracing && mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+echo "::events $(ls /sys/kernel/tracing/events | tr '\n' ' ')"
+`
+	o := v.exec(ctx, &api.ExecRequest{Command: script})
+	if o.err != nil || o.ev.ExitCode != 0 {
+		t.Fatalf("exec: %v (exit %d) %s", o.err, o.ev.ExitCode, o.stderr.String())
+	}
+	out := o.stdout.String()
+	var events []string
+	for _, line := range strings.Split(out, "\n") {
+		for _, bad := range []string{"WARNING:", "BUG:", "Oops", "Call Trace", "Unknown symbol", "disagrees about version", "invalid module format"} {
+			if strings.Contains(line, bad) {
+				t.Errorf("guest kernel log: %s", line)
+			}
+		}
+		if rest, ok := strings.CutPrefix(line, "::fs "); ok && rest != "3" {
+			t.Errorf("%s of ext4, overlay and 9p registered in /proc/filesystems, want 3", rest)
+		}
+		if rest, ok := strings.CutPrefix(line, "::events "); ok {
+			events = strings.Fields(rest)
+		}
+	}
+	if !slices.Contains(events, "sched") {
+		t.Fatalf("tracefs lists no kernel events (%v): the check below would prove nothing", events)
+	}
+	for _, e := range []string{"ext4", "jbd2", "9p"} {
+		if slices.Contains(events, e) {
+			t.Errorf("tracefs lists the %s module's events; the image should leave them unloaded", e)
+		}
 	}
 }
 
