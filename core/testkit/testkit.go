@@ -4,6 +4,7 @@
 package testkit
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,7 +38,9 @@ func ModuleRoot(t testing.TB) string {
 	}
 }
 
-// build compiles a package of this module once per test process.
+// build compiles a package of this module once per test process, into
+// CacheDir/testbin/<name>: a fixed place, so test runs do not each leave a
+// temporary directory of binaries behind.
 func build(t testing.TB, pkg, name string) string {
 	t.Helper()
 	buildMu.Lock()
@@ -45,18 +48,37 @@ func build(t testing.TB, pkg, name string) string {
 	if p, ok := built[pkg]; ok {
 		return p
 	}
-	dir, err := os.MkdirTemp("", "capsem-testbin-")
-	if err != nil {
+	dir := filepath.Join(CacheDir(t), "testbin", name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = ModuleRoot(t)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building %s: %v\n%s", pkg, err, b)
-	}
+	goBuild(t, out, nil, pkg)
 	built[pkg] = out
 	return out
+}
+
+// goBuild runs go build with args into out, under a temporary name renamed
+// over out at the end, so test processes building the same binary at the
+// same time never run a half-written file (one still running the old
+// binary keeps its inode).
+func goBuild(t testing.TB, out string, env []string, args ...string) {
+	t.Helper()
+	tmp, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".*.tmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name()) // a no-op once renamed
+	cmd := exec.Command("go", append([]string{"build", "-o", tmp.Name()}, args...)...)
+	cmd.Dir = ModuleRoot(t)
+	cmd.Env = append(os.Environ(), env...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", out, err, b)
+	}
+	if err := os.Rename(tmp.Name(), out); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // CapsemBinary returns $CAPSEM_TEST_BIN (set by make test) or builds capsem.
@@ -70,10 +92,9 @@ func CapsemBinary(t testing.TB) string {
 	}
 	p := build(t, ".", "capsem")
 	link := filepath.Join(filepath.Dir(p), "capsem-mcp-server")
-	if _, err := os.Lstat(link); err != nil {
-		if err := os.Symlink("capsem", link); err != nil {
-			t.Fatal(err)
-		}
+	// Another test process may make the same link at the same moment.
+	if err := os.Symlink("capsem", link); err != nil && !errors.Is(err, os.ErrExist) {
+		t.Fatal(err)
 	}
 	return p
 }
@@ -121,24 +142,24 @@ func CacheDir(t testing.TB) string {
 }
 
 // GuestBinary returns the CGO-free capsem build that runs inside the guest:
-// bin/capsem-guest next to CapsemBinary, else a fresh CGO_ENABLED=0 build.
+// make build's bin/capsem-guest next to $CAPSEM_TEST_BIN, else a build made
+// once per test process next to CapsemBinary (where the image builder looks
+// for it).
 func GuestBinary(t testing.TB) string {
 	t.Helper()
-	next := filepath.Join(filepath.Dir(CapsemBinary(t)), "capsem-guest")
-	if _, err := os.Stat(next); err == nil {
-		return next
+	capsem := CapsemBinary(t)
+	next := filepath.Join(filepath.Dir(capsem), "capsem-guest")
+	if os.Getenv("CAPSEM_TEST_BIN") == capsem {
+		if _, err := os.Stat(next); err == nil {
+			return next
+		}
 	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if p, ok := built["guest"]; ok {
 		return p
 	}
-	cmd := exec.Command("go", "build", "-tags", "capsem_guest", "-o", next, ".")
-	cmd.Dir = ModuleRoot(t)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the guest binary: %v\n%s", err, b)
-	}
+	goBuild(t, next, []string{"CGO_ENABLED=0"}, "-tags", "capsem_guest", ".")
 	built["guest"] = next
 	return next
 }
