@@ -157,9 +157,71 @@ func TestIndexesAndInsertColumnsMatchSchema(t *testing.T) {
 		})
 	}
 	for _, idx := range []string{"idx_mcp_calls_server_name", "idx_mcp_calls_tool_name"} {
-		if !indexes[idx] {
-			t.Errorf("missing index %s", idx)
+		if indexes[idx] {
+			t.Errorf("index %s is back: every MCP answer's commit would write its page", idx)
 		}
+	}
+	// The trace id index holds only rows with a trace id, and a lookup by
+	// trace id still uses it.
+	plan := queryAll(t, path, "EXPLAIN QUERY PLAN SELECT id FROM mcp_calls WHERE trace_id = 'abc'")
+	if len(plan) == 0 || !strings.Contains(fmt.Sprint(plan[len(plan)-1]), "idx_mcp_calls_trace_id") {
+		t.Errorf("a lookup by trace id does not use the trace id index: %v", plan)
+	}
+	sqlText := queryAll(t, path, "SELECT sql FROM sqlite_schema WHERE name = 'idx_mcp_calls_trace_id'")[0][0].(string)
+	if !strings.Contains(sqlText, "WHERE trace_id IS NOT NULL") {
+		t.Errorf("idx_mcp_calls_trace_id is %q, want it partial", sqlText)
+	}
+}
+
+// TestOpenMigratesVersion1 opens a file as version 1 left it (its indexes
+// on server, tool and every trace id): the rows stay, those indexes go, the
+// trace id index comes back partial, and the file is version 2.
+func TestOpenMigratesVersion1(t *testing.T) {
+	path := tempDB(t)
+	l := openLedger(t, path, Options{})
+	if err := l.Write(context.Background(), mcp(DecisionAllowed), mcp(DecisionDenied)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite3", fileURI(path, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"DROP INDEX idx_mcp_calls_trace_id",
+		"CREATE INDEX idx_mcp_calls_trace_id ON mcp_calls(trace_id)",
+		"CREATE INDEX idx_mcp_calls_server_name ON mcp_calls(server_name)",
+		"CREATE INDEX idx_mcp_calls_tool_name ON mcp_calls(tool_name)",
+		"PRAGMA user_version = 1",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	_ = db.Close()
+
+	l = openLedger(t, path, Options{})
+	if err := l.Write(context.Background(), mcp(DecisionAllowed)); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryAll(t, path, "SELECT COUNT(*) FROM mcp_calls")[0][0]; got != int64(3) {
+		t.Errorf("%v rows after the migration, want 3", got)
+	}
+	if got := queryAll(t, path, "PRAGMA user_version")[0][0]; got != int64(SchemaVersion) {
+		t.Errorf("user_version = %v, want %d", got, SchemaVersion)
+	}
+	var idx []string
+	for _, r := range queryAll(t, path, "SELECT name || ': ' || sql FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'mcp_calls' ORDER BY name") {
+		idx = append(idx, r[0].(string))
+	}
+	want := []string{
+		"idx_mcp_calls_timestamp: CREATE INDEX idx_mcp_calls_timestamp ON mcp_calls(timestamp)",
+		"idx_mcp_calls_trace_id: CREATE INDEX idx_mcp_calls_trace_id ON mcp_calls(trace_id) WHERE trace_id IS NOT NULL",
+	}
+	if !slices.Equal(idx, want) {
+		t.Errorf("mcp_calls indexes after the migration:\n%s\nwant\n%s", strings.Join(idx, "\n"), strings.Join(want, "\n"))
 	}
 }
 
@@ -176,14 +238,14 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec("PRAGMA user_version = 2"); err != nil {
+	if _, err := db.Exec(fmt.Sprintf("PRAGMA user_version = %d", SchemaVersion+1)); err != nil {
 		t.Fatal(err)
 	}
 	_ = db.Close()
 
 	_, err = Open(context.Background(), path, Options{})
-	if err == nil || !strings.Contains(err.Error(), "schema version 2, newer than the 1") {
-		t.Fatalf("Open of a version-2 file: err = %v, want a 'newer' schema error", err)
+	if want := fmt.Sprintf("schema version %d, newer than the %d", SchemaVersion+1, SchemaVersion); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open of a newer file: err = %v, want one containing %q", err, want)
 	}
 }
 
