@@ -82,7 +82,7 @@ func ensureDisk(ctx context.Context, path string, sizeGiB int) (created bool, er
 		return false, fmt.Errorf("sizing the per-VM disk to %d GiB: %w", sizeGiB, err)
 	}
 	// Lazy inode table and journal init: mkfs writes only the superblocks,
-	// group descriptors and bitmaps, so the image starts at about 0.2 MB.
+	// group descriptors and bitmaps, so the image stays a few MiB.
 	// root_owner: the guest's root owns the disk's root whoever runs us.
 	// No resize inode: its reserved descriptor blocks only serve growing
 	// the mounted filesystem, and a disk keeps its size for its life;
