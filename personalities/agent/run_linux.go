@@ -110,6 +110,10 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	}
 	if pid1 {
 		useConsole()
+		// The boot's one console line before the disk is up (each line
+		// costs milliseconds on the emulated serial port): a boot that
+		// never becomes ready then shows whether init ran at all.
+		log.Info("init started", "mounts_ms", time.Since(start).Milliseconds())
 	}
 	var hello guestwire.Hello
 	hello.AgentVersion = version.Version

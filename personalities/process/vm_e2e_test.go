@@ -386,9 +386,11 @@ func TestConsoleLogs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The agent logs to the console; its connect line is always there.
-	if !strings.Contains(logs, "connected to the host") {
-		t.Fatalf("console log lacks the agent's connect line:\n%.1500s", logs)
+	// The agent logs to the console: a line as soon as init runs (so a
+	// boot that hangs shows how far it got), then its connect line.
+	started, connected := strings.Index(logs, `"msg":"init started"`), strings.Index(logs, "connected to the host")
+	if started < 0 || connected < started {
+		t.Fatalf("console log lacks the agent's init line before its connect line:\n%.1500s", logs)
 	}
 	only, err := v.client.Logs(ctx, 5, "connected to the host")
 	if err != nil || strings.Count(strings.TrimSpace(only), "\n") > 4 || !strings.Contains(only, "connected") {
