@@ -173,6 +173,22 @@ func TestIndexesAndInsertColumnsMatchSchema(t *testing.T) {
 	}
 }
 
+// execClosed runs statements on a ledger file no Ledger has open, to make
+// it look as another version of capsem left it.
+func execClosed(t *testing.T, path string, stmts ...string) {
+	t.Helper()
+	db, err := sql.Open("sqlite3", fileURI(path, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range stmts {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
 // TestOpenMigratesVersion1 opens a file as version 1 left it (its indexes
 // on server, tool and every trace id): the rows stay, those indexes go, the
 // trace id index comes back partial, and the file is version 2.
@@ -185,22 +201,13 @@ func TestOpenMigratesVersion1(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("sqlite3", fileURI(path, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	execClosed(t, path,
 		"DROP INDEX idx_mcp_calls_trace_id",
 		"CREATE INDEX idx_mcp_calls_trace_id ON mcp_calls(trace_id)",
 		"CREATE INDEX idx_mcp_calls_server_name ON mcp_calls(server_name)",
 		"CREATE INDEX idx_mcp_calls_tool_name ON mcp_calls(tool_name)",
 		"PRAGMA user_version = 1",
-	} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	_ = db.Close()
+	)
 
 	l = openLedger(t, path, Options{})
 	if err := l.Write(context.Background(), mcp(DecisionAllowed)); err != nil {
@@ -234,14 +241,7 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("sqlite3", fileURI(path, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(fmt.Sprintf("PRAGMA user_version = %d", SchemaVersion+1)); err != nil {
-		t.Fatal(err)
-	}
-	_ = db.Close()
+	execClosed(t, path, fmt.Sprintf("PRAGMA user_version = %d", SchemaVersion+1))
 
 	_, err = Open(context.Background(), path, Options{})
 	if want := fmt.Sprintf("schema version %d, newer than the %d", SchemaVersion+1, SchemaVersion); err == nil || !strings.Contains(err.Error(), want) {
