@@ -51,6 +51,12 @@ type Spec struct {
 	// Firmware is the BIOS image to boot the kernel with; "" means the
 	// backend's default (SeaBIOS on QEMU).
 	Firmware string
+	// Monitor gives the backend a control channel to the hypervisor that
+	// saving the VM's state needs (QMP on QEMU, on an inherited socket).
+	Monitor bool
+	// RestoreFrom is a state file saved from a VM of the same spec (all
+	// but its per-VM paths): the VM resumes from it instead of booting.
+	RestoreFrom string
 }
 
 // Disk is a raw disk image.
@@ -162,6 +168,11 @@ func (s Spec) Validate() error {
 	case "", "q35", "pc":
 	default:
 		return bad("machine %q: want q35 or pc", s.Machine)
+	}
+	if s.RestoreFrom != "" {
+		if err := checkPath(s.RestoreFrom); err != nil {
+			return bad("restore-from path %q: %v", s.RestoreFrom, err)
+		}
 	}
 	if s.Firmware != "" {
 		if err := checkPath(s.Firmware); err != nil {

@@ -72,11 +72,14 @@ type FileResponse struct {
 
 // Info describes a running VM.
 type Info struct {
-	Name        string           `json:"name"`
-	PID         int              `json:"pid"`
-	QEMUPID     int              `json:"qemu_pid"`
-	SessionDir  string           `json:"session_dir"`
-	Accel       string           `json:"accel"`
+	Name       string `json:"name"`
+	PID        int    `json:"pid"`
+	QEMUPID    int    `json:"qemu_pid"`
+	SessionDir string `json:"session_dir"`
+	Accel      string `json:"accel"`
+	// Start says how the VM started: "booted", "booted_saved" (booted and
+	// saved for the next VMs of its configuration) or "restored".
+	Start       string           `json:"start,omitempty"`
 	BootTimings map[string]int64 `json:"boot_timings_ms,omitempty"`
 	State       string           `json:"state"`
 }

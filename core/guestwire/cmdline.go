@@ -13,6 +13,8 @@ const (
 	// CmdlineWorkspace is the 9p mount tag of the host workspace, mounted at
 	// GuestWorkspace; absent means no workspace.
 	CmdlineWorkspace = "capsem.workspace"
+	// CmdlineWake=1 asks the agent for the wake handshake (see Wake).
+	CmdlineWake = "capsem.wake"
 )
 
 // Storage defaults shared by the host and the guest.

@@ -32,11 +32,15 @@ const (
 	TypeMkdir      = "mkdir"       // -> file_result{info}
 	TypeShutdown   = "shutdown"    // -> ok, then sync, unmount, power off
 	TypePing       = "ping"        // -> pong
-	TypeOK         = "ok"
-	TypeExecResult = "exec_result"
-	TypeFileResult = "file_result"
-	TypePong       = "pong"
-	TypeError      = "error"
+	// TypeSavePoint and TypeWake are the wake handshake (see Wake):
+	// raw frames on the channel before the multiplexer starts.
+	TypeSavePoint = "save_point" // guest -> host: nothing VM-specific has happened yet
+	TypeWake          = "wake"           // host -> guest: carry on
+	TypeOK            = "ok"
+	TypeExecResult    = "exec_result"
+	TypeFileResult    = "file_result"
+	TypePong          = "pong"
+	TypeError         = "error"
 )
 
 // Bounds shared by both ends. Each side checks them: the host to fail early
@@ -100,6 +104,7 @@ type Message struct {
 	File       *FileRequest `msg:"file,omitempty"` // file_read, file_write, file_stat, mkdir
 	FileResult *FileResult  `msg:"file_result,omitempty"`
 	Error      *Error       `msg:"error,omitempty"`
+	Wake       *Wake        `msg:"wake,omitempty"`
 	// Target is the exec ID (Exec.StreamID) a Cancel applies to.
 	Target uint64 `msg:"target,omitempty"`
 }
@@ -125,7 +130,34 @@ type BootTimings struct {
 	// when the VM has neither, so older peers decode it unchanged.
 	StorageMS int64 `msg:"storage_ms,omitempty"`
 	ChannelMS int64 `msg:"channel_ms"`
+	// AfterWakeMS is the wake handshake's end → the control connection:
+	// the part of the boot a VM resumed from a saved state runs itself (the
+	// stages above are then the saved boot's). Omitted without the
+	// handshake.
+	AfterWakeMS int64 `msg:"after_wake_ms,omitempty"`
 }
+
+// Wake ends the wake handshake. With capsem.wake=1 on its command line the
+// agent, once its modules are loaded and its devices found but before it
+// mounts the per-VM disk or starts the multiplexer, writes a save_point
+// frame on the raw channel and waits for a wake frame. In between the host
+// may save the VM's state; a VM restored from that state resumes inside the
+// same wait, so the wake is also the first thing every restored VM learns:
+// fresh entropy (every restored VM starts with the same random state) and
+// the time (the saved one is stale).
+type Wake struct {
+	// ClockUnixNano sets the guest's wall clock (0 = leave it alone).
+	ClockUnixNano int64 `msg:"clock_unix_nano"`
+	// Seed is mixed into the guest kernel's entropy pool, and the kernel's
+	// generator reseeded from it, before anything else runs.
+	Seed []byte `msg:"seed"`
+}
+
+// Wake seed bounds: at least a full reseed's worth (256 bits).
+const (
+	MinWakeSeed = 32
+	MaxWakeSeed = 512
+)
 
 // BootConfig is sent by the host once after Hello, before any exec.
 type BootConfig struct {

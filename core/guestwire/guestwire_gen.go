@@ -666,6 +666,12 @@ func (z *BootTimings) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "ChannelMS")
 				return
 			}
+		case "after_wake_ms":
+			z.AfterWakeMS, err = dc.ReadInt64()
+			if err != nil {
+				err = msgp.WrapError(err, "AfterWakeMS")
+				return
+			}
 		default:
 			err = dc.Skip()
 			if err != nil {
@@ -680,12 +686,16 @@ func (z *BootTimings) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *BootTimings) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(5)
-	var zb0001Mask uint8 /* 5 bits */
+	zb0001Len := uint32(6)
+	var zb0001Mask uint8 /* 6 bits */
 	_ = zb0001Mask
 	if z.StorageMS == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x8
+	}
+	if z.AfterWakeMS == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x20
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -747,6 +757,18 @@ func (z *BootTimings) EncodeMsg(en *msgp.Writer) (err error) {
 			err = msgp.WrapError(err, "ChannelMS")
 			return
 		}
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
+			// write "after_wake_ms"
+			err = en.Append(0xad, 0x61, 0x66, 0x74, 0x65, 0x72, 0x5f, 0x77, 0x61, 0x6b, 0x65, 0x5f, 0x6d, 0x73)
+			if err != nil {
+				return
+			}
+			err = en.WriteInt64(z.AfterWakeMS)
+			if err != nil {
+				err = msgp.WrapError(err, "AfterWakeMS")
+				return
+			}
+		}
 	}
 	return
 }
@@ -755,12 +777,16 @@ func (z *BootTimings) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *BootTimings) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(5)
-	var zb0001Mask uint8 /* 5 bits */
+	zb0001Len := uint32(6)
+	var zb0001Mask uint8 /* 6 bits */
 	_ = zb0001Mask
 	if z.StorageMS == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x8
+	}
+	if z.AfterWakeMS == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x20
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -784,6 +810,11 @@ func (z *BootTimings) MarshalMsg(b []byte) (o []byte, err error) {
 		// string "channel_ms"
 		o = append(o, 0xaa, 0x63, 0x68, 0x61, 0x6e, 0x6e, 0x65, 0x6c, 0x5f, 0x6d, 0x73)
 		o = msgp.AppendInt64(o, z.ChannelMS)
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
+			// string "after_wake_ms"
+			o = append(o, 0xad, 0x61, 0x66, 0x74, 0x65, 0x72, 0x5f, 0x77, 0x61, 0x6b, 0x65, 0x5f, 0x6d, 0x73)
+			o = msgp.AppendInt64(o, z.AfterWakeMS)
+		}
 	}
 	return
 }
@@ -836,6 +867,12 @@ func (z *BootTimings) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "ChannelMS")
 				return
 			}
+		case "after_wake_ms":
+			z.AfterWakeMS, bts, err = msgp.ReadInt64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "AfterWakeMS")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -850,7 +887,7 @@ func (z *BootTimings) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *BootTimings) Msgsize() (s int) {
-	s = 1 + 18 + msgp.Int64Size + 10 + msgp.Int64Size + 11 + msgp.Int64Size + 11 + msgp.Int64Size + 11 + msgp.Int64Size
+	s = 1 + 18 + msgp.Int64Size + 10 + msgp.Int64Size + 11 + msgp.Int64Size + 11 + msgp.Int64Size + 11 + msgp.Int64Size + 14 + msgp.Int64Size
 	return
 }
 
@@ -3223,6 +3260,53 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 					}
 				}
 			}
+		case "wake":
+			if dc.IsNil() {
+				err = dc.ReadNil()
+				if err != nil {
+					err = msgp.WrapError(err, "Wake")
+					return
+				}
+				z.Wake = nil
+			} else {
+				if z.Wake == nil {
+					z.Wake = new(Wake)
+				}
+				var zb0004 uint32
+				zb0004, err = dc.ReadMapHeader()
+				if err != nil {
+					err = msgp.WrapError(err, "Wake")
+					return
+				}
+				for zb0004 > 0 {
+					zb0004--
+					field, err = dc.ReadMapKeyPtr()
+					if err != nil {
+						err = msgp.WrapError(err, "Wake")
+						return
+					}
+					switch msgp.UnsafeString(field) {
+					case "clock_unix_nano":
+						z.Wake.ClockUnixNano, err = dc.ReadInt64()
+						if err != nil {
+							err = msgp.WrapError(err, "Wake", "ClockUnixNano")
+							return
+						}
+					case "seed":
+						z.Wake.Seed, err = dc.ReadBytes(z.Wake.Seed)
+						if err != nil {
+							err = msgp.WrapError(err, "Wake", "Seed")
+							return
+						}
+					default:
+						err = dc.Skip()
+						if err != nil {
+							err = msgp.WrapError(err, "Wake")
+							return
+						}
+					}
+				}
+			}
 		case "target":
 			z.Target, err = dc.ReadUint64()
 			if err != nil {
@@ -3243,8 +3327,8 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(10)
-	var zb0001Mask uint16 /* 10 bits */
+	zb0001Len := uint32(11)
+	var zb0001Mask uint16 /* 11 bits */
 	_ = zb0001Mask
 	if z.Hello == nil {
 		zb0001Len--
@@ -3274,9 +3358,13 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 		zb0001Len--
 		zb0001Mask |= 0x100
 	}
-	if z.Target == 0 {
+	if z.Wake == nil {
 		zb0001Len--
 		zb0001Mask |= 0x200
+	}
+	if z.Target == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x400
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -3503,6 +3591,41 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 			}
 		}
 		if (zb0001Mask & 0x200) == 0 { // if not omitted
+			// write "wake"
+			err = en.Append(0xa4, 0x77, 0x61, 0x6b, 0x65)
+			if err != nil {
+				return
+			}
+			if z.Wake == nil {
+				err = en.WriteNil()
+				if err != nil {
+					return
+				}
+			} else {
+				// map header, size 2
+				// write "clock_unix_nano"
+				err = en.Append(0x82, 0xaf, 0x63, 0x6c, 0x6f, 0x63, 0x6b, 0x5f, 0x75, 0x6e, 0x69, 0x78, 0x5f, 0x6e, 0x61, 0x6e, 0x6f)
+				if err != nil {
+					return
+				}
+				err = en.WriteInt64(z.Wake.ClockUnixNano)
+				if err != nil {
+					err = msgp.WrapError(err, "Wake", "ClockUnixNano")
+					return
+				}
+				// write "seed"
+				err = en.Append(0xa4, 0x73, 0x65, 0x65, 0x64)
+				if err != nil {
+					return
+				}
+				err = en.WriteBytes(z.Wake.Seed)
+				if err != nil {
+					err = msgp.WrapError(err, "Wake", "Seed")
+					return
+				}
+			}
+		}
+		if (zb0001Mask & 0x400) == 0 { // if not omitted
 			// write "target"
 			err = en.Append(0xa6, 0x74, 0x61, 0x72, 0x67, 0x65, 0x74)
 			if err != nil {
@@ -3522,8 +3645,8 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(10)
-	var zb0001Mask uint16 /* 10 bits */
+	zb0001Len := uint32(11)
+	var zb0001Mask uint16 /* 11 bits */
 	_ = zb0001Mask
 	if z.Hello == nil {
 		zb0001Len--
@@ -3553,9 +3676,13 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 		zb0001Len--
 		zb0001Mask |= 0x100
 	}
-	if z.Target == 0 {
+	if z.Wake == nil {
 		zb0001Len--
 		zb0001Mask |= 0x200
+	}
+	if z.Target == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x400
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -3693,6 +3820,21 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 			}
 		}
 		if (zb0001Mask & 0x200) == 0 { // if not omitted
+			// string "wake"
+			o = append(o, 0xa4, 0x77, 0x61, 0x6b, 0x65)
+			if z.Wake == nil {
+				o = msgp.AppendNil(o)
+			} else {
+				// map header, size 2
+				// string "clock_unix_nano"
+				o = append(o, 0x82, 0xaf, 0x63, 0x6c, 0x6f, 0x63, 0x6b, 0x5f, 0x75, 0x6e, 0x69, 0x78, 0x5f, 0x6e, 0x61, 0x6e, 0x6f)
+				o = msgp.AppendInt64(o, z.Wake.ClockUnixNano)
+				// string "seed"
+				o = append(o, 0xa4, 0x73, 0x65, 0x65, 0x64)
+				o = msgp.AppendBytes(o, z.Wake.Seed)
+			}
+		}
+		if (zb0001Mask & 0x400) == 0 { // if not omitted
 			// string "target"
 			o = append(o, 0xa6, 0x74, 0x61, 0x72, 0x67, 0x65, 0x74)
 			o = msgp.AppendUint64(o, z.Target)
@@ -3919,6 +4061,52 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					}
 				}
 			}
+		case "wake":
+			if msgp.IsNil(bts) {
+				bts, err = msgp.ReadNilBytes(bts)
+				if err != nil {
+					return
+				}
+				z.Wake = nil
+			} else {
+				if z.Wake == nil {
+					z.Wake = new(Wake)
+				}
+				var zb0004 uint32
+				zb0004, bts, err = msgp.ReadMapHeaderBytes(bts)
+				if err != nil {
+					err = msgp.WrapError(err, "Wake")
+					return
+				}
+				for zb0004 > 0 {
+					zb0004--
+					field, bts, err = msgp.ReadMapKeyZC(bts)
+					if err != nil {
+						err = msgp.WrapError(err, "Wake")
+						return
+					}
+					switch msgp.UnsafeString(field) {
+					case "clock_unix_nano":
+						z.Wake.ClockUnixNano, bts, err = msgp.ReadInt64Bytes(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Wake", "ClockUnixNano")
+							return
+						}
+					case "seed":
+						z.Wake.Seed, bts, err = msgp.ReadBytesBytes(bts, z.Wake.Seed)
+						if err != nil {
+							err = msgp.WrapError(err, "Wake", "Seed")
+							return
+						}
+					default:
+						bts, err = msgp.Skip(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Wake")
+							return
+						}
+					}
+				}
+			}
 		case "target":
 			z.Target, bts, err = msgp.ReadUint64Bytes(bts)
 			if err != nil {
@@ -3985,6 +4173,12 @@ func (z *Message) Msgsize() (s int) {
 		s += msgp.NilSize
 	} else {
 		s += 1 + 5 + msgp.StringPrefixSize + len(z.Error.Code) + 8 + msgp.StringPrefixSize + len(z.Error.Message)
+	}
+	s += 5
+	if z.Wake == nil {
+		s += msgp.NilSize
+	} else {
+		s += 1 + 16 + msgp.Int64Size + 5 + msgp.BytesPrefixSize + len(z.Wake.Seed)
 	}
 	s += 7 + msgp.Uint64Size
 	return
@@ -4115,5 +4309,133 @@ func (z *StreamHeader) UnmarshalMsg(bts []byte) (o []byte, err error) {
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z StreamHeader) Msgsize() (s int) {
 	s = 1 + 8 + msgp.Uint64Size + 6 + msgp.StringPrefixSize + len(z.Which)
+	return
+}
+
+// DecodeMsg implements msgp.Decodable
+func (z *Wake) DecodeMsg(dc *msgp.Reader) (err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, err = dc.ReadMapHeader()
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	for zb0001 > 0 {
+		zb0001--
+		field, err = dc.ReadMapKeyPtr()
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "clock_unix_nano":
+			z.ClockUnixNano, err = dc.ReadInt64()
+			if err != nil {
+				err = msgp.WrapError(err, "ClockUnixNano")
+				return
+			}
+		case "seed":
+			z.Seed, err = dc.ReadBytes(z.Seed)
+			if err != nil {
+				err = msgp.WrapError(err, "Seed")
+				return
+			}
+		default:
+			err = dc.Skip()
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	return
+}
+
+// EncodeMsg implements msgp.Encodable
+func (z *Wake) EncodeMsg(en *msgp.Writer) (err error) {
+	// map header, size 2
+	// write "clock_unix_nano"
+	err = en.Append(0x82, 0xaf, 0x63, 0x6c, 0x6f, 0x63, 0x6b, 0x5f, 0x75, 0x6e, 0x69, 0x78, 0x5f, 0x6e, 0x61, 0x6e, 0x6f)
+	if err != nil {
+		return
+	}
+	err = en.WriteInt64(z.ClockUnixNano)
+	if err != nil {
+		err = msgp.WrapError(err, "ClockUnixNano")
+		return
+	}
+	// write "seed"
+	err = en.Append(0xa4, 0x73, 0x65, 0x65, 0x64)
+	if err != nil {
+		return
+	}
+	err = en.WriteBytes(z.Seed)
+	if err != nil {
+		err = msgp.WrapError(err, "Seed")
+		return
+	}
+	return
+}
+
+// MarshalMsg implements msgp.Marshaler
+func (z *Wake) MarshalMsg(b []byte) (o []byte, err error) {
+	o = msgp.Require(b, z.Msgsize())
+	// map header, size 2
+	// string "clock_unix_nano"
+	o = append(o, 0x82, 0xaf, 0x63, 0x6c, 0x6f, 0x63, 0x6b, 0x5f, 0x75, 0x6e, 0x69, 0x78, 0x5f, 0x6e, 0x61, 0x6e, 0x6f)
+	o = msgp.AppendInt64(o, z.ClockUnixNano)
+	// string "seed"
+	o = append(o, 0xa4, 0x73, 0x65, 0x65, 0x64)
+	o = msgp.AppendBytes(o, z.Seed)
+	return
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler
+func (z *Wake) UnmarshalMsg(bts []byte) (o []byte, err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	for zb0001 > 0 {
+		zb0001--
+		field, bts, err = msgp.ReadMapKeyZC(bts)
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "clock_unix_nano":
+			z.ClockUnixNano, bts, err = msgp.ReadInt64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "ClockUnixNano")
+				return
+			}
+		case "seed":
+			z.Seed, bts, err = msgp.ReadBytesBytes(bts, z.Seed)
+			if err != nil {
+				err = msgp.WrapError(err, "Seed")
+				return
+			}
+		default:
+			bts, err = msgp.Skip(bts)
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	o = bts
+	return
+}
+
+// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
+func (z *Wake) Msgsize() (s int) {
+	s = 1 + 16 + msgp.Int64Size + 5 + msgp.BytesPrefixSize + len(z.Seed)
 	return
 }

@@ -32,9 +32,14 @@ func samples() map[string]*Message {
 		"file_write": {Type: TypeFileWrite, ID: 3, File: &FileRequest{Path: "/root/a.bin", Data: []byte("\x00binary\xff"), Mode: 0o644, Parents: true}},
 		"file_result": {Type: TypeFileResult, ID: 4, FileResult: &FileResult{Data: []byte("hello"),
 			Info: &FileInfo{Mode: 0o100644, Size: 5, ModTimeUnixNs: 1796000000000000000}}},
-		"cancel": {Type: TypeCancel, ID: 5, Target: 2},
-		"error":  {Type: TypeError, ID: 6, Error: &Error{Code: CodeSymlink, Message: "/root/link: path component \"link\" is a symbolic link"}},
-		"ping":   {Type: TypePing, ID: 7},
+		"cancel":         {Type: TypeCancel, ID: 5, Target: 2},
+		"error":          {Type: TypeError, ID: 6, Error: &Error{Code: CodeSymlink, Message: "/root/link: path component \"link\" is a symbolic link"}},
+		"ping":           {Type: TypePing, ID: 7},
+		"save_point": {Type: TypeSavePoint},
+		"wake": {Type: TypeWake, Wake: &Wake{ClockUnixNano: 1796000000000000000,
+			Seed: []byte("0123456789abcdef0123456789abcdef")}},
+		"hello_woken": {Type: TypeHello, Hello: &Hello{ProtocolVersion: ProtocolVersion, AgentVersion: "0.1.0",
+			Boot: BootTimings{KernelToInitMS: 812, ModulesMS: 41, StorageMS: 90, ChannelMS: 7, AfterWakeMS: 120}}},
 	}
 }
 
@@ -227,6 +232,37 @@ func TestValidateEnv(t *testing.T) {
 	}
 	if err := ValidateEnv(many); err == nil {
 		t.Error("too many variables accepted")
+	}
+}
+
+func TestValidateWake(t *testing.T) {
+	seed := func(n int) []byte { return bytes.Repeat([]byte{7}, n) }
+	for _, tc := range []struct {
+		name string
+		wake *Wake
+		want string // "" = valid; else a fragment the error must hold
+	}{
+		{"minimal", &Wake{Seed: seed(MinWakeSeed)}, ""},
+		{"largest", &Wake{ClockUnixNano: 1, Seed: seed(MaxWakeSeed)}, ""},
+		{"no payload", nil, "no wake payload"},
+		{"no seed", &Wake{}, "seed of 0 bytes"},
+		{"short seed", &Wake{Seed: seed(MinWakeSeed - 1)}, "seed of 31 bytes"},
+		{"long seed", &Wake{Seed: seed(MaxWakeSeed + 1)}, "seed of 513 bytes"},
+		{"negative clock", &Wake{ClockUnixNano: -1, Seed: seed(MinWakeSeed)}, "clock -1 is negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateWake(tc.wake)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var we *Error
+			if !errors.As(err, &we) || we.Code != CodeInvalid || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an invalid error naming %q", err, tc.want)
+			}
+		})
 	}
 }
 

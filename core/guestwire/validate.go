@@ -193,3 +193,18 @@ func OutputCap(requested int64) int64 {
 	}
 	return requested
 }
+
+// ValidateWake checks a wake message: a seed of MinWakeSeed..MaxWakeSeed
+// bytes and a clock that is not negative.
+func ValidateWake(w *Wake) error {
+	if w == nil {
+		return Errorf(CodeInvalid, "wake message has no wake payload")
+	}
+	if len(w.Seed) < MinWakeSeed || len(w.Seed) > MaxWakeSeed {
+		return Errorf(CodeInvalid, "wake seed of %d bytes: want %d to %d", len(w.Seed), MinWakeSeed, MaxWakeSeed)
+	}
+	if w.ClockUnixNano < 0 {
+		return Errorf(CodeInvalid, "wake clock %d is negative", w.ClockUnixNano)
+	}
+	return nil
+}

@@ -152,60 +152,30 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	}
 	openCtx, cancel := context.WithTimeout(ctx, ChannelTimeout)
 	defer cancel()
-	// The channel opens as soon as its driver is in; the control port is
-	// dialed only when the boot is done, since the host gives the Hello a
-	// deadline from that moment.
-	type channelResult struct {
-		ch   guestchan.Channel
-		err  error
-		took time.Duration
-	}
-	opened := make(chan channelResult, 1)
-	go func() {
-		t := time.Now()
-		mods.wait(channelModules(kind)...)
-		ch, err := guestchan.OpenGuest(openCtx, kind, log)
+	plan := planStorage(string(cmdline))
+	var (
+		ch       guestchan.Channel
+		storage  *storageStage
+		chanTook time.Duration
+		woke     time.Time
+	)
+	if wakeAsked(string(cmdline)) && pid1 && kind == guestchan.KindSerial {
+		// The host may save the VM at the save point, and start
+		// others from that state: see guestwire.Wake.
+		ch, storage, chanTook, woke, err = bootToWake(openCtx, log, plan, mods)
+		modsFinished = true
 		if err != nil {
-			err = fmt.Errorf("agent: opening the %s channel to the host: %w", kind, err)
+			return err
 		}
-		opened <- channelResult{ch: ch, err: err, took: time.Since(t)}
-	}()
-	joined := false
-	defer func() {
-		if !joined { // an early error: close what the opener made
-			cancel()
-			if r := <-opened; r.ch != nil {
-				r.ch.Close()
-			}
-		}
-	}()
-
-	// Storage comes before anything else writes a file: after it, / is
-	// the overlay on the per-VM disk.
-	var storage *storageStage
-	switch plan := planStorage(string(cmdline)); {
-	case plan.empty():
-	case !pid1:
-		log.Warn("not PID 1: leaving the root and the workspace as they are", "plan", plan)
-	default:
-		if storage, err = prepareStorage(ctx, plan, mods.wait); err != nil {
+	} else {
+		ch, storage, chanTook, err = bootDirect(ctx, openCtx, log, kind, plan, pid1, mods)
+		modsFinished = true
+		if err != nil {
 			return err
 		}
 	}
-	report := mods.finish()
-	modsFinished = true
-	hello.Boot.ModulesMS = report.elapsed.Milliseconds()
-	log.Info("kernel modules loaded", "loaded", report.loaded, "failed", len(report.failed), "ms", hello.Boot.ModulesMS,
-		"slowest", slowest(report.times, 6), "skipped_no_device", strings.Join(report.skipped, ","),
-		"bus_reads", report.busReads, "bus_read_ms", report.busTime.Milliseconds(), "chains", report.chains, "parallel", report.workers)
-	// The switch moves /sys and /dev under the opener's feet: it waits.
-	res := <-opened
-	joined = true
-	if res.err != nil {
-		return res.err
-	}
-	ch := res.ch
 	defer ch.Close()
+	hello.Boot.ModulesMS = mods.finish().elapsed.Milliseconds()
 	if storage != nil {
 		if err := storage.finish(ctx, log, mods.wait); err != nil {
 			return err
@@ -218,10 +188,13 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	if err != nil {
 		return fmt.Errorf("agent: reaching the host's control port over the %s channel: %w", kind, err)
 	}
-	hello.Boot.ChannelMS = (res.took + time.Since(t)).Milliseconds()
+	hello.Boot.ChannelMS = (chanTook + time.Since(t)).Milliseconds()
+	if !woke.IsZero() {
+		hello.Boot.AfterWakeMS = time.Since(woke).Milliseconds()
+	}
 	log.Info("connected to the host", "channel", kind, "kernel_to_init_ms", hello.Boot.KernelToInitMS,
 		"mounts_ms", hello.Boot.MountsMS, "modules_ms", hello.Boot.ModulesMS, "storage_ms", hello.Boot.StorageMS,
-		"channel_ms", hello.Boot.ChannelMS)
+		"channel_ms", hello.Boot.ChannelMS, "after_wake_ms", hello.Boot.AfterWakeMS)
 
 	srv := &Server{Log: log, Dial: ch.Dial, Reaper: reaper, Hello: hello, SetClock: setClock, SetHostname: setHostname}
 	bridgeCtx, stopBridge := context.WithCancel(ctx)
@@ -251,6 +224,138 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 			return fmt.Errorf("agent: reconnecting to the control port: %w", err)
 		}
 	}
+}
+
+// wakeAsked reports whether the command line asks for the wake handshake.
+func wakeAsked(cmdline string) bool {
+	v, _ := guestwire.CmdlineValue(cmdline, guestwire.CmdlineWake)
+	return v == "1"
+}
+
+// bootDirect opens the channel and prepares the storage side by side, for
+// a boot without the wake handshake: the channel opens as soon as its
+// driver is in, and the root disk mounts while the other modules still
+// load. The control port is dialed only when the boot is done, since the
+// host gives the Hello a deadline from that moment.
+func bootDirect(ctx, openCtx context.Context, log *slog.Logger, kind guestchan.Kind, plan storagePlan, pid1 bool,
+	mods *moduleLoader) (guestchan.Channel, *storageStage, time.Duration, error) {
+	type channelResult struct {
+		ch   guestchan.Channel
+		err  error
+		took time.Duration
+	}
+	opened := make(chan channelResult, 1)
+	openCtx, cancel := context.WithCancel(openCtx)
+	defer cancel()
+	go func() {
+		t := time.Now()
+		mods.wait(channelModules(kind)...)
+		ch, err := guestchan.OpenGuest(openCtx, kind, log)
+		if err != nil {
+			err = fmt.Errorf("agent: opening the %s channel to the host: %w", kind, err)
+		}
+		opened <- channelResult{ch: ch, err: err, took: time.Since(t)}
+	}()
+	fail := func(err error) (guestchan.Channel, *storageStage, time.Duration, error) {
+		cancel()
+		if r := <-opened; r.ch != nil {
+			r.ch.Close()
+		}
+		mods.finish()
+		return nil, nil, 0, err
+	}
+	// Storage comes before anything else writes a file: after it, / is
+	// the overlay on the per-VM disk.
+	var storage *storageStage
+	switch {
+	case plan.empty():
+	case !pid1:
+		log.Warn("not PID 1: leaving the root and the workspace as they are", "plan", plan)
+	default:
+		var err error
+		if storage, err = prepareStorage(ctx, plan, mods.wait); err != nil {
+			return fail(err)
+		}
+	}
+	logModules(log, mods.finish())
+	// The switch moves /sys and /dev under the opener's feet: it waits.
+	res := <-opened
+	if res.err != nil {
+		return nil, nil, 0, res.err
+	}
+	return res.ch, storage, res.took, nil
+}
+
+// bootToWake is the boot with the wake handshake: every module loaded and
+// every device found, then the handshake on the raw port, and only after
+// it anything that depends on which VM this is: the per-VM disk mounted,
+// the multiplexer started. A VM restored from a state saved at the
+// save point resumes inside the handshake. woke is when it ended.
+func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *moduleLoader) (
+	ch guestchan.Channel, storage *storageStage, took time.Duration, woke time.Time, err error) {
+	type portResult struct {
+		f    *os.File
+		err  error
+		took time.Duration
+	}
+	opened := make(chan portResult, 1)
+	openCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		t := time.Now()
+		mods.wait(channelModules(guestchan.KindSerial)...)
+		f, err := guestchan.OpenVirtioPort(openCtx, guestchan.VirtioPortName)
+		if err != nil {
+			err = fmt.Errorf("agent: opening the serial channel to the host: %w", err)
+		}
+		opened <- portResult{f: f, err: err, took: time.Since(t)}
+	}()
+	storage, dev, lerr := locateStorage(ctx, plan, mods.wait)
+	logModules(log, mods.finish())
+	if lerr != nil {
+		cancel()
+	}
+	res := <-opened
+	if lerr == nil {
+		lerr = res.err
+	}
+	if lerr != nil {
+		if res.f != nil {
+			res.f.Close()
+		}
+		return nil, nil, 0, time.Time{}, lerr
+	}
+	closePort := true
+	defer func() {
+		if closePort {
+			res.f.Close()
+		}
+	}()
+	if _, err := wakeHandshake(ctx, res.f, systemWake); err != nil {
+		return nil, nil, 0, time.Time{}, err
+	}
+	woke = time.Now()
+	if dev != "" {
+		if err := flushBlockDevice(dev); err != nil {
+			return nil, nil, 0, time.Time{}, err
+		}
+		if err := storage.assemble(dev); err != nil {
+			return nil, nil, 0, time.Time{}, err
+		}
+	}
+	s, err := guestchan.Client(res.f, log)
+	if err != nil {
+		return nil, nil, 0, time.Time{}, err
+	}
+	closePort = false
+	return s, storage, res.took, woke, nil
+}
+
+// logModules logs how the module loading went, in one line.
+func logModules(log *slog.Logger, report moduleReport) {
+	log.Info("kernel modules loaded", "loaded", report.loaded, "failed", len(report.failed), "ms", report.elapsed.Milliseconds(),
+		"slowest", slowest(report.times, 6), "skipped_no_device", strings.Join(report.skipped, ","),
+		"bus_reads", report.busReads, "bus_read_ms", report.busTime.Milliseconds(), "chains", report.chains, "parallel", report.workers)
 }
 
 // channelModules are the drivers a channel kind needs before it opens.

@@ -80,26 +80,43 @@ type storageStage struct {
 }
 
 func prepareStorage(ctx context.Context, p storagePlan, wait func(...string)) (*storageStage, error) {
+	s, dev, err := locateStorage(ctx, p, wait)
+	if err != nil || dev == "" {
+		return s, err
+	}
+	return s, s.assemble(dev)
+}
+
+// locateStorage waits for the modules and the disk of p and returns the
+// disk's device ("" when p has none); nothing is mounted yet.
+func locateStorage(ctx context.Context, p storagePlan, wait func(...string)) (*storageStage, string, error) {
 	t := time.Now()
 	s := &storageStage{plan: p}
 	defer func() { s.took += time.Since(t) }()
 	if p.upperSerial == "" {
-		return s, nil
+		return s, "", nil
 	}
 	wait(rootModules...)
 	dev, err := waitForDisk(ctx, "/sys/block", p.upperSerial, diskWait)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	found := time.Since(t)
+	s.attrs = append(s.attrs, "disk", dev, "find_disk_ms", time.Since(t).Milliseconds())
+	return s, dev, nil
+}
+
+// assemble mounts the disk dev and the overlay on newRoot.
+func (s *storageStage) assemble(dev string) error {
+	t := time.Now()
+	defer func() { s.took += time.Since(t) }()
 	mounted, err := assembleRoot(dev)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.rootDone = true
-	s.attrs = append(s.attrs, "disk", dev, "upper", filepath.Join(diskMount, "upper"),
-		"find_disk_ms", found.Milliseconds(), "ext4_mount_ms", mounted.Milliseconds(), "root_ms", time.Since(t).Milliseconds())
-	return s, nil
+	s.attrs = append(s.attrs, "upper", filepath.Join(diskMount, "upper"),
+		"ext4_mount_ms", mounted.Milliseconds(), "root_ms", time.Since(t).Milliseconds())
+	return nil
 }
 
 // finish switches the root (when prepared) and mounts the workspace. Every

@@ -6,6 +6,7 @@ package process
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -91,6 +92,9 @@ type Options struct {
 	CPUs         int
 	MemoryMiB    int
 	GuestBinary  string
+	// NoBootState boots the VM, neither resuming a saved state nor saving
+	// one (as CAPSEM_BOOT_STATE=off does).
+	NoBootState bool
 	// DiskGiB sizes the per-VM disk (SessionDir/disk.img) when it has to
 	// be created; an existing one is reused. 0 means no disk.
 	DiskGiB int
@@ -108,6 +112,7 @@ type VM struct {
 	hello   guestwire.Hello
 	accel   string
 	timings map[string]int64
+	start   string // StartBooted, StartBootedSaved or StartRestored
 
 	stopOnce sync.Once
 	stopping atomic.Bool // Stop began: QEMU exiting from now on is expected
@@ -207,17 +212,18 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	chanSock := filepath.Join(o.SessionDir, "channel.sock")
 
 	t = time.Now()
-	disks, shares, storageArgs, err := prepareStorage(ctx, o.Logger, o.SessionDir, o.DiskGiB)
+	disks, shares, storageArgs, diskCreated, err := prepareStorage(ctx, o.Logger, o.SessionDir, o.DiskGiB)
 	if err != nil {
 		return nil, err
 	}
 	t = mark("disk", t)
 
 	spec := vmm.Spec{
-		Name:          o.Name,
-		Kernel:        assets.Kernel,
-		Initramfs:     assets.Initramfs,
-		Cmdline:       "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs,
+		Name:      o.Name,
+		Kernel:    assets.Kernel,
+		Initramfs: assets.Initramfs,
+		Cmdline: "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs +
+			" " + guestwire.CmdlineWake + "=1",
 		CPUs:          o.CPUs,
 		MemoryMiB:     o.MemoryMiB,
 		Disks:         disks,
@@ -227,33 +233,67 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		Firmware:      qemu.PreferredFirmware(),
 	}
 	backend := &qemu.Backend{Log: o.Logger}
-	m, err := backend.Create(ctx, spec)
+	plain, err := backend.Create(ctx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("creating the VM: %w", err)
 	}
-	v.machine = m
-	if qm, ok := m.(*qemu.Machine); ok {
-		v.accel = qm.Accel()
+	// How this VM starts: resumed from the saved state of its
+	// configuration, or booted (and saved for the next ones when its disk
+	// is new, so the saved kernel has cached nothing of a user's disk).
+	start, snap, meta := StartBooted, (*bootState)(nil), (*bootStateMeta)(nil)
+	if o.NoBootState || os.Getenv(BootStateEnv) == "off" {
+		o.Logger.Info("saved VM states are off", "env", BootStateEnv)
+	} else if snap, err = newBootState(assets.Dir, plain.(*qemu.Machine).Argv(), o.SessionDir); err != nil {
+		o.Logger.Warn("VM states cannot be saved or restored", "err", err)
+	} else if m, ok := snap.lookup(); ok {
+		start, meta = StartRestored, m
+	} else if diskCreated || o.DiskGiB == 0 {
+		start = StartBootedSaved
 	}
-	if err := v.machine.Start(ctx); err != nil {
-		return nil, fmt.Errorf("starting QEMU: %w", err)
+	snapOK := make(chan snapCheck, 1)
+	for {
+		err = v.startGuest(ctx, backend, spec, start, snap, meta, snapOK)
+		if err == nil || start != StartRestored || v.ctl != nil {
+			break
+		}
+		// The state did not load (QEMU exited before the guest spoke):
+		// drop it and boot.
+		o.Logger.Warn("resuming the saved VM state failed; removing it and booting", "err", err, "state", snap.statePath(meta))
+		<-snapOK
+		snap.remove(meta)
+		v.machine = nil
+		start, meta = StartBooted, nil
+		if diskCreated || o.DiskGiB == 0 {
+			start = StartBootedSaved
+		}
+		t = time.Now()
 	}
-	t = mark("qemu_start", t)
-	ch := v.machine.Channel()
-	v.ctl, err = guestctl.Accept(ctx, ch, guestctl.Options{Log: o.Logger, HeartbeatInterval: 5 * time.Second})
 	if err != nil {
-		return nil, fmt.Errorf("waiting for the guest agent: %w (console: %s)", err, filepath.Join(o.SessionDir, "console.log"))
+		return nil, err
 	}
-	t = mark("kernel_to_hello", t)
+	v.start = start
 	v.hello = v.ctl.Hello()
 	// Parts of kernel_to_hello, as the guest measured them: the kernel's
 	// own boot, module loading, the root switch and workspace mount, and
-	// reaching the host's control port.
-	timings["guest_kernel_to_init"] = v.hello.Boot.KernelToInitMS
-	timings["guest_modules"] = v.hello.Boot.ModulesMS
-	timings["guest_channel"] = v.hello.Boot.ChannelMS
-	if v.hello.Boot.StorageMS > 0 {
-		timings["guest_storage"] = v.hello.Boot.StorageMS
+	// reaching the host's control port. A resumed VM ran only the part
+	// after the wake itself.
+	if start == StartRestored {
+		timings["guest_after_wake"] = v.hello.Boot.AfterWakeMS
+	} else {
+		timings["guest_kernel_to_init"] = v.hello.Boot.KernelToInitMS
+		timings["guest_modules"] = v.hello.Boot.ModulesMS
+		timings["guest_channel"] = v.hello.Boot.ChannelMS
+		if v.hello.Boot.StorageMS > 0 {
+			timings["guest_storage"] = v.hello.Boot.StorageMS
+		}
+	}
+	if start == StartRestored {
+		r := <-snapOK
+		timings["state_hash"] = r.ms
+		if r.err != nil {
+			snap.remove(meta)
+			return nil, fmt.Errorf("the saved VM state failed verification during the start (removed; the next start boots): %w", r.err)
+		}
 	}
 	if err := <-bootFilesOK; err != nil {
 		return nil, fmt.Errorf("guest assets failed verification during the boot (the next start rebuilds them): %w", err)
@@ -274,16 +314,128 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	mcpLn, err := ch.Listen(guestchan.PortMCP)
+	mcpLn, err := v.machine.Channel().Listen(guestchan.PortMCP)
 	if err != nil {
 		return nil, fmt.Errorf("listening for guest MCP: %w", err)
 	}
 	go v.gw.Serve(ctx, mcpLn)
 	mark("ready", t)
 	timings["total"] = time.Since(t0).Milliseconds()
-	v.log.Info("VM ready", "timings_ms", timings, "agent", v.hello.AgentVersion)
+	v.log.Info("VM ready", "start", start, "timings_ms", timings, "agent", v.hello.AgentVersion)
 	ok = true
 	return v, nil
+}
+
+// startGuest creates and starts the machine for spec as start says, does
+// the host side of the wake handshake, and waits for the guest's Hello.
+// Restoring, it hashes the saved state beside the start and reports on
+// snapOK (always exactly once). On failure v.machine is stopped, and v.ctl
+// is set only if the guest had spoken.
+func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spec, start string,
+	snap *bootState, meta *bootStateMeta, snapOK chan<- snapCheck) error {
+	t := time.Now()
+	switch start {
+	case StartRestored:
+		spec.RestoreFrom = snap.statePath(meta)
+		go func() {
+			t := time.Now()
+			err := snap.verify(meta)
+			snapOK <- snapCheck{err: err, ms: time.Since(t).Milliseconds()}
+		}()
+	case StartBootedSaved:
+		spec.Monitor = true
+	}
+	m, err := backend.Create(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("creating the VM: %w", err)
+	}
+	qm := m.(*qemu.Machine)
+	v.machine, v.accel = m, qm.Accel()
+	qm.BeforeChannel = func(ctx context.Context, raw net.Conn) error {
+		var atPoint func(context.Context) error
+		if start == StartBootedSaved {
+			atPoint = func(ctx context.Context) error {
+				t := time.Now()
+				defer func() { v.timings["save_state"] = time.Since(t).Milliseconds() }()
+				path, err := snap.newStatePath()
+				if err == nil {
+					err = qm.SaveState(ctx, path)
+				}
+				if err == nil {
+					var m *bootStateMeta
+					if m, err = snap.publish(path); err == nil {
+						v.log.Info("saved the VM at its save point for the next ones", "state", snap.statePath(m), "bytes", m.Size)
+					}
+				}
+				if err != nil {
+					// The VM itself is fine: it boots on unsaved.
+					v.log.Warn("saving the VM state failed; booting on", "err", err)
+				}
+				return nil
+			}
+		}
+		return wakeGuest(ctx, raw, start != StartRestored, atPoint)
+	}
+	if err := m.Start(ctx); err != nil {
+		return fmt.Errorf("starting QEMU: %w", err)
+	}
+	v.timings["qemu_start"] = time.Since(t).Milliseconds()
+	t = time.Now()
+	v.ctl, err = guestctl.Accept(ctx, m.Channel(), guestctl.Options{Log: v.log, HeartbeatInterval: 5 * time.Second})
+	if err != nil {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		m.Stop(stopCtx)
+		cancel()
+		return fmt.Errorf("waiting for the guest agent: %w (console: %s)", err, spec.ConsoleLog)
+	}
+	v.timings["kernel_to_hello"] = time.Since(t).Milliseconds()
+	return nil
+}
+
+// snapCheck is the verdict on a saved state's bytes, and how long the
+// hash took.
+type snapCheck struct {
+	err error
+	ms  int64
+}
+
+// wakePointTimeout bounds the wait for the guest's save point (the
+// agent gives up on its side after its own channel timeout).
+const wakePointTimeout = 60 * time.Second
+
+// wakeGuest is the host side of the wake handshake on the raw channel: when
+// the guest booted, read its save_point and run atPoint (nil: nothing)
+// while it waits; then send the wake, with fresh entropy and the time. A
+// resumed guest said save_point before it was saved: it only gets the
+// wake.
+func wakeGuest(ctx context.Context, raw net.Conn, expectPoint bool, atPoint func(context.Context) error) error {
+	if expectPoint {
+		pctx, cancel := context.WithTimeout(ctx, wakePointTimeout)
+		defer cancel()
+		dl, _ := pctx.Deadline()
+		raw.SetReadDeadline(dl)
+		var m guestwire.Message
+		err := guestwire.NewReader(raw).Read(&m)
+		raw.SetReadDeadline(time.Time{})
+		if err != nil {
+			return fmt.Errorf("waiting for the guest's save point: %w", err)
+		}
+		if m.Type != guestwire.TypeSavePoint {
+			return fmt.Errorf("the guest sent %q where its save point belongs", m.Type)
+		}
+		if atPoint != nil {
+			if err := atPoint(pctx); err != nil {
+				return err
+			}
+		}
+	}
+	seed := make([]byte, guestwire.MinWakeSeed)
+	rand.Read(seed)
+	w := &guestwire.Message{Type: guestwire.TypeWake, Wake: &guestwire.Wake{ClockUnixNano: time.Now().UnixNano(), Seed: seed}}
+	if err := guestwire.NewWriter(raw).Write(w); err != nil {
+		return fmt.Errorf("waking the guest: %w", err)
+	}
+	return nil
 }
 
 // Stop shuts the guest down cleanly (bounded), then makes sure QEMU is gone

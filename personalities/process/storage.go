@@ -129,20 +129,20 @@ func workspaceSecurityModel(euid int) string {
 // prepareStorage creates or reuses the session's disk and workspace and
 // returns what to add to the VM spec and the kernel command line. With
 // diskGiB 0 there is no disk: the guest runs from the initramfs, in RAM.
-func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, diskGiB int) (disks []vmm.Disk, shares []vmm.Share, cmdline string, err error) {
+func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, diskGiB int) (disks []vmm.Disk, shares []vmm.Share, cmdline string, created bool, err error) {
 	if diskGiB < 0 || diskGiB > MaxDiskGiB {
-		return nil, nil, "", fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
+		return nil, nil, "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
 	}
 	if diskGiB > 0 {
 		path := filepath.Join(sessionDir, DiskFile)
 		t := time.Now()
-		created, err := ensureDisk(ctx, path, diskGiB)
+		created, err = ensureDisk(ctx, path, diskGiB)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, "", false, err
 		}
 		u, err := diskUsage(path)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, "", false, err
 		}
 		log.Info("per-VM disk", "path", path, "created", created, "size_bytes", u.Size,
 			"allocated_bytes", u.Allocated, "ms", time.Since(t).Milliseconds())
@@ -151,9 +151,9 @@ func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, di
 	}
 	ws := filepath.Join(sessionDir, WorkspaceDir)
 	if err := os.Mkdir(ws, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, nil, "", fmt.Errorf("creating the workspace %s: %w", ws, err)
+		return nil, nil, "", false, fmt.Errorf("creating the workspace %s: %w", ws, err)
 	}
 	shares = append(shares, vmm.Share{Tag: guestwire.WorkspaceTag, HostPath: ws, SecurityModel: workspaceSecurityModel(os.Geteuid())})
 	cmdline += " " + guestwire.CmdlineWorkspace + "=" + guestwire.WorkspaceTag
-	return disks, shares, cmdline, nil
+	return disks, shares, cmdline, created, nil
 }

@@ -74,9 +74,9 @@ func TestPrepareStorage(t *testing.T) {
 	needMkfs(t)
 	ctx, log := context.Background(), slog.New(slog.DiscardHandler)
 	dir := t.TempDir()
-	disks, shares, cmdline, err := prepareStorage(ctx, log, dir, 1)
-	if err != nil {
-		t.Fatal(err)
+	disks, shares, cmdline, created, err := prepareStorage(ctx, log, dir, 1)
+	if err != nil || !created {
+		t.Fatalf("created %v, err %v", created, err)
 	}
 	if len(disks) != 1 || disks[0].ID != guestwire.UpperDiskID || disks[0].Path != filepath.Join(dir, DiskFile) || disks[0].ReadOnly {
 		t.Fatalf("disks %+v", disks)
@@ -92,13 +92,17 @@ func TestPrepareStorage(t *testing.T) {
 	if cmdline != " capsem.upper=capsem-upper capsem.workspace=workspace" {
 		t.Fatalf("cmdline %q", cmdline)
 	}
+	// The second time the disk is reused, not created.
+	if _, _, _, created, err := prepareStorage(ctx, log, dir, 1); err != nil || created {
+		t.Fatalf("reuse: created %v, err %v", created, err)
+	}
 	// Without a disk the workspace is still shared.
-	disks, shares, cmdline, err = prepareStorage(ctx, log, t.TempDir(), 0)
+	disks, shares, cmdline, _, err = prepareStorage(ctx, log, t.TempDir(), 0)
 	if err != nil || len(disks) != 0 || len(shares) != 1 || cmdline != " capsem.workspace=workspace" {
 		t.Fatalf("no disk: %+v %+v %q %v", disks, shares, cmdline, err)
 	}
 	for _, bad := range []int{-1, MaxDiskGiB + 1} {
-		if _, _, _, err := prepareStorage(ctx, log, t.TempDir(), bad); err == nil {
+		if _, _, _, _, err := prepareStorage(ctx, log, t.TempDir(), bad); err == nil {
 			t.Errorf("disk size %d accepted", bad)
 		}
 	}

@@ -26,8 +26,23 @@ import (
 const (
 	channelChardevID = "chan"
 	consoleChardevID = "console"
+	monitorChardevID = "qmp"
 	serialBusID      = "vser0"
 )
+
+// ExtraFDs are the descriptors QEMU inherits for spec, in order from fd 3
+// (exec.Cmd.ExtraFiles): the monitor socket when spec.Monitor, then the
+// state file when spec.RestoreFrom is set.
+func extraFDs(spec vmm.Spec) (monitor, incoming int) {
+	next := 3
+	if spec.Monitor {
+		monitor, next = next, next+1
+	}
+	if spec.RestoreFrom != "" {
+		incoming = next
+	}
+	return monitor, incoming
+}
 
 // TCGKernelParams are added to the guest kernel's command line under TCG.
 //
@@ -98,6 +113,18 @@ func Args(spec vmm.Spec, accel string) ([]string, error) {
 	}
 	if spec.Firmware != "" {
 		a = append(a, "-bios", spec.Firmware)
+	}
+	monitorFD, incomingFD := extraFDs(spec)
+	if spec.Monitor {
+		// QMP on a socket pair we made: no socket file anyone else
+		// could connect to.
+		a = append(a, "-chardev", "socket,id="+monitorChardevID+",fd="+strconv.Itoa(monitorFD),
+			"-mon", "chardev="+monitorChardevID+",mode=control")
+	}
+	if spec.RestoreFrom != "" {
+		// The saved state comes in on an inherited descriptor: QEMU's
+		// sandbox forbids it to spawn a reader, and we open the file.
+		a = append(a, "-incoming", "fd:"+strconv.Itoa(incomingFD))
 	}
 	for _, d := range spec.Disks {
 		ro, extra := "off", ",discard=unmap" // deletes in the guest keep the image sparse

@@ -56,6 +56,15 @@ func goldenSpecs() map[string]struct {
 	fw := minimalSpec()
 	fw.Name = "qboot"
 	fw.Firmware = FastFirmware
+	saving := minimalSpec()
+	saving.Name = "monitor"
+	saving.Monitor = true
+	restoring := minimalSpec()
+	restoring.Name = "restore"
+	restoring.RestoreFrom = "/assets/boot-states/k.state"
+	both := restoring
+	both.Name = "monitor-restore"
+	both.Monitor = true
 	return map[string]struct {
 		spec  vmm.Spec
 		accel string
@@ -66,6 +75,10 @@ func goldenSpecs() map[string]struct {
 		"with-share":  {share, vmm.AccelTCG},
 		"odd-paths":   {odd, vmm.AccelKVM},
 		"qboot":       {fw, vmm.AccelTCG},
+		// fd 3 is the monitor when there is one, the state file after it.
+		"monitor":         {saving, vmm.AccelTCG},
+		"restore":         {restoring, vmm.AccelTCG},
+		"monitor-restore": {both, vmm.AccelTCG},
 	}
 }
 

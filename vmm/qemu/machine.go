@@ -3,12 +3,14 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -124,11 +126,19 @@ type Machine struct {
 	grace time.Duration
 	log   *slog.Logger
 
+	// BeforeChannel, when set before Start, runs on QEMU's raw channel
+	// connection before the multiplexer starts on it (the wake handshake).
+	BeforeChannel func(ctx context.Context, raw net.Conn) error
+
 	mu       sync.Mutex
 	started  bool
 	proc     *os.Process
 	session  *guestchan.Session
 	stopping bool
+
+	monitorConn *net.UnixConn // our end of the QMP socket pair (spec.Monitor)
+	monitorMu   sync.Mutex
+	monitor     *qmp // connected on first use
 
 	stderr   tailBuffer
 	waitErr  error
@@ -201,6 +211,12 @@ func (m *Machine) Start(ctx context.Context) error {
 	if err != nil {
 		return m.failStart(err)
 	}
+	if m.BeforeChannel != nil {
+		if err := m.BeforeChannel(ctx, conn); err != nil {
+			conn.Close()
+			return m.failStart(err)
+		}
+	}
 	sess, err := guestchan.Server(conn, m.log)
 	if err != nil {
 		conn.Close()
@@ -265,6 +281,17 @@ func (m *Machine) spawn() error {
 	}
 	// A stuck output pipe must not stop the reaping.
 	cmd.WaitDelay = 2 * time.Second
+	inherited, err := m.extraFiles()
+	if err != nil {
+		return err
+	}
+	// QEMU has its copies once started (or never will): ours go.
+	defer func() {
+		for _, f := range inherited {
+			f.Close()
+		}
+	}()
+	cmd.ExtraFiles = inherited
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -279,6 +306,9 @@ func (m *Machine) spawn() error {
 		started <- nil
 		err := cmd.Wait()
 		w.flush()
+		if m.monitorConn != nil {
+			m.monitorConn.Close()
+		}
 		m.mu.Lock()
 		m.waitErr = err
 		stopping := m.stopping
@@ -289,9 +319,180 @@ func (m *Machine) spawn() error {
 		m.log.Info("qemu exited", "pid", cmd.Process.Pid, "status", cmd.ProcessState.String(), "stopped", stopping)
 	}()
 	if err := <-started; err != nil {
+		if m.monitorConn != nil {
+			m.monitorConn.Close()
+		}
 		return fmt.Errorf("qemu: starting %s: %w", m.bin, err)
 	}
 	return nil
+}
+
+// extraFiles opens what QEMU inherits, in the order Args numbers them: the
+// monitor's end of a new socket pair (ours goes to m.monitorConn), then
+// the state file to restore from.
+func (m *Machine) extraFiles() ([]*os.File, error) {
+	var files []*os.File
+	fail := func(err error) ([]*os.File, error) {
+		for _, f := range files {
+			f.Close()
+		}
+		if m.monitorConn != nil {
+			m.monitorConn.Close()
+			m.monitorConn = nil
+		}
+		return nil, err
+	}
+	if m.spec.Monitor {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fail(fmt.Errorf("qemu: monitor socket pair: %w", err))
+		}
+		ours := os.NewFile(uintptr(fds[0]), "qmp")
+		c, err := net.FileConn(ours)
+		ours.Close()
+		if err != nil {
+			unix.Close(fds[1])
+			return fail(fmt.Errorf("qemu: monitor socket: %w", err))
+		}
+		m.monitorConn = c.(*net.UnixConn)
+		files = append(files, os.NewFile(uintptr(fds[1]), "qmp-qemu"))
+	}
+	if m.spec.RestoreFrom != "" {
+		f, err := os.Open(m.spec.RestoreFrom)
+		if err != nil {
+			return fail(fmt.Errorf("qemu: opening the state to restore: %w", err))
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// monitorClient returns the QMP client, connecting it on first use.
+func (m *Machine) monitorClient(ctx context.Context) (*qmp, error) {
+	m.monitorMu.Lock()
+	defer m.monitorMu.Unlock()
+	if m.monitor != nil {
+		return m.monitor, nil
+	}
+	if m.monitorConn == nil {
+		return nil, errors.New("qemu: this machine has no monitor (vmm.Spec.Monitor)")
+	}
+	q, err := newQMP(ctx, m.monitorConn)
+	if err != nil {
+		return nil, err
+	}
+	m.monitor = q
+	return q, nil
+}
+
+// statePollInterval is how often SaveState asks whether the save is done.
+const statePollInterval = 10 * time.Millisecond
+
+// SaveState saves the running VM's whole state (RAM and devices) to path,
+// through a live migration into the file, and lets the VM run on. A VM of
+// the same spec (its per-VM paths aside) resumes from the file with
+// vmm.Spec.RestoreFrom. The file appears at path complete or not at all.
+// The spec must have Monitor set. Devices that cannot be saved in their
+// state (a mounted 9p share) make QEMU refuse, and the VM runs on.
+func (m *Machine) SaveState(ctx context.Context, path string) error {
+	q, err := m.monitorClient(ctx)
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("qemu: creating the state file: %w", err)
+	}
+	tmp := f.Name()
+	published := false
+	defer func() {
+		f.Close()
+		if !published {
+			os.Remove(tmp)
+		}
+	}()
+	// No throttle: the file is local (QEMU's default caps a migration at
+	// a network-friendly rate).
+	if _, err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
+		return err
+	}
+	const fdName = "capsem-state"
+	if _, err := q.Execute(ctx, "getfd", map[string]any{"fdname": fdName}, f); err != nil {
+		return err
+	}
+	if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:" + fdName}, nil); err != nil {
+		q.Execute(ctx, "closefd", map[string]any{"fdname": fdName}, nil)
+		return err
+	}
+	status, err := m.waitMigration(ctx, q)
+	// A completed migration leaves the VM paused for the destination to
+	// take over; there is none, so this VM carries on whatever happened.
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if _, cerr := q.Execute(cctx, "cont", nil, nil); cerr != nil && err == nil {
+		err = fmt.Errorf("qemu: resuming the VM after saving it: %w", cerr)
+	}
+	if err != nil {
+		return err
+	}
+	if status != "completed" {
+		return fmt.Errorf("qemu: saving the VM state ended %q", status)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("qemu: syncing the state file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("qemu: publishing the state file: %w", err)
+	}
+	published = true
+	return nil
+}
+
+// cleanupContext bounds the commands that undo or finish a save, which run
+// even when ctx has ended.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+}
+
+func cancelMigration(ctx context.Context, q *qmp) {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	q.Execute(cctx, "migrate_cancel", nil, nil)
+}
+
+// waitMigration polls query-migrate until the migration ends and returns
+// its final status; on ctx's end it cancels the migration.
+func (m *Machine) waitMigration(ctx context.Context, q *qmp) (string, error) {
+	t := time.NewTicker(statePollInterval)
+	defer t.Stop()
+	for {
+		raw, err := q.Execute(ctx, "query-migrate", nil, nil)
+		if err != nil {
+			cancelMigration(ctx, q)
+			return "", err
+		}
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := json.Unmarshal(raw, &st); err != nil {
+			return "", fmt.Errorf("qemu: query-migrate answered %q: %w", raw, err)
+		}
+		switch st.Status {
+		case "completed", "cancelled":
+			return st.Status, nil
+		case "failed":
+			return "", fmt.Errorf("qemu: saving the VM state failed: %s", st.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			cancelMigration(ctx, q)
+			return "", fmt.Errorf("qemu: saving the VM state: %w", context.Cause(ctx))
+		case <-m.done:
+			return "", errors.New("qemu: QEMU exited while saving the VM state")
+		case <-t.C:
+		}
+	}
 }
 
 // acceptQEMU waits for QEMU's connection to the channel socket, refusing

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capsem/capsem/core/guestwire"
+)
+
+// fakeWakeHost answers the agent's save point with reply (nil: say
+// nothing) on the other end of a pipe, and reports what the agent sent.
+func fakeWakeHost(t *testing.T, reply *guestwire.Message) (net.Conn, <-chan guestwire.Message) {
+	t.Helper()
+	guest, host := net.Pipe()
+	t.Cleanup(func() { guest.Close(); host.Close() })
+	got := make(chan guestwire.Message, 1)
+	go func() {
+		var m guestwire.Message
+		if err := guestwire.NewReader(host).Read(&m); err != nil {
+			close(got)
+			return
+		}
+		got <- m
+		if reply != nil {
+			guestwire.NewWriter(host).Write(reply)
+		}
+	}()
+	return guest, got
+}
+
+func TestWakeHandshake(t *testing.T) {
+	seed := bytes.Repeat([]byte{0xa5}, guestwire.MinWakeSeed)
+	clock := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name      string
+		reply     *guestwire.Message
+		wantErr   string // "" = success
+		wantClock bool
+	}{
+		{"wake", &guestwire.Message{Type: guestwire.TypeWake, Wake: &guestwire.Wake{ClockUnixNano: clock.UnixNano(), Seed: seed}}, "", true},
+		{"wake without clock", &guestwire.Message{Type: guestwire.TypeWake, Wake: &guestwire.Wake{Seed: seed}}, "", false},
+		{"another message", &guestwire.Message{Type: guestwire.TypePing}, `answered the save point with "ping"`, false},
+		{"short seed", &guestwire.Message{Type: guestwire.TypeWake, Wake: &guestwire.Wake{Seed: seed[:8]}}, "wake seed of 8 bytes", false},
+		{"no payload", &guestwire.Message{Type: guestwire.TypeWake}, "no wake payload", false},
+		{"silent host", nil, "waiting for the host's wake", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port, sent := fakeWakeHost(t, tc.reply)
+			var gotSeed []byte
+			var gotClock time.Time
+			hooks := wakeHooks{
+				addEntropy: func(s []byte) error { gotSeed = append([]byte(nil), s...); return nil },
+				setClock:   func(c time.Time) error { gotClock = c; return nil },
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			w, err := wakeHandshake(ctx, port, hooks)
+			if m, ok := <-sent; !ok || m.Type != guestwire.TypeSavePoint {
+				t.Fatalf("the host got %+v (ok %v), want a save_point", m, ok)
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %v, want an error naming %q", err, tc.wantErr)
+				}
+				if gotSeed != nil || !gotClock.IsZero() {
+					t.Fatal("a refused wake changed the guest")
+				}
+				if tc.reply == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("a silent host should end in the deadline: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(gotSeed, seed) || !bytes.Equal(w.Seed, seed) {
+				t.Fatalf("seed %x applied, want %x", gotSeed, seed)
+			}
+			if tc.wantClock != !gotClock.IsZero() || (tc.wantClock && !gotClock.Equal(clock)) {
+				t.Fatalf("clock set to %v, want %v (set: %v)", gotClock, clock, tc.wantClock)
+			}
+		})
+	}
+}
+
+func TestWakeAsked(t *testing.T) {
+	for cmdline, want := range map[string]bool{
+		"console=ttyS0 capsem.wake=1":              true,
+		"capsem.wake=1 capsem.wake=0":              false,
+		"console=ttyS0":                            false,
+		"capsem.wakeup=1":                          false,
+		"capsem.wake=0 rdinit=/init capsem.wake=1": true,
+	} {
+		if got := wakeAsked(cmdline); got != want {
+			t.Errorf("wakeAsked(%q) = %v, want %v", cmdline, got, want)
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package process
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// A VM normally starts by resuming a saved one instead of booting: the first
+// VM of a configuration boots, and at the wake handshake's save point
+// (guestwire.Wake: modules loaded, devices found, nothing VM-specific done)
+// the process saves it; later VMs of the same configuration resume from
+// that state and carry on from the same point, with their own disk,
+// workspace, entropy and clock.
+
+// BootStateEnv set to "off" makes every VM boot (and none be saved).
+const BootStateEnv = "CAPSEM_BOOT_STATE"
+
+// bootStateFormat is bumped whenever what a saved state means changes, so
+// old ones are no longer used.
+const bootStateFormat = 1
+
+// How a VM started (api.Info.Start).
+const (
+	StartBooted      = "booted"       // booted, not saved
+	StartBootedSaved = "booted_saved" // booted, and saved at the save point for later VMs
+	StartRestored    = "restored"     // resumed from a saved state
+)
+
+// bootState is where the saved state of one configuration lives: under the
+// assets it boots from (so new assets never meet old states), named by a
+// key over QEMU's argv without its per-VM parts and QEMU's own identity.
+type bootState struct {
+	dir  string
+	key  string
+	argv []string // normalized, recorded in the metadata for diagnosis
+}
+
+// bootStateMeta is <key>.json, written once the state file is complete.
+type bootStateMeta struct {
+	Format  int       `json:"format"`
+	Key     string    `json:"key"`
+	State   string    `json:"state"` // file name in the boot-states directory
+	Size    int64     `json:"size"`
+	SHA256  string    `json:"sha256"`
+	Created time.Time `json:"created"`
+	Argv    []string  `json:"argv"`
+}
+
+// newBootState keys the saved state of a VM whose QEMU argv (program first) is
+// argv: the VM's name and its session directory are left out (they differ
+// per VM and reach no guest state), and QEMU's binary is identified by
+// size and modification time, since another QEMU may not read the state.
+func newBootState(assetsDir string, argv []string, sessionDir string) (*bootState, error) {
+	if len(argv) == 0 {
+		return nil, errors.New("boot state: empty QEMU argv")
+	}
+	st, err := os.Stat(argv[0])
+	if err != nil {
+		return nil, fmt.Errorf("boot state: QEMU binary: %w", err)
+	}
+	var norm []string
+	for i := 0; i < len(argv); i++ {
+		if argv[i] == "-name" {
+			i++
+			continue
+		}
+		norm = append(norm, strings.ReplaceAll(argv[i], sessionDir, "$SESSION"))
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "capsem boot state %d\x00qemu %d %d\x00", bootStateFormat, st.Size(), st.ModTime().UnixNano())
+	for _, a := range norm {
+		h.Write([]byte(a))
+		h.Write([]byte{0})
+	}
+	return &bootState{dir: filepath.Join(assetsDir, "boot-states"), key: hex.EncodeToString(h.Sum(nil))[:24], argv: norm}, nil
+}
+
+func (s *bootState) metaPath() string { return filepath.Join(s.dir, s.key+".json") }
+
+// lookup returns the metadata when a complete one is there.
+// It checks the metadata and the state file's size; the state's bytes are
+// checked by verify, beside the restore.
+func (s *bootState) lookup() (*bootStateMeta, bool) {
+	b, err := os.ReadFile(s.metaPath())
+	if err != nil {
+		return nil, false
+	}
+	var m bootStateMeta
+	if json.Unmarshal(b, &m) != nil || m.Format != bootStateFormat || m.Key != s.key ||
+		m.State == "" || filepath.Base(m.State) != m.State {
+		return nil, false
+	}
+	st, err := os.Stat(filepath.Join(s.dir, m.State))
+	if err != nil || !st.Mode().IsRegular() || st.Size() != m.Size {
+		return nil, false
+	}
+	return &m, true
+}
+
+func (s *bootState) statePath(m *bootStateMeta) string { return filepath.Join(s.dir, m.State) }
+
+// verify hashes the state file and compares it with the metadata.
+func (s *bootState) verify(m *bootStateMeta) error {
+	sum, size, err := hashFile(s.statePath(m))
+	if err != nil {
+		return err
+	}
+	if size != m.Size || sum != m.SHA256 {
+		return fmt.Errorf("saved VM state %s: sha256 %s (%d bytes), its metadata says %s (%d bytes)",
+			s.statePath(m), sum, size, m.SHA256, m.Size)
+	}
+	return nil
+}
+
+// newStatePath returns a path for SaveState to write a new state to.
+func (s *bootState) newStatePath() (string, error) {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return "", fmt.Errorf("boot state directory: %w", err)
+	}
+	return filepath.Join(s.dir, fmt.Sprintf("%s.%d.saving", s.key, os.Getpid())), nil
+}
+
+// publish hashes the state SaveState wrote to path, names the file by its
+// hash, and writes the metadata that makes it the configuration's
+// saved state. States of the key that are no longer named go.
+func (s *bootState) publish(path string) (*bootStateMeta, error) {
+	sum, size, err := hashFile(path)
+	if err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	m := &bootStateMeta{Format: bootStateFormat, Key: s.key, State: s.key + "-" + sum[:16] + ".state",
+		Size: size, SHA256: sum, Created: time.Now().UTC(), Argv: s.argv}
+	if err := os.Rename(path, s.statePath(m)); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("boot state: naming the state: %w", err)
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	tmp := s.metaPath() + fmt.Sprintf(".%d.tmp", os.Getpid())
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		os.Remove(tmp)
+		return nil, fmt.Errorf("boot state: writing its metadata: %w", err)
+	}
+	if err := os.Rename(tmp, s.metaPath()); err != nil {
+		os.Remove(tmp)
+		return nil, fmt.Errorf("boot state: publishing its metadata: %w", err)
+	}
+	old, _ := filepath.Glob(filepath.Join(s.dir, s.key+"-*.state"))
+	for _, p := range old {
+		if filepath.Base(p) != m.State {
+			os.Remove(p)
+		}
+	}
+	return m, nil
+}
+
+// remove deletes the saved state (metadata first, so nobody picks the state
+// up meanwhile).
+func (s *bootState) remove(m *bootStateMeta) {
+	os.Remove(s.metaPath())
+	if m != nil {
+		os.Remove(s.statePath(m))
+	}
+}
+
+func hashFile(path string) (sum string, size int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, fmt.Errorf("boot state: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("boot state: reading %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
