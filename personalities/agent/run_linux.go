@@ -331,10 +331,17 @@ func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *m
 			res.f.Close()
 		}
 	}()
-	if _, err := wakeHandshake(ctx, res.f, systemWake); err != nil {
+	w, err := wakeHandshake(ctx, res.f, systemWake)
+	if err != nil {
 		return nil, nil, 0, time.Time{}, err
 	}
 	woke = time.Now()
+	// A VM resumed from a saved state logs nothing before this line: it
+	// shows on its console how far a start that hangs got.
+	log.Info("woken", "clock_set", w.ClockUnixNano > 0, "seed_bytes", len(w.Seed))
+	// From here on the storage time is this VM's own (the part before the
+	// save point may have run in another VM).
+	storage.took = 0
 	if dev != "" {
 		if err := flushBlockDevice(dev); err != nil {
 			return nil, nil, 0, time.Time{}, err

@@ -34,9 +34,10 @@ const (
 	StartRestored    = "restored"     // resumed from a saved state
 )
 
-// bootState is where the saved state of one configuration lives: under the
-// assets it boots from (so new assets never meet old states), named by a
-// key over QEMU's argv without its per-VM parts and QEMU's own identity.
+// bootState is where the saved state of one configuration lives: in dir
+// (normally beside the assets it boots from), named by a key over QEMU's
+// argv without its per-VM parts (the argv names the assets' files) and
+// QEMU's own identity.
 type bootState struct {
 	dir  string
 	key  string
@@ -58,7 +59,7 @@ type bootStateMeta struct {
 // argv: the VM's name and its session directory are left out (they differ
 // per VM and reach no guest state), and QEMU's binary is identified by
 // size and modification time, since another QEMU may not read the state.
-func newBootState(assetsDir string, argv []string, sessionDir string) (*bootState, error) {
+func newBootState(dir string, argv []string, sessionDir string) (*bootState, error) {
 	if len(argv) == 0 {
 		return nil, errors.New("boot state: empty QEMU argv")
 	}
@@ -80,7 +81,7 @@ func newBootState(assetsDir string, argv []string, sessionDir string) (*bootStat
 		h.Write([]byte(a))
 		h.Write([]byte{0})
 	}
-	return &bootState{dir: filepath.Join(assetsDir, "boot-states"), key: hex.EncodeToString(h.Sum(nil))[:24], argv: norm}, nil
+	return &bootState{dir: dir, key: hex.EncodeToString(h.Sum(nil))[:24], argv: norm}, nil
 }
 
 func (s *bootState) metaPath() string { return filepath.Join(s.dir, s.key+".json") }

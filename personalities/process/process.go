@@ -5,6 +5,7 @@
 package process
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -45,6 +46,8 @@ type Cmd struct {
 	MemoryMiB    int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
+	NoBootState  bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
+	BootStateDir string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
 	ReadyFD      int    `name:"ready-fd" default:"-1" hidden:"" help:"Inherited file descriptor to write api.ReadyLine on, then close, once the API accepts connections (the parent waits on it instead of polling)."`
 }
 
@@ -78,7 +81,8 @@ func (c *Cmd) Run(ctx context.Context) error {
 
 func (c *Cmd) options(log *slog.Logger) Options {
 	return Options{SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
-		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log}
+		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log,
+		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir}
 }
 
 // Options configure Boot.
@@ -95,6 +99,9 @@ type Options struct {
 	// NoBootState boots the VM, neither resuming a saved state nor saving
 	// one (as CAPSEM_BOOT_STATE=off does).
 	NoBootState bool
+	// BootStateDir is where saved boots live; "" means boot-states/ in
+	// the guest assets' directory, so new assets never meet old states.
+	BootStateDir string
 	// DiskGiB sizes the per-VM disk (SessionDir/disk.img) when it has to
 	// be created; an existing one is reused. 0 means no disk.
 	DiskGiB int
@@ -243,30 +250,27 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	start, snap, meta := StartBooted, (*bootState)(nil), (*bootStateMeta)(nil)
 	if o.NoBootState || os.Getenv(BootStateEnv) == "off" {
 		o.Logger.Info("saved VM states are off", "env", BootStateEnv)
-	} else if snap, err = newBootState(assets.Dir, plain.(*qemu.Machine).Argv(), o.SessionDir); err != nil {
+	} else if snap, err = newBootState(cmp.Or(o.BootStateDir, filepath.Join(assets.Dir, "boot-states")), plain.(*qemu.Machine).Argv(), o.SessionDir); err != nil {
 		o.Logger.Warn("VM states cannot be saved or restored", "err", err)
 	} else if m, ok := snap.lookup(); ok {
 		start, meta = StartRestored, m
 	} else if diskCreated || o.DiskGiB == 0 {
 		start = StartBootedSaved
 	}
-	snapOK := make(chan snapCheck, 1)
 	for {
-		err = v.startGuest(ctx, backend, spec, start, snap, meta, snapOK)
+		err = v.startGuest(ctx, backend, spec, start, snap, meta)
 		if err == nil || start != StartRestored || v.ctl != nil {
 			break
 		}
-		// The state did not load (QEMU exited before the guest spoke):
-		// drop it and boot.
-		o.Logger.Warn("resuming the saved VM state failed; removing it and booting", "err", err, "state", snap.statePath(meta))
-		<-snapOK
+		// The state was refused (its hash did not match: the guest was
+		// never woken, so it touched nothing of this VM) or the guest
+		// never spoke (QEMU could not load it). Drop it and boot.
+		o.Logger.Warn("resuming the saved boot failed; removing it and booting", "err", err, "state", snap.statePath(meta))
 		snap.remove(meta)
-		v.machine = nil
 		start, meta = StartBooted, nil
 		if diskCreated || o.DiskGiB == 0 {
 			start = StartBootedSaved
 		}
-		t = time.Now()
 	}
 	if err != nil {
 		return nil, err
@@ -277,24 +281,15 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	// own boot, module loading, the root switch and workspace mount, and
 	// reaching the host's control port. A resumed VM ran only the part
 	// after the wake itself.
-	if start == StartRestored {
-		timings["guest_after_wake"] = v.hello.Boot.AfterWakeMS
-	} else {
+	if start != StartRestored {
 		timings["guest_kernel_to_init"] = v.hello.Boot.KernelToInitMS
 		timings["guest_modules"] = v.hello.Boot.ModulesMS
 		timings["guest_channel"] = v.hello.Boot.ChannelMS
-		if v.hello.Boot.StorageMS > 0 {
-			timings["guest_storage"] = v.hello.Boot.StorageMS
-		}
 	}
-	if start == StartRestored {
-		r := <-snapOK
-		timings["state_hash"] = r.ms
-		if r.err != nil {
-			snap.remove(meta)
-			return nil, fmt.Errorf("the saved VM state failed verification during the start (removed; the next start boots): %w", r.err)
-		}
+	if v.hello.Boot.StorageMS > 0 {
+		timings["guest_storage"] = v.hello.Boot.StorageMS // after the wake: this VM's own
 	}
+	timings["guest_after_wake"] = v.hello.Boot.AfterWakeMS
 	if err := <-bootFilesOK; err != nil {
 		return nil, fmt.Errorf("guest assets failed verification during the boot (the next start rebuilds them): %w", err)
 	}
@@ -328,19 +323,21 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 
 // startGuest creates and starts the machine for spec as start says, does
 // the host side of the wake handshake, and waits for the guest's Hello.
-// Restoring, it hashes the saved state beside the start and reports on
-// snapOK (always exactly once). On failure v.machine is stopped, and v.ctl
-// is set only if the guest had spoken.
+// Restoring, it hashes the saved state while QEMU loads it, and wakes the
+// guest only once the hash matched. On failure v.machine is stopped, and
+// v.ctl is set only if the guest had spoken.
 func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spec, start string,
-	snap *bootState, meta *bootStateMeta, snapOK chan<- snapCheck) error {
+	snap *bootState, meta *bootStateMeta) error {
 	t := time.Now()
+	var checked chan snapCheck
 	switch start {
 	case StartRestored:
 		spec.RestoreFrom = snap.statePath(meta)
+		checked = make(chan snapCheck, 1)
 		go func() {
 			t := time.Now()
 			err := snap.verify(meta)
-			snapOK <- snapCheck{err: err, ms: time.Since(t).Milliseconds()}
+			checked <- snapCheck{err: err, ms: time.Since(t).Milliseconds()}
 		}()
 	case StartBootedSaved:
 		spec.Monitor = true
@@ -372,6 +369,17 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 					v.log.Warn("saving the VM state failed; booting on", "err", err)
 				}
 				return nil
+			}
+		}
+		if checked != nil {
+			select {
+			case r := <-checked:
+				v.timings["state_hash"] = r.ms
+				if r.err != nil {
+					return fmt.Errorf("the saved boot failed verification: %w", r.err)
+				}
+			case <-ctx.Done():
+				return context.Cause(ctx)
 			}
 		}
 		return wakeGuest(ctx, raw, start != StartRestored, atPoint)

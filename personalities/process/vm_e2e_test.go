@@ -20,6 +20,7 @@ import (
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/testkit"
+	"github.com/capsem/capsem/personalities/process"
 )
 
 // vmProc is one real `capsem process` with its QEMU guest.
@@ -386,11 +387,16 @@ func TestConsoleLogs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The agent logs to the console: a line as soon as init runs (so a
-	// boot that hangs shows how far it got), then its connect line.
-	started, connected := strings.Index(logs, `"msg":"init started"`), strings.Index(logs, "connected to the host")
+	// The agent logs to the console: a line as soon as init runs, or for
+	// a VM resumed from a saved boot as soon as it is woken (so a start
+	// that hangs shows how far it got), then its connect line.
+	first := `"msg":"init started"`
+	if v.info.Start == process.StartRestored {
+		first = `"msg":"woken"`
+	}
+	started, connected := strings.Index(logs, first), strings.Index(logs, "connected to the host")
 	if started < 0 || connected < started {
-		t.Fatalf("console log lacks the agent's init line before its connect line:\n%.1500s", logs)
+		t.Fatalf("console log of a %s VM lacks %s before the agent's connect line:\n%.1500s", v.info.Start, first, logs)
 	}
 	only, err := v.client.Logs(ctx, 5, "connected to the host")
 	if err != nil || strings.Count(strings.TrimSpace(only), "\n") > 4 || !strings.Contains(only, "connected") {

@@ -119,7 +119,11 @@ func Args(spec vmm.Spec, accel string) ([]string, error) {
 		// QMP on a socket pair we made: no socket file anyone else
 		// could connect to.
 		a = append(a, "-chardev", "socket,id="+monitorChardevID+",fd="+strconv.Itoa(monitorFD),
-			"-mon", "chardev="+monitorChardevID+",mode=control")
+			"-mon", "chardev="+monitorChardevID+",mode=control",
+			// A state is saved with the VM paused (see SaveState); without
+			// this the paused run state travels in it, and every VM
+			// resumed from it would wait for a "cont" instead of running.
+			"-global", "migration.store-global-state=off")
 	}
 	if spec.RestoreFrom != "" {
 		// The saved state comes in on an inherited descriptor: QEMU's

@@ -1,0 +1,214 @@
+package process_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/personalities/process"
+)
+
+// bootStateDir is a directory of saved boots of the test's own, so what a
+// test saves, restores or spoils meets no other test's VMs.
+func bootStateDir(t *testing.T) string {
+	d, err := os.MkdirTemp("", "capsem-bootstates-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// guestFacts are what must differ, or be this VM's own, in VMs resumed
+// from one saved boot.
+type guestFacts struct {
+	random, bootID, hostname string
+	clock                    time.Time
+}
+
+func readFacts(t *testing.T, v *vmProc) guestFacts {
+	t.Helper()
+	out, _ := v.guestSh(t, `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'; echo
+cat /proc/sys/kernel/random/boot_id
+hostname
+date +%s`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("guest facts: %q", out)
+	}
+	secs, err := strconv.ParseInt(lines[3], 10, 64)
+	if err != nil {
+		t.Fatalf("guest date: %q", lines[3])
+	}
+	return guestFacts{random: lines[0], bootID: lines[1], hostname: lines[2], clock: time.Unix(secs, 0)}
+}
+
+// TestBootStateResumesVMs: the first VM of a configuration boots and is
+// saved at its save point; the next ones resume from that state and are
+// still each their own machine: their own random numbers, boot id, host
+// name, clock and disk.
+func TestBootStateResumesVMs(t *testing.T) {
+	states := bootStateDir(t)
+	first := startVM(t, "bs-first", "--boot-state-dir", states)
+	defer first.stop(t)
+	if first.info.Start != process.StartBootedSaved {
+		t.Fatalf("the first VM started %q, want %q", first.info.Start, process.StartBootedSaved)
+	}
+	metas, _ := filepath.Glob(filepath.Join(states, "*.json"))
+	saved, _ := filepath.Glob(filepath.Join(states, "*.state"))
+	if len(metas) != 1 || len(saved) != 1 {
+		t.Fatalf("saved boot files: %v %v", metas, saved)
+	}
+	var meta struct {
+		SHA256 string `json:"sha256"`
+		Size   int64  `json:"size"`
+	}
+	b, _ := os.ReadFile(metas[0])
+	if err := json.Unmarshal(b, &meta); err != nil || meta.Size < 1<<20 || len(meta.SHA256) != 64 {
+		t.Fatalf("metadata %s: %v", b, err)
+	}
+
+	vms := []*vmProc{first}
+	for _, name := range []string{"bs-second", "bs-third"} {
+		v := startVM(t, name, "--boot-state-dir", states)
+		defer v.stop(t)
+		if v.info.Start != process.StartRestored {
+			t.Fatalf("%s started %q, want %q (timings %v)", name, v.info.Start, process.StartRestored, v.info.BootTimings)
+		}
+		if v.info.BootTimings["guest_after_wake"] <= 0 || v.info.BootTimings["state_hash"] <= 0 {
+			t.Errorf("%s timings lack the resumed start's stages: %v", name, v.info.BootTimings)
+		}
+		vms = append(vms, v)
+	}
+	seen := map[string]string{}
+	for _, v := range vms {
+		f := readFacts(t, v)
+		name := v.info.Name
+		for what, val := range map[string]string{"random bytes": f.random, "boot id": f.bootID} {
+			if other, dup := seen[what+val]; dup {
+				t.Errorf("%s of %s and %s are the same: %s", what, other, name, val)
+			}
+			seen[what+val] = name
+		}
+		if want := v.info.Name; f.hostname != want {
+			t.Errorf("host name %q, want %q", f.hostname, want)
+		}
+		if d := time.Since(f.clock); d < -5*time.Second || d > 5*time.Second {
+			t.Errorf("%s's clock is %v off the host's", v.info.Name, d)
+		}
+	}
+	// Each resumed VM has its own disk under its root.
+	vms[1].guestSh(t, `echo second > /root/mine && sync`)
+	if out, _ := vms[2].guestSh(t, `cat /root/mine 2>/dev/null || echo absent`); strings.TrimSpace(out) != "absent" {
+		t.Fatalf("the third VM sees the second's file: %q", out)
+	}
+	// A resumed VM's console starts at its wake: the boot was another's.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	logs, err := vms[1].client.Logs(ctx, 500, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs, `"msg":"woken"`) || strings.Contains(logs, `"msg":"init started"`) {
+		t.Fatalf("console of a resumed VM:\n%.2000s", logs)
+	}
+}
+
+// TestBootStateRefusedFallsBack: a saved boot whose bytes changed is
+// refused before its guest is woken, one QEMU cannot load ends before the
+// guest speaks; either way the VM boots instead, and is saved anew.
+func TestBootStateRefusedFallsBack(t *testing.T) {
+	states := bootStateDir(t)
+	v := startVM(t, "bs-spoil", "--boot-state-dir", states)
+	v.stop(t)
+	stateFile := func() (string, string) {
+		t.Helper()
+		metas, _ := filepath.Glob(filepath.Join(states, "*.json"))
+		saved, _ := filepath.Glob(filepath.Join(states, "*.state"))
+		if len(metas) != 1 || len(saved) != 1 {
+			t.Fatalf("saved boot files: %v %v", metas, saved)
+		}
+		return metas[0], saved[0]
+	}
+	for _, tc := range []struct {
+		name  string
+		spoil func(meta, state string)
+	}{
+		{"changed bytes", func(meta, state string) {
+			f, err := os.OpenFile(state, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, _ := f.Stat()
+			f.WriteAt([]byte("spoilt!"), st.Size()/2)
+			f.Close()
+		}},
+		{"not a QEMU state", func(meta, state string) {
+			st, _ := os.Stat(state)
+			junk := make([]byte, st.Size())
+			copy(junk, "this is not a migration stream")
+			os.WriteFile(state, junk, 0o600)
+			// Its metadata vouches for it, so only QEMU can refuse it.
+			var m map[string]any
+			b, _ := os.ReadFile(meta)
+			json.Unmarshal(b, &m)
+			m["sha256"] = sha256Hex(junk)
+			b, _ = json.Marshal(m)
+			os.WriteFile(meta, b, 0o600)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta, state := stateFile()
+			tc.spoil(meta, state)
+			v := startVM(t, "bs-after-spoil", "--boot-state-dir", states)
+			defer v.stop(t)
+			if v.info.Start != process.StartBootedSaved {
+				t.Fatalf("started %q after a spoilt saved boot, want %q", v.info.Start, process.StartBootedSaved)
+			}
+			log, _ := os.ReadFile(v.log)
+			if !strings.Contains(string(log), "resuming the saved boot failed") {
+				t.Fatalf("the process log does not say why it booted:\n%s", log)
+			}
+			if out, _ := v.guestSh(t, "echo alive"); strings.TrimSpace(out) != "alive" {
+				t.Fatalf("exec after the fallback: %q", out)
+			}
+			_, fresh := stateFile()
+			if fresh == state {
+				t.Fatalf("the spoilt state %s was kept", state)
+			}
+		})
+	}
+}
+
+// TestBootStateOff: with CAPSEM_BOOT_STATE=off a VM boots and nothing is
+// saved.
+func TestBootStateOff(t *testing.T) {
+	states := bootStateDir(t)
+	t.Setenv(process.BootStateEnv, "off")
+	v := startVM(t, "bs-off", "--boot-state-dir", states)
+	defer v.stop(t)
+	if v.info.Start != process.StartBooted {
+		t.Fatalf("started %q, want %q", v.info.Start, process.StartBooted)
+	}
+	if left, _ := os.ReadDir(states); len(left) != 0 {
+		t.Fatalf("a VM saved its boot with saving off: %v", left)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if o := v.exec(ctx, &api.ExecRequest{Command: "true"}); o.err != nil || o.ev.ExitCode != 0 {
+		t.Fatalf("exec: %v", o.err)
+	}
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}

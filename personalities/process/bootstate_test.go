@@ -1,0 +1,177 @@
+package process
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeQEMU is a stand-in binary whose identity keys the saved boots.
+func fakeQEMU(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "qemu-system-x86_64")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func argvFor(qemu, name, session string, mem string) []string {
+	return []string{qemu, "-name", "guest=" + name + ",debug-threads=on", "-m", mem,
+		"-kernel", "/assets/abc/vmlinux", "-chardev", "file,id=console,path=" + session + "/console.log,append=on",
+		"-drive", "file=" + session + "/disk.img,if=none,id=disk-capsem-upper"}
+}
+
+func TestBootStateKey(t *testing.T) {
+	qemu, dir := fakeQEMU(t), t.TempDir()
+	key := func(argv []string, session string) string {
+		t.Helper()
+		s, err := newBootState(dir, argv, session)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.key
+	}
+	base := key(argvFor(qemu, "a", "/s/one", "1024M"), "/s/one")
+	if len(base) != 24 {
+		t.Fatalf("key %q: want 24 hex digits", base)
+	}
+	// The VM's name and session directory are per-VM: same key.
+	if k := key(argvFor(qemu, "other-name", "/var/s/two", "1024M"), "/var/s/two"); k != base {
+		t.Errorf("name or session changed the key: %s vs %s", k, base)
+	}
+	// Anything that reaches the guest's state changes it.
+	if k := key(argvFor(qemu, "a", "/s/one", "512M"), "/s/one"); k == base {
+		t.Error("memory size did not change the key")
+	}
+	other := argvFor(qemu, "a", "/s/one", "1024M")
+	other[6] = "/assets/def/vmlinux"
+	if k := key(other, "/s/one"); k == base {
+		t.Error("another kernel did not change the key")
+	}
+	// So does another QEMU binary (here: the same path, rewritten).
+	time.Sleep(10 * time.Millisecond)
+	os.WriteFile(qemu, []byte("#!/bin/sh\n# upgraded\n"), 0o755)
+	if k := key(argvFor(qemu, "a", "/s/one", "1024M"), "/s/one"); k == base {
+		t.Error("a changed QEMU binary did not change the key")
+	}
+	if _, err := newBootState(dir, nil, "/s"); err == nil {
+		t.Error("an empty argv was accepted")
+	}
+	if _, err := newBootState(dir, []string{"/nonexistent/qemu"}, "/s"); err == nil || !strings.Contains(err.Error(), "QEMU binary") {
+		t.Errorf("a missing QEMU binary: %v", err)
+	}
+}
+
+// savedState publishes a state file with content for s, as a save would.
+func savedState(t *testing.T, s *bootState, content string) *bootStateMeta {
+	t.Helper()
+	p, err := s.newStatePath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.publish(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestBootStatePublishLookupVerify(t *testing.T) {
+	qemu := fakeQEMU(t)
+	s, err := newBootState(filepath.Join(t.TempDir(), "boot-states"), argvFor(qemu, "a", "/s/one", "1024M"), "/s/one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.lookup(); ok {
+		t.Fatal("lookup found a state before any was saved")
+	}
+	m := savedState(t, s, "state one")
+	sum := sha256.Sum256([]byte("state one"))
+	if m.SHA256 != hex.EncodeToString(sum[:]) || m.Size != 9 || m.Format != bootStateFormat || m.Key != s.key ||
+		m.State != s.key+"-"+m.SHA256[:16]+".state" || slices.Contains(m.Argv, "-name") ||
+		!slices.ContainsFunc(m.Argv, func(a string) bool { return strings.Contains(a, "$SESSION/disk.img") }) {
+		t.Fatalf("metadata %+v", m)
+	}
+	for _, p := range []string{s.metaPath(), s.statePath(m)} {
+		if st, err := os.Stat(p); err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v, want mode 0600", p, err)
+		}
+	}
+	got, ok := s.lookup()
+	if !ok || got.SHA256 != m.SHA256 {
+		t.Fatalf("lookup: %+v %v", got, ok)
+	}
+	if err := s.verify(got); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(s.dir, "*.saving")); len(left) != 0 {
+		t.Fatalf("the unpublished name stayed: %v", left)
+	}
+
+	// A newer save replaces the older state.
+	m2 := savedState(t, s, "state two, newer")
+	if _, err := os.Stat(s.statePath(m)); !os.IsNotExist(err) {
+		t.Errorf("the replaced state file is still there: %v", err)
+	}
+	if got, ok := s.lookup(); !ok || got.State != m2.State {
+		t.Fatalf("lookup after a second save: %+v %v", got, ok)
+	}
+
+	// Same size, other bytes: lookup passes (it checks sizes), verify
+	// names both hashes.
+	os.WriteFile(s.statePath(m2), []byte("STATE TWO, NEWER"), 0o600)
+	if err := s.verify(m2); err == nil || !strings.Contains(err.Error(), m2.SHA256) {
+		t.Fatalf("a changed state verified: %v", err)
+	}
+	s.remove(m2)
+	if _, ok := s.lookup(); ok {
+		t.Fatal("lookup found a removed state")
+	}
+	if _, err := os.Stat(s.statePath(m2)); !os.IsNotExist(err) {
+		t.Fatalf("remove left the state file: %v", err)
+	}
+}
+
+func TestBootStateLookupRefuses(t *testing.T) {
+	qemu := fakeQEMU(t)
+	for name, spoil := range map[string]func(s *bootState, m *bootStateMeta){
+		"truncated state":     func(s *bootState, m *bootStateMeta) { os.Truncate(s.statePath(m), 3) },
+		"missing state":       func(s *bootState, m *bootStateMeta) { os.Remove(s.statePath(m)) },
+		"undecodable meta":    func(s *bootState, m *bootStateMeta) { os.WriteFile(s.metaPath(), []byte("{"), 0o600) },
+		"other format":        func(s *bootState, m *bootStateMeta) { m.Format++; writeMeta(t, s, m) },
+		"other key":           func(s *bootState, m *bootStateMeta) { m.Key = "0123"; writeMeta(t, s, m) },
+		"state outside":       func(s *bootState, m *bootStateMeta) { m.State = "../x.state"; writeMeta(t, s, m) },
+		"state a directory":   func(s *bootState, m *bootStateMeta) { os.Remove(s.statePath(m)); os.Mkdir(s.statePath(m), 0o700) },
+		"state name is empty": func(s *bootState, m *bootStateMeta) { m.State = ""; writeMeta(t, s, m) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, err := newBootState(t.TempDir(), argvFor(qemu, "a", "/s", "1024M"), "/s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := savedState(t, s, "some state")
+			spoil(s, m)
+			if got, ok := s.lookup(); ok {
+				t.Fatalf("lookup accepted %+v", got)
+			}
+		})
+	}
+}
+
+func writeMeta(t *testing.T, s *bootState, m *bootStateMeta) {
+	t.Helper()
+	b, _ := json.Marshal(m)
+	if err := os.WriteFile(s.metaPath(), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
