@@ -34,13 +34,13 @@ const (
 	TypePing       = "ping"        // -> pong
 	// TypeSavePoint and TypeWake are the wake handshake (see Wake):
 	// raw frames on the channel before the multiplexer starts.
-	TypeSavePoint = "save_point" // guest -> host: nothing VM-specific has happened yet
-	TypeWake          = "wake"           // host -> guest: carry on
-	TypeOK            = "ok"
-	TypeExecResult    = "exec_result"
-	TypeFileResult    = "file_result"
-	TypePong          = "pong"
-	TypeError         = "error"
+	TypeSavePoint  = "save_point" // guest -> host: nothing VM-specific has happened yet
+	TypeWake       = "wake"       // host -> guest: carry on
+	TypeOK         = "ok"
+	TypeExecResult = "exec_result"
+	TypeFileResult = "file_result"
+	TypePong       = "pong"
+	TypeError      = "error"
 )
 
 // Bounds shared by both ends. Each side checks them: the host to fail early
