@@ -17,9 +17,10 @@ import (
 	"github.com/capsem/capsem/vmm/qemu"
 )
 
-// vmBench measures the VM path: `capsem process` create → exec-ready beside
-// a bare QEMU boot of the same kernel and initramfs, exec round trips on a
-// warm VM, channel throughput and the per-VM process's RSS.
+// vmBench measures the VM path: `capsem process` create → exec-ready,
+// resumed from a saved boot (the default) and booted, beside a bare QEMU
+// boot of the same kernel and initramfs; exec round trips on a warm VM,
+// channel throughput and the per-VM process's RSS.
 func vmBench(capsem string, runs int) error {
 	root, _ := os.Getwd()
 	home := filepath.Join(root, ".tools", "capsem-home")
@@ -32,40 +33,75 @@ func vmBench(capsem string, runs int) error {
 		return fmt.Errorf("assets: %w", err)
 	}
 
-	var bare, ready, total []time.Duration
-	phases := map[string][]int64{}
+	// Saved boots of this run only: the first VM always boots and saves.
+	states, err := os.MkdirTemp("", "capsem-bench-states-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(states)
+	resumeArgs := []string{"--boot-state-dir", states}
+	bootArgs := []string{"--no-boot-state"}
+	first, firstTotal, firstTimings, err := capsemCycle(capsem, home, guest, resumeArgs, "booted_saved")
+	if err != nil {
+		return fmt.Errorf("first VM (boots and saves): %w", err)
+	}
+	stateBytes := int64(0)
+	if saved, _ := filepath.Glob(filepath.Join(states, "*.state")); len(saved) == 1 {
+		stateBytes = fileSize(saved[0])
+	}
+
+	type series struct {
+		ready, total []time.Duration
+		phases       map[string][]int64
+	}
+	resumed, booted := series{phases: map[string][]int64{}}, series{phases: map[string][]int64{}}
+	var bare []time.Duration
 	for i := 0; i < runs; i++ {
 		d, err := bareBoot(assets)
 		if err != nil {
 			return fmt.Errorf("bare boot: %w", err)
 		}
 		bare = append(bare, d)
-		r, tot, timings, err := capsemCycle(capsem, home, guest)
-		if err != nil {
-			return err
-		}
-		ready, total = append(ready, r), append(total, tot)
-		for k, v := range timings {
-			phases[k] = append(phases[k], v)
+		for _, m := range []struct {
+			s     *series
+			args  []string
+			start string
+		}{{&resumed, resumeArgs, "restored"}, {&booted, bootArgs, "booted"}} {
+			r, tot, timings, err := capsemCycle(capsem, home, guest, m.args, m.start)
+			if err != nil {
+				return err
+			}
+			m.s.ready, m.s.total = append(m.s.ready, r), append(m.s.total, tot)
+			for k, v := range timings {
+				m.s.phases[k] = append(m.s.phases[k], v)
+			}
 		}
 	}
 	fw := qemu.PreferredFirmware()
 	if fw == "" {
 		fw = "SeaBIOS"
 	}
-	fmt.Printf("\nVM boot under %s, %d runs each, medians (kernel %s, initramfs %d MB, firmware %s)\n", accelName(), runs, filepath.Base(assets.Kernel), fileSize(assets.Initramfs)>>20, filepath.Base(fw))
+	ratio := func(d time.Duration) float64 { return float64(d) / float64(median(bare)) }
+	fmt.Printf("\nVM start under %s, %d runs each, interleaved, medians (kernel %s, initramfs %d MB, firmware %s)\n", accelName(), runs, filepath.Base(assets.Kernel), fileSize(assets.Initramfs)>>20, filepath.Base(fw))
 	fmt.Printf("  bare QEMU boot, same kernel+initramfs, start → first userspace print:      %s\n", ms(median(bare)))
-	fmt.Printf("  capsem create → exec-ready:                                                %s   (%.2f× bare; target ≤ 1.2×)\n", ms(median(ready)), float64(median(ready))/float64(median(bare)))
-	fmt.Printf("  capsem create → exec `true` → stopped:                                     %s\n", ms(median(total)))
-	keys := []string{"assets", "asset_hash", "disk", "qemu_start", "kernel_to_hello", "guest_kernel_to_init", "guest_modules", "guest_storage", "guest_channel", "ready", "exec", "shutdown"}
-	fmt.Printf("  phases (ms; the guest_ stages overlap, in guest clock):")
-	for _, k := range keys {
-		if v := phases[k]; len(v) > 0 {
-			slices.Sort(v)
-			fmt.Printf(" %s %d", k, v[len(v)/2])
+	fmt.Printf("  capsem create → exec-ready, resumed from the saved boot:                   %s   (%.2f× bare; target ≤ 1.2×)\n", ms(median(resumed.ready)), ratio(median(resumed.ready)))
+	fmt.Printf("  capsem create → exec-ready, booted (--no-boot-state):                      %s   (%.2f× bare)\n", ms(median(booted.ready)), ratio(median(booted.ready)))
+	fmt.Printf("  first VM of a configuration, boots and saves (once): create → exec-ready   %s   (save %d ms, state %d MB)\n", ms(first), firstTimings["save_state"], stateBytes>>20)
+	fmt.Printf("  capsem create → exec `true` → stopped: resumed %s, booted %s (first VM %s)\n", ms(median(resumed.total)), ms(median(booted.total)), ms(firstTotal))
+	keys := []string{"assets", "asset_hash", "state_hash", "disk", "qemu_start", "kernel_to_hello", "guest_kernel_to_init", "guest_modules", "guest_storage", "guest_channel", "guest_after_wake", "ready", "exec", "shutdown"}
+	for _, m := range []struct {
+		name string
+		s    series
+	}{{"resumed", resumed}, {"booted", booted}} {
+		fmt.Printf("  phases, %s (ms; the guest_ stages overlap, in guest clock):", m.name)
+		for _, k := range keys {
+			if v := m.s.phases[k]; len(v) > 0 {
+				slices.Sort(v)
+				fmt.Printf(" %s %d", k, v[len(v)/2])
+			}
 		}
+		fmt.Println()
 	}
-	fmt.Println()
 	return warmVM(capsem, home, guest)
 }
 
@@ -161,14 +197,16 @@ type vmHandle struct {
 	done   chan error
 }
 
-func startProcess(capsem, home, guest string) (*vmHandle, time.Duration, map[string]int64, error) {
+// startProcess starts `capsem process` with extra flags and waits until it
+// is ready; wantStart, when not "", is how the VM must have started.
+func startProcess(capsem, home, guest string, extra []string, wantStart string) (*vmHandle, time.Duration, map[string]int64, error) {
 	dir, err := os.MkdirTemp("", "capsem-bench-vm-")
 	if err != nil {
 		return nil, 0, nil, err
 	}
 	sock := filepath.Join(dir, "p.sock")
 	start := time.Now()
-	cmd := exec.Command(capsem, "--log-level", "warn", "process", "--session-dir", filepath.Join(dir, "s"), "--socket", sock, "--guest-binary", guest)
+	cmd := exec.Command(capsem, append([]string{"--log-level", "warn", "process", "--session-dir", filepath.Join(dir, "s"), "--socket", sock, "--guest-binary", guest}, extra...)...)
 	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+home)
 	cmd.Stderr = io.Discard
 	// Readiness as `capsem run` waits for it: a line on an inherited pipe.
@@ -185,7 +223,12 @@ func startProcess(capsem, home, guest string) (*vmHandle, time.Duration, map[str
 		cmd.Process.Kill()
 		return nil, 0, nil, err
 	}
-	return h, time.Since(start), info.BootTimings, nil
+	took := time.Since(start)
+	if wantStart != "" && info.Start != wantStart {
+		h.stop()
+		return nil, 0, nil, fmt.Errorf("the VM started %q, want %q", info.Start, wantStart)
+	}
+	return h, took, info.BootTimings, nil
 }
 
 func (h *vmHandle) stop() time.Duration {
@@ -198,9 +241,9 @@ func (h *vmHandle) stop() time.Duration {
 	return time.Since(t)
 }
 
-func capsemCycle(capsem, home, guest string) (ready, total time.Duration, timings map[string]int64, err error) {
+func capsemCycle(capsem, home, guest string, extra []string, wantStart string) (ready, total time.Duration, timings map[string]int64, err error) {
 	start := time.Now()
-	h, ready, timings, err := startProcess(capsem, home, guest)
+	h, ready, timings, err := startProcess(capsem, home, guest, extra, wantStart)
 	if err != nil {
 		return 0, 0, nil, fmt.Errorf("capsem process: %w", err)
 	}
@@ -216,7 +259,7 @@ func capsemCycle(capsem, home, guest string) (ready, total time.Duration, timing
 
 // warmVM measures exec round trips, channel throughput and RSS on one VM.
 func warmVM(capsem, home, guest string) error {
-	h, _, _, err := startProcess(capsem, home, guest)
+	h, _, _, err := startProcess(capsem, home, guest, nil, "")
 	if err != nil {
 		return err
 	}
