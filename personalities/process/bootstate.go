@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/capsem/capsem/vmm/qemu"
 )
 
 // A VM normally starts by resuming a saved one instead of booting: the first
@@ -187,4 +190,35 @@ func hashFile(path string) (sum string, size int64, err error) {
 		return "", 0, fmt.Errorf("boot state: reading %s: %w", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// compactState rewrites the state SaveState wrote at path without the zero
+// records a restore need not read (qemu.CompactState): a resumed VM then
+// touches the guest RAM that holds data, not all of it. A stream it cannot
+// rewrite stays as it is.
+func compactState(log *slog.Logger, path string) {
+	t := time.Now()
+	in, err := os.ReadFile(path)
+	if err != nil {
+		log.Warn("reading the saved state to compact it", "err", err)
+		return
+	}
+	out, st, err := qemu.CompactState(in)
+	if err != nil {
+		log.Warn("the saved state stays as QEMU wrote it", "err", err)
+		return
+	}
+	tmp := path + ".compact"
+	if err := os.WriteFile(tmp, out, 0o600); err != nil {
+		os.Remove(tmp)
+		log.Warn("writing the compacted state", "err", err)
+		return
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		log.Warn("replacing the saved state by its compacted form", "err", err)
+		return
+	}
+	log.Info("compacted the saved state", "records", st.Records, "dropped", st.Dropped, "stretches_kept", st.Stretches,
+		"bytes", len(out), "ms", time.Since(t).Milliseconds())
 }

@@ -359,6 +359,9 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 					err = qm.SaveState(ctx, path)
 				}
 				if err == nil {
+					compactState(v.log, path)
+				}
+				if err == nil {
 					var m *bootStateMeta
 					if m, err = snap.publish(path); err == nil {
 						v.log.Info("saved the VM at its save point for the next ones", "state", snap.statePath(m), "bytes", m.Size)
