@@ -240,7 +240,7 @@ func (p *streamParser) take(n int) []byte {
 	return s
 }
 
-func (p *streamParser) skip(n int) { p.take(n) }
+func (p *streamParser) skip(n int)  { p.take(n) }
 func (p *streamParser) byte() byte  { return p.take(1)[0] }
 func (p *streamParser) u32() uint32 { return binary.BigEndian.Uint32(p.take(4)) }
 func (p *streamParser) u64() uint64 { return binary.BigEndian.Uint64(p.take(8)) }
