@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -230,7 +231,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		Kernel:    assets.Kernel,
 		Initramfs: assets.Initramfs,
 		Cmdline: "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs +
-			" " + guestwire.CmdlineWake + "=1",
+			" " + wakeParam,
 		CPUs:          o.CPUs,
 		MemoryMiB:     o.MemoryMiB,
 		Disks:         disks,
@@ -341,6 +342,10 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 		}()
 	case StartBootedSaved:
 		spec.Monitor = true
+	case StartBooted:
+		// Nothing to save or resume: the agent boots without the
+		// handshake, and mounts its disk while its last modules load.
+		spec.Cmdline = strings.TrimSuffix(spec.Cmdline, " "+wakeParam)
 	}
 	m, err := backend.Create(ctx, spec)
 	if err != nil {
@@ -348,7 +353,32 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 	}
 	qm := m.(*qemu.Machine)
 	v.machine, v.accel = m, qm.Accel()
-	qm.BeforeChannel = func(ctx context.Context, raw net.Conn) error {
+	if start == StartBooted {
+		qm.BeforeChannel = nil
+	} else {
+		qm.BeforeChannel = v.wakeHook(qm, start, snap, checked)
+	}
+	if err := m.Start(ctx); err != nil {
+		return fmt.Errorf("starting QEMU: %w", err)
+	}
+	v.timings["qemu_start"] = time.Since(t).Milliseconds()
+	t = time.Now()
+	v.ctl, err = guestctl.Accept(ctx, m.Channel(), guestctl.Options{Log: v.log, HeartbeatInterval: 5 * time.Second})
+	if err != nil {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		m.Stop(stopCtx)
+		cancel()
+		return fmt.Errorf("waiting for the guest agent: %w (console: %s)", err, spec.ConsoleLog)
+	}
+	v.timings["kernel_to_hello"] = time.Since(t).Milliseconds()
+	return nil
+}
+
+// wakeHook is the host side of the wake handshake for a VM that starts as
+// start says: save it at its save point (StartBootedSaved), or, resuming,
+// wait for its state's hash (checked) before the wake.
+func (v *VM) wakeHook(qm *qemu.Machine, start string, snap *bootState, checked <-chan snapCheck) func(context.Context, net.Conn) error {
+	return func(ctx context.Context, raw net.Conn) error {
 		var atPoint func(context.Context) error
 		if start == StartBootedSaved {
 			atPoint = func(ctx context.Context) error {
@@ -387,21 +417,11 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 		}
 		return wakeGuest(ctx, raw, start != StartRestored, atPoint)
 	}
-	if err := m.Start(ctx); err != nil {
-		return fmt.Errorf("starting QEMU: %w", err)
-	}
-	v.timings["qemu_start"] = time.Since(t).Milliseconds()
-	t = time.Now()
-	v.ctl, err = guestctl.Accept(ctx, m.Channel(), guestctl.Options{Log: v.log, HeartbeatInterval: 5 * time.Second})
-	if err != nil {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		m.Stop(stopCtx)
-		cancel()
-		return fmt.Errorf("waiting for the guest agent: %w (console: %s)", err, spec.ConsoleLog)
-	}
-	v.timings["kernel_to_hello"] = time.Since(t).Milliseconds()
-	return nil
 }
+
+// wakeParam asks the agent for the wake handshake; it ends the command
+// line so a VM that boots without the handshake can leave it out.
+const wakeParam = guestwire.CmdlineWake + "=1"
 
 // snapCheck is the verdict on a saved state's bytes, and how long the
 // hash took.
