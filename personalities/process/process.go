@@ -290,7 +290,9 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if v.hello.Boot.StorageMS > 0 {
 		timings["guest_storage"] = v.hello.Boot.StorageMS // after the wake: this VM's own
 	}
-	timings["guest_after_wake"] = v.hello.Boot.AfterWakeMS
+	if v.hello.Boot.AfterWakeMS > 0 {
+		timings["guest_after_wake"] = v.hello.Boot.AfterWakeMS
+	}
 	if err := <-bootFilesOK; err != nil {
 		return nil, fmt.Errorf("guest assets failed verification during the boot (the next start rebuilds them): %w", err)
 	}
