@@ -399,6 +399,9 @@ func (v *VM) wakeHook(qm *qemu.Machine, start string, snap *bootState, checked <
 						v.log.Info("saved the VM at its save point for the next ones", "state", snap.statePath(m), "bytes", m.Size)
 					}
 				}
+				if errors.Is(err, qemu.ErrNotResumed) {
+					return err // a paused VM would never answer
+				}
 				if err != nil {
 					// The VM itself is fine: it boots on unsaved.
 					v.log.Warn("saving the VM state failed; booting on", "err", err)

@@ -385,6 +385,10 @@ func (m *Machine) monitorClient(ctx context.Context) (*qmp, error) {
 	return q, nil
 }
 
+// ErrNotResumed is wrapped by SaveState's error when the VM could not be
+// resumed after the save: it stays paused, and is of no use any more.
+var ErrNotResumed = errors.New("qemu: the VM could not be resumed after saving it")
+
 // statePollInterval is how often SaveState asks whether the save is done.
 const statePollInterval = 10 * time.Millisecond
 
@@ -428,19 +432,21 @@ func (m *Machine) SaveState(ctx context.Context, path string) error {
 	if _, err := q.Execute(ctx, "stop", nil, nil); err != nil {
 		return err
 	}
-	cctx, cancel := cleanupContext(ctx)
-	defer cancel()
 	var status string
 	_, err = q.Execute(ctx, "migrate", map[string]any{"uri": "fd:" + fdName}, nil)
 	if err != nil {
+		cctx, cancel := cleanupContext(ctx)
 		q.Execute(cctx, "closefd", map[string]any{"fdname": fdName}, nil)
+		cancel()
 	} else {
 		status, err = m.waitMigration(ctx, q)
 	}
 	// The VM carries on whatever happened (there is no destination to
-	// take over).
-	if _, cerr := q.Execute(cctx, "cont", nil, nil); cerr != nil && err == nil {
-		err = fmt.Errorf("qemu: resuming the VM after saving it: %w", cerr)
+	// take over). Its own bound: the save may have used up ctx's.
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if _, cerr := q.Execute(cctx, "cont", nil, nil); cerr != nil {
+		return fmt.Errorf("%w: %w (save: %v)", ErrNotResumed, cerr, err)
 	}
 	if err != nil {
 		return err

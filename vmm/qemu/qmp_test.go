@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/vmm"
 )
 
 // fakeMonitor is the QEMU end of a QMP socket pair, scripted by serve.
@@ -211,4 +213,89 @@ func FuzzQMPAnswer(f *testing.F) {
 			t.Fatalf("hung on %q", answer)
 		}
 	})
+}
+
+// scriptedSave is a monitor that answers SaveState's commands in order,
+// records them, writes "state" through the passed descriptor, and reports
+// the migration as ending in final; contErr, when set, fails the cont.
+func scriptedSave(t *testing.T, final, contErr string) (*Machine, *[]string) {
+	var got []string
+	conn := fakeMonitor(t, func(c *net.UnixConn, r *bufio.Reader) {
+		c.Write([]byte(greeting))
+		polls := 0
+		for {
+			buf, oob := make([]byte, 4096), make([]byte, 128)
+			n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+			if err != nil || n == 0 {
+				return
+			}
+			var req struct {
+				Execute string `json:"execute"`
+			}
+			json.Unmarshal(buf[:n], &req)
+			got = append(got, req.Execute)
+			answer := `{"return": {}}`
+			switch req.Execute {
+			case "getfd":
+				msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+				if len(msgs) == 1 {
+					if fds, _ := unix.ParseUnixRights(&msgs[0]); len(fds) == 1 {
+						unix.Write(fds[0], []byte("state"))
+						unix.Close(fds[0])
+					}
+				}
+			case "query-migrate":
+				polls++
+				status := "active"
+				if polls > 2 {
+					status = final
+				}
+				answer = `{"return": {"status": "` + status + `", "error-desc": "disk full"}}`
+			case "cont":
+				if contErr != "" {
+					answer = `{"error": {"class": "GenericError", "desc": "` + contErr + `"}}`
+				}
+			}
+			c.Write([]byte(answer + "\r\n"))
+		}
+	})
+	return &Machine{spec: vmm.Spec{Monitor: true}, monitorConn: conn, done: make(chan struct{})}, &got
+}
+
+func TestSaveStateSequence(t *testing.T) {
+	want := []string{"qmp_capabilities", "migrate-set-parameters", "getfd", "stop", "migrate", "query-migrate", "query-migrate", "query-migrate", "cont"}
+	for _, tc := range []struct {
+		name, final, contErr string
+		wantErr              string
+		notResumed           bool
+	}{
+		{"saved", "completed", "", "", false},
+		{"migration failed", "failed", "", "disk full", false},
+		{"not resumed", "completed", "guest crashed", "guest crashed", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, got := scriptedSave(t, tc.final, tc.contErr)
+			path := filepath.Join(t.TempDir(), "vm.state")
+			err := m.SaveState(context.Background(), path)
+			if strings.Join(*got, " ") != strings.Join(want, " ") {
+				t.Errorf("commands %v, want %v (paused before the save, resumed after it)", *got, want)
+			}
+			b, rerr := os.ReadFile(path)
+			if tc.wantErr == "" {
+				if err != nil || string(b) != "state" {
+					t.Fatalf("SaveState: %v; file %q %v", err, b, rerr)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || errors.Is(err, ErrNotResumed) != tc.notResumed {
+				t.Fatalf("got %v, want an error with %q (not resumed: %v)", err, tc.wantErr, tc.notResumed)
+			}
+			if !os.IsNotExist(rerr) {
+				t.Fatalf("a failed save left %s: %v", path, rerr)
+			}
+			if left, _ := filepath.Glob(path + ".*.tmp"); len(left) != 0 {
+				t.Fatalf("temporary files left: %v", left)
+			}
+		})
+	}
 }
