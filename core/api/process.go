@@ -77,8 +77,10 @@ type Info struct {
 	QEMUPID    int    `json:"qemu_pid"`
 	SessionDir string `json:"session_dir"`
 	Accel      string `json:"accel"`
-	// Start says how the VM started: "booted", "booted_saved" (booted and
-	// saved for the next VMs of its configuration) or "restored".
+	// Start says how the VM started: "restored" (resumed from the saved
+	// boot of its configuration), "booted_saved" (the first of its
+	// configuration: a boot was saved, then the VM resumed from it) or
+	// "booted".
 	Start       string           `json:"start,omitempty"`
 	BootTimings map[string]int64 `json:"boot_timings_ms,omitempty"`
 	State       string           `json:"state"`

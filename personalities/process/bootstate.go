@@ -17,12 +17,12 @@ import (
 	"github.com/capsem/capsem/vmm/qemu"
 )
 
-// A VM normally starts by resuming a saved one instead of booting: the first
-// VM of a configuration boots, and at the wake handshake's save point
-// (guestwire.Wake: modules loaded, devices found, nothing VM-specific done)
-// the process saves it; later VMs of the same configuration resume from
-// that state and carry on from the same point, with their own disk,
-// workspace, entropy and clock.
+// A VM normally starts by resuming a saved one instead of booting. For the
+// first VM of a configuration the process boots a VM, saves it at the wake
+// handshake's save point (guestwire.Wake: modules loaded, devices found,
+// nothing VM-specific done) and stops it; that VM and every later one of
+// the configuration resume from the state and carry on from the same
+// point, with their own disk, workspace, entropy and clock.
 
 // BootStateEnv set to "off" makes every VM boot (and none be saved).
 const BootStateEnv = "CAPSEM_BOOT_STATE"
@@ -34,7 +34,7 @@ const bootStateFormat = 1
 // How a VM started (api.Info.Start).
 const (
 	StartBooted      = "booted"       // booted, not saved
-	StartBootedSaved = "booted_saved" // booted, and saved at the save point for later VMs
+	StartBootedSaved = "booted_saved" // booted to be saved at the save point, then resumed from the state like later VMs
 	StartRestored    = "restored"     // resumed from a saved state
 )
 

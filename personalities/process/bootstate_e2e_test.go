@@ -67,6 +67,15 @@ func TestBootStateResumesVMs(t *testing.T) {
 	if len(metas) != 1 || len(saved) != 1 {
 		t.Fatalf("saved boot files: %v %v", metas, saved)
 	}
+	// The VM that was saved read all of its 1 GiB of guest RAM; the first
+	// VM is not that one but resumed from its state, and holds only what
+	// the guest uses.
+	if first.info.BootTimings["boot_and_save"] <= 0 || first.info.BootTimings["guest_after_wake"] <= 0 {
+		t.Errorf("the first VM's timings lack the boot-and-save or the resume: %v", first.info.BootTimings)
+	}
+	if rss := qemuRSS(t, first.info.QEMUPID); rss > 600<<20 {
+		t.Errorf("the first VM's QEMU holds %d MiB: the saved VM's RAM stayed in use", rss>>20)
+	}
 	var meta struct {
 		SHA256 string `json:"sha256"`
 		Size   int64  `json:"size"`
@@ -211,4 +220,24 @@ func TestBootStateOff(t *testing.T) {
 func sha256Hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
+}
+
+// qemuRSS is the resident memory of QEMU's process, in bytes.
+func qemuRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatalf("VmRSS %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
 }

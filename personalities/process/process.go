@@ -246,8 +246,9 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, fmt.Errorf("creating the VM: %w", err)
 	}
 	// How this VM starts: resumed from the saved state of its
-	// configuration, or booted (and saved for the next ones when its disk
-	// is new, so the saved kernel has cached nothing of a user's disk).
+	// configuration; as the first of its configuration, by booting a VM
+	// to save that state, then resuming (only when its disk is new, so
+	// the saved kernel has cached nothing of a user's disk); or booted.
 	start, snap, meta := StartBooted, (*bootState)(nil), (*bootStateMeta)(nil)
 	if o.NoBootState || os.Getenv(BootStateEnv) == "off" {
 		o.Logger.Info("saved VM states are off", "env", BootStateEnv)
@@ -258,18 +259,35 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	} else if diskCreated || o.DiskGiB == 0 {
 		start = StartBootedSaved
 	}
+	saved := false
 	for {
+		t := time.Now()
 		err = v.startGuest(ctx, backend, spec, start, snap, meta)
+		if errors.Is(err, errSaved) {
+			// The VM that booted served only to be saved (it was stopped
+			// at its save point, before anything of this VM): this VM
+			// resumes from the state like every later one, and so has
+			// only the guest RAM it uses (the save read all of it).
+			timings["boot_and_save"] = time.Since(t).Milliseconds()
+			m, ok := snap.lookup()
+			if !ok {
+				err = errors.New("the boot saved a moment ago is gone")
+				break
+			}
+			saved, start, meta = true, StartRestored, m
+			continue
+		}
 		if err == nil || start != StartRestored || v.ctl != nil {
 			break
 		}
 		// The state was refused (its hash did not match: the guest was
 		// never woken, so it touched nothing of this VM) or the guest
-		// never spoke (QEMU could not load it). Drop it and boot.
+		// never spoke (QEMU could not load it). Drop it and boot; save
+		// again unless this very start just saved it.
 		o.Logger.Warn("resuming the saved boot failed; removing it and booting", "err", err, "state", snap.statePath(meta))
 		snap.remove(meta)
 		start, meta = StartBooted, nil
-		if diskCreated || o.DiskGiB == 0 {
+		if (diskCreated || o.DiskGiB == 0) && !saved {
 			start = StartBootedSaved
 		}
 	}
@@ -277,6 +295,9 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, err
 	}
 	v.start = start
+	if saved && start == StartRestored {
+		v.start = StartBootedSaved
+	}
 	v.hello = v.ctl.Hello()
 	// Parts of kernel_to_hello, as the guest measured them: the kernel's
 	// own boot, module loading, the root switch and workspace mount, and
@@ -396,16 +417,15 @@ func (v *VM) wakeHook(qm *qemu.Machine, start string, snap *bootState, checked <
 				if err == nil {
 					var m *bootStateMeta
 					if m, err = snap.publish(path); err == nil {
-						v.log.Info("saved the VM at its save point for the next ones", "state", snap.statePath(m), "bytes", m.Size)
+						v.log.Info("saved the VM at its save point", "state", snap.statePath(m), "bytes", m.Size)
+						return errSaved
 					}
 				}
 				if errors.Is(err, qemu.ErrNotResumed) {
 					return err // a paused VM would never answer
 				}
-				if err != nil {
-					// The VM itself is fine: it boots on unsaved.
-					v.log.Warn("saving the VM state failed; booting on", "err", err)
-				}
+				// The VM itself is fine: it boots on unsaved.
+				v.log.Warn("saving the VM state failed; booting on", "err", err)
 				return nil
 			}
 		}
@@ -423,6 +443,10 @@ func (v *VM) wakeHook(qm *qemu.Machine, start string, snap *bootState, checked <
 		return wakeGuest(ctx, raw, start != StartRestored, atPoint)
 	}
 }
+
+// errSaved ends the start of a VM that booted to be saved, once its state
+// is published: the VM is then started again from that state.
+var errSaved = errors.New("the VM was saved at its save point")
 
 // wakeParam asks the agent for the wake handshake; it ends the command
 // line so a VM that boots without the handshake can leave it out.
