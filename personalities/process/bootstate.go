@@ -27,6 +27,10 @@ import (
 // BootStateEnv set to "off" makes every VM boot (and none be saved).
 const BootStateEnv = "CAPSEM_BOOT_STATE"
 
+// replacedStateGrace is how old a replaced state must be before a publish
+// removes it.
+var replacedStateGrace = time.Minute
+
 // bootStateFormat is bumped whenever what a saved state means changes, so
 // old ones are no longer used.
 const bootStateFormat = 1
@@ -135,7 +139,7 @@ func (s *bootState) newStatePath() (string, error) {
 
 // publish hashes the state SaveState wrote to path, names the file by its
 // hash, and writes the metadata that makes it the configuration's
-// saved state. States of the key that are no longer named go.
+// saved state.
 func (s *bootState) publish(path string) (*bootStateMeta, error) {
 	sum, size, err := hashFile(path)
 	if err != nil {
@@ -161,9 +165,12 @@ func (s *bootState) publish(path string) (*bootStateMeta, error) {
 		os.Remove(tmp)
 		return nil, fmt.Errorf("boot state: publishing its metadata: %w", err)
 	}
+	// States of the key this one replaces go, once no start can still be
+	// about to open one (a concurrent first start may have published one
+	// a moment ago, and be resuming from it).
 	old, _ := filepath.Glob(filepath.Join(s.dir, s.key+"-*.state"))
 	for _, p := range old {
-		if filepath.Base(p) != m.State {
+		if st, err := os.Stat(p); err == nil && filepath.Base(p) != m.State && time.Since(st.ModTime()) > replacedStateGrace {
 			os.Remove(p)
 		}
 	}

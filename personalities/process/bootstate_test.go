@@ -118,11 +118,23 @@ func TestBootStatePublishLookupVerify(t *testing.T) {
 		t.Fatalf("the unpublished name stayed: %v", left)
 	}
 
-	// A newer save replaces the older state.
+	// A newer save replaces the older state; the older file goes once it
+	// is old enough that no start can be about to open it.
 	m2 := savedState(t, s, "state two, newer")
-	if _, err := os.Stat(s.statePath(m)); !os.IsNotExist(err) {
-		t.Errorf("the replaced state file is still there: %v", err)
+	if _, err := os.Stat(s.statePath(m)); err != nil {
+		t.Errorf("a state replaced a moment ago was removed: %v", err)
 	}
+	old := time.Now().Add(-2 * replacedStateGrace)
+	os.Chtimes(s.statePath(m), old, old)
+	savedState(t, s, "state three")
+	if _, err := os.Stat(s.statePath(m)); !os.IsNotExist(err) {
+		t.Errorf("an old replaced state file is still there: %v", err)
+	}
+	if _, err := os.Stat(s.statePath(m2)); err != nil {
+		t.Errorf("the state replaced a moment ago was removed: %v", err)
+	}
+	// The rest works on the second state, published again.
+	m2 = savedState(t, s, "state two, newer")
 	if got, ok := s.lookup(); !ok || got.State != m2.State {
 		t.Fatalf("lookup after a second save: %+v %v", got, ok)
 	}

@@ -269,12 +269,13 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 			// resumes from the state like every later one, and so has
 			// only the guest RAM it uses (the save read all of it).
 			timings["boot_and_save"] = time.Since(t).Milliseconds()
-			m, ok := snap.lookup()
-			if !ok {
-				err = errors.New("the boot saved a moment ago is gone")
-				break
+			saved = true
+			if m, ok := snap.lookup(); ok {
+				start, meta = StartRestored, m
+			} else { // replaced and removed by a concurrent first start
+				o.Logger.Warn("the boot saved a moment ago is gone; booting")
+				start = StartBooted
 			}
-			saved, start, meta = true, StartRestored, m
 			continue
 		}
 		if err == nil || start != StartRestored || v.ctl != nil {
