@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -227,11 +226,10 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	t = mark("disk", t)
 
 	spec := vmm.Spec{
-		Name:      o.Name,
-		Kernel:    assets.Kernel,
-		Initramfs: assets.Initramfs,
-		Cmdline: "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs +
-			" " + wakeParam,
+		Name:          o.Name,
+		Kernel:        assets.Kernel,
+		Initramfs:     assets.Initramfs,
+		Cmdline:       "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs,
 		CPUs:          o.CPUs,
 		MemoryMiB:     o.MemoryMiB,
 		Disks:         disks,
@@ -241,7 +239,8 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		Firmware:      qemu.PreferredFirmware(),
 	}
 	backend := &qemu.Backend{Log: o.Logger}
-	plain, err := backend.Create(ctx, spec)
+	// Saved boots are keyed by the argv of a VM that does the handshake.
+	plain, err := backend.Create(ctx, withWake(spec))
 	if err != nil {
 		return nil, fmt.Errorf("creating the VM: %w", err)
 	}
@@ -249,28 +248,28 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	// configuration; as the first of its configuration, by booting a VM
 	// to save that state, then resuming (only when its disk is new, so
 	// the saved kernel has cached nothing of a user's disk); or booted.
-	start, snap, meta := StartBooted, (*bootState)(nil), (*bootStateMeta)(nil)
+	start, savedBoot, meta := StartBooted, (*bootState)(nil), (*bootStateMeta)(nil)
 	if o.NoBootState || os.Getenv(BootStateEnv) == "off" {
 		o.Logger.Info("saved VM states are off", "env", BootStateEnv)
-	} else if snap, err = newBootState(cmp.Or(o.BootStateDir, filepath.Join(assets.Dir, "boot-states")), plain.(*qemu.Machine).Argv(), o.SessionDir); err != nil {
+	} else if savedBoot, err = newBootState(cmp.Or(o.BootStateDir, filepath.Join(assets.Dir, "boot-states")), plain.(*qemu.Machine).Argv(), o.SessionDir); err != nil {
 		o.Logger.Warn("VM states cannot be saved or restored", "err", err)
-	} else if m, ok := snap.lookup(); ok {
+	} else if m, ok := savedBoot.lookup(); ok {
 		start, meta = StartRestored, m
 	} else if diskCreated || o.DiskGiB == 0 {
 		start = StartBootedSaved
 	}
-	saved := false
+	justSaved := false
 	for {
 		t := time.Now()
-		err = v.startGuest(ctx, backend, spec, start, snap, meta)
+		err = v.startGuest(ctx, backend, spec, start, savedBoot, meta)
 		if errors.Is(err, errSaved) {
 			// The VM that booted served only to be saved (it was stopped
 			// at its save point, before anything of this VM): this VM
 			// resumes from the state like every later one, and so has
 			// only the guest RAM it uses (the save read all of it).
 			timings["boot_and_save"] = time.Since(t).Milliseconds()
-			saved = true
-			if m, ok := snap.lookup(); ok {
+			justSaved = true
+			if m, ok := savedBoot.lookup(); ok {
 				start, meta = StartRestored, m
 			} else { // replaced and removed by a concurrent first start
 				o.Logger.Warn("the boot saved a moment ago is gone; booting")
@@ -285,10 +284,10 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		// never woken, so it touched nothing of this VM) or the guest
 		// never spoke (QEMU could not load it). Drop it and boot; save
 		// again unless this very start just saved it.
-		o.Logger.Warn("resuming the saved boot failed; removing it and booting", "err", err, "state", snap.statePath(meta))
-		snap.remove(meta)
+		o.Logger.Warn("resuming the saved boot failed; removing it and booting", "err", err, "state", savedBoot.statePath(meta))
+		savedBoot.remove(meta)
 		start, meta = StartBooted, nil
-		if (diskCreated || o.DiskGiB == 0) && !saved {
+		if (diskCreated || o.DiskGiB == 0) && !justSaved {
 			start = StartBootedSaved
 		}
 	}
@@ -296,7 +295,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, err
 	}
 	v.start = start
-	if saved && start == StartRestored {
+	if justSaved && start == StartRestored {
 		v.start = StartBootedSaved
 	}
 	v.hello = v.ctl.Hello()
@@ -352,24 +351,25 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 // guest only once the hash matched. On failure v.machine is stopped, and
 // v.ctl is set only if the guest had spoken.
 func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spec, start string,
-	snap *bootState, meta *bootStateMeta) error {
+	savedBoot *bootState, meta *bootStateMeta) error {
 	t := time.Now()
-	var checked chan snapCheck
+	var checked chan stateCheck
 	switch start {
 	case StartRestored:
-		spec.RestoreFrom = snap.statePath(meta)
-		checked = make(chan snapCheck, 1)
+		spec.RestoreFrom = savedBoot.statePath(meta)
+		checked = make(chan stateCheck, 1)
 		go func() {
 			t := time.Now()
-			err := snap.verify(meta)
-			checked <- snapCheck{err: err, ms: time.Since(t).Milliseconds()}
+			err := savedBoot.verify(meta)
+			checked <- stateCheck{err: err, ms: time.Since(t).Milliseconds()}
 		}()
 	case StartBootedSaved:
 		spec.Monitor = true
-	case StartBooted:
-		// Nothing to save or resume: the agent boots without the
-		// handshake, and mounts its disk while its last modules load.
-		spec.Cmdline = strings.TrimSuffix(spec.Cmdline, " "+wakeParam)
+	}
+	// A VM that neither saves nor resumes boots without the handshake,
+	// and mounts its disk while its last modules load.
+	if start != StartBooted {
+		spec = withWake(spec)
 	}
 	m, err := backend.Create(ctx, spec)
 	if err != nil {
@@ -380,7 +380,7 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 	if start == StartBooted {
 		qm.BeforeChannel = nil
 	} else {
-		qm.BeforeChannel = v.wakeHook(qm, start, snap, checked)
+		qm.BeforeChannel = v.wakeHook(qm, start, savedBoot, checked)
 	}
 	if err := m.Start(ctx); err != nil {
 		return fmt.Errorf("starting QEMU: %w", err)
@@ -401,14 +401,14 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 // wakeHook is the host side of the wake handshake for a VM that starts as
 // start says: save it at its save point (StartBootedSaved), or, resuming,
 // wait for its state's hash (checked) before the wake.
-func (v *VM) wakeHook(qm *qemu.Machine, start string, snap *bootState, checked <-chan snapCheck) func(context.Context, net.Conn) error {
+func (v *VM) wakeHook(qm *qemu.Machine, start string, savedBoot *bootState, checked <-chan stateCheck) func(context.Context, net.Conn) error {
 	return func(ctx context.Context, raw net.Conn) error {
 		var atPoint func(context.Context) error
 		if start == StartBootedSaved {
 			atPoint = func(ctx context.Context) error {
 				t := time.Now()
 				defer func() { v.timings["save_state"] = time.Since(t).Milliseconds() }()
-				path, err := snap.newStatePath()
+				path, err := savedBoot.newStatePath()
 				if err == nil {
 					err = qm.SaveState(ctx, path)
 				}
@@ -417,8 +417,8 @@ func (v *VM) wakeHook(qm *qemu.Machine, start string, snap *bootState, checked <
 				}
 				if err == nil {
 					var m *bootStateMeta
-					if m, err = snap.publish(path); err == nil {
-						v.log.Info("saved the VM at its save point", "state", snap.statePath(m), "bytes", m.Size)
+					if m, err = savedBoot.publish(path); err == nil {
+						v.log.Info("saved the VM at its save point", "state", savedBoot.statePath(m), "bytes", m.Size)
 						return errSaved
 					}
 				}
@@ -449,13 +449,16 @@ func (v *VM) wakeHook(qm *qemu.Machine, start string, snap *bootState, checked <
 // is published: the VM is then started again from that state.
 var errSaved = errors.New("the VM was saved at its save point")
 
-// wakeParam asks the agent for the wake handshake; it ends the command
-// line so a VM that boots without the handshake can leave it out.
-const wakeParam = guestwire.CmdlineWake + "=1"
+// withWake returns spec with the kernel parameter that asks the agent for
+// the wake handshake.
+func withWake(spec vmm.Spec) vmm.Spec {
+	spec.Cmdline += " " + guestwire.CmdlineWake + "=1"
+	return spec
+}
 
-// snapCheck is the verdict on a saved state's bytes, and how long the
+// stateCheck is the verdict on a saved state's bytes, and how long the
 // hash took.
-type snapCheck struct {
+type stateCheck struct {
 	err error
 	ms  int64
 }

@@ -30,7 +30,7 @@ const (
 	serialBusID      = "vser0"
 )
 
-// ExtraFDs are the descriptors QEMU inherits for spec, in order from fd 3
+// extraFDs are the descriptors QEMU inherits for spec, in order from fd 3
 // (exec.Cmd.ExtraFiles): the monitor socket when spec.Monitor, then the
 // state file when spec.RestoreFrom is set.
 func extraFDs(spec vmm.Spec) (monitor, incoming int) {
