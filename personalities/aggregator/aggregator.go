@@ -6,6 +6,7 @@
 package aggregator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -75,6 +76,7 @@ type server struct {
 	ready chan struct{} // closed when connecting finished (ok or not)
 	// set before ready is closed:
 	session   *mcp.ClientSession
+	direct    *lineConn     // a stdio server's connection, for direct tool calls
 	ended     chan struct{} // closed when the session ends (server exit, protocol error)
 	broken    chan struct{} // closed when a call saw the connection close
 	breakOnce sync.Once
@@ -268,6 +270,11 @@ func (a *Aggregator) connect(ctx context.Context, s *server) {
 		return
 	}
 	s.session = session
+	if ct, ok := transport.(*commandTransport); ok && !s.def.Builtin {
+		// The builtin's results carry its HTTP records in _meta, which the
+		// typed path takes out (extractNetEvents).
+		s.direct = ct.conn
+	}
 	if err := a.catalog(cctx, s); err != nil {
 		s.err = fmt.Errorf("listing %q: %w", s.def.Name, err)
 		a.log.Warn("MCP server catalog failed", "server", s.def.Name, "err", err)
@@ -495,8 +502,13 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 				}
 			}
 			var res *mcp.CallToolResult
-			s, notReady, err := a.call(ctx, serverName, func(cs *mcp.ClientSession) (err error) {
-				res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: original, Arguments: args})
+			var raw json.RawMessage
+			s, notReady, err := a.call(ctx, serverName, func(s *server) (err error) {
+				if s.direct != nil {
+					raw, err = s.direct.callDirect(ctx, "tools/call", toolCallParams(original, args))
+					return err
+				}
+				res, err = s.session.CallTool(ctx, &mcp.CallToolParams{Name: original, Arguments: args})
 				return err
 			})
 			if notReady != nil {
@@ -504,6 +516,12 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 			}
 			if err != nil {
 				return upstream("tool call", err)
+			}
+			if raw != nil {
+				if r := bytes.TrimSpace(raw); len(r) == 0 || r[0] != '{' {
+					return upstream("tool call", fmt.Errorf("server's result is not a JSON object"))
+				}
+				return &aggwire.Response{Result: raw}
 			}
 			var events []aggwire.NetEvent
 			if s.def.Builtin { // only the builtin's records are trusted into the ledger
@@ -530,8 +548,8 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 			}
 		}
 		var res *mcp.GetPromptResult
-		_, notReady, err := a.call(ctx, serverName, func(cs *mcp.ClientSession) (err error) {
-			res, err = cs.GetPrompt(ctx, &mcp.GetPromptParams{Name: original, Arguments: strArgs})
+		_, notReady, err := a.call(ctx, serverName, func(s *server) (err error) {
+			res, err = s.session.GetPrompt(ctx, &mcp.GetPromptParams{Name: original, Arguments: strArgs})
 			return err
 		})
 		if notReady != nil {
@@ -549,8 +567,8 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 			return invalid("resource URI %q is not namespaced as capsem://<server>/<uri>", req.URI)
 		}
 		var res *mcp.ReadResourceResult
-		_, notReady, err := a.call(ctx, serverName, func(cs *mcp.ClientSession) (err error) {
-			res, err = cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: original})
+		_, notReady, err := a.call(ctx, serverName, func(s *server) (err error) {
+			res, err = s.session.ReadResource(ctx, &mcp.ReadResourceParams{URI: original})
 			return err
 		})
 		if notReady != nil {
@@ -626,17 +644,17 @@ func (s *server) sessionFailed(err error) (neverSent bool) {
 
 // call runs fn against the named server, reconnecting once when the server's
 // connection had already closed before the request could be sent.
-func (a *Aggregator) call(ctx context.Context, name string, fn func(*mcp.ClientSession) error) (*server, *aggwire.Response, error) {
+func (a *Aggregator) call(ctx context.Context, name string, fn func(*server) error) (*server, *aggwire.Response, error) {
 	s, notReady := a.ready(ctx, name)
 	if notReady != nil {
 		return nil, notReady, nil
 	}
-	err := fn(s.session)
+	err := fn(s)
 	if err != nil && s.sessionFailed(err) {
 		if s, notReady = a.ready(ctx, name); notReady != nil {
 			return nil, notReady, nil
 		}
-		err = fn(s.session)
+		err = fn(s)
 		if err != nil {
 			s.sessionFailed(err)
 		}
@@ -659,6 +677,16 @@ func (a *Aggregator) reconnect(dead *server) *server {
 	go a.connect(a.ctx, fresh)
 	go a.closeServer(dead)
 	return fresh
+}
+
+// toolCallParams is tools/call's params with the arguments as they came.
+func toolCallParams(name string, args json.RawMessage) json.RawMessage {
+	b := make([]byte, 0, len(name)+len(args)+32)
+	b = append(b, `{"name":`...)
+	b = appendJSONString(b, name)
+	b = append(b, `,"arguments":`...)
+	b = append(b, args...)
+	return append(b, '}')
 }
 
 func invalid(format string, args ...any) *aggwire.Response {

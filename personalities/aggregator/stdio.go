@@ -16,14 +16,16 @@ import (
 )
 
 // commandTransport runs a stdio MCP server as mcp.CommandTransport does:
-// newline-delimited JSON (through the SDK's IOTransport) and the spec's
-// shutdown (close stdin, SIGTERM after terminate, SIGKILL after another).
-// The difference is the pipes: their ends here are read and written through
-// procs.RawIO, so a message costs no scheduler hand-off (see RawIO); on a
-// small host that was about half the aggregator's context switches per call.
+// newline-delimited JSON and the spec's shutdown (close stdin, SIGTERM after
+// terminate, SIGKILL after another). The differences: the pipes' ends here
+// are read and written through procs.RawIO, so a message costs no scheduler
+// hand-off (see RawIO; on a small host that was about half the aggregator's
+// context switches per call), and the connection is a lineConn, which also
+// carries the aggregator's direct tool calls.
 type commandTransport struct {
 	cmd       *exec.Cmd
 	terminate time.Duration
+	conn      *lineConn // set by Connect
 }
 
 func (t *commandTransport) Connect(ctx context.Context) (mcp.Connection, error) {
@@ -52,7 +54,8 @@ func (t *commandTransport) Connect(ctx context.Context) (mcp.Connection, error) 
 	}
 	p := &serverPipes{cmd: t.cmd, terminate: t.terminate, stdin: inW, stdout: outR,
 		w: procs.RawWriter(inW), r: procs.RawReader(outR)}
-	return (&mcp.IOTransport{Reader: serverOutput{p}, Writer: p}).Connect(ctx)
+	t.conn = newLineConn(p)
+	return t.conn, nil
 }
 
 // serverPipes is the connection's writer; closing it shuts the server down.
@@ -101,10 +104,3 @@ func (p *serverPipes) Close() error {
 	// The Wait above still reaps it whenever it ends.
 	return fmt.Errorf("stdio server (pid %d) did not exit after SIGKILL", p.cmd.Process.Pid)
 }
-
-// serverOutput is the connection's reader. Closing it does nothing: the
-// connection closes by closing the server's input (serverPipes.Close).
-type serverOutput struct{ p *serverPipes }
-
-func (o serverOutput) Read(b []byte) (int, error) { return o.p.r.Read(b) }
-func (o serverOutput) Close() error               { return nil }

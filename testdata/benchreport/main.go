@@ -5,7 +5,8 @@
 //	         → policy → aggregator → stdio echo server, every call a ledger row
 //	direct:  go-sdk client → the same stdio echo server
 //
-// at concurrency 1, 16 and 64 (p50, p99, calls/s).
+// at concurrency 1, 16 and 64 (p50, p99, calls/s), for two echo servers:
+// a small Go one (the issue's baseline) and one on the MCP SDK's server.
 package main
 
 import (
@@ -65,6 +66,19 @@ func main() {
 	}
 }
 
+// echoServer is one stdio MCP server both paths call.
+type echoServer struct {
+	name, pkg, about string
+}
+
+// echoServers: the issue's small Go echo server, and one on the MCP SDK's
+// server (whose JSON decoding allocates ~128 KiB per call, so its own CPU
+// and collector compete with the gateway's processes for the same cores).
+var echoServers = []echoServer{
+	{"echoserver", "./testdata/echoserver", "a small Go echo server: one loop, no SDK"},
+	{"mcpecho", "./testdata/mcpecho", "the same tool on the MCP SDK's server"},
+}
+
 func run(d time.Duration) error {
 	capsem := os.Getenv("CAPSEM_TEST_BIN")
 	if capsem == "" {
@@ -75,34 +89,60 @@ func run(d time.Duration) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	echo := filepath.Join(dir, "mcpecho")
-	if out, err := exec.Command("go", "build", "-o", echo, "./testdata/mcpecho").CombinedOutput(); err != nil {
-		return fmt.Errorf("building mcpecho: %v\n%s", err, out)
+	build := func(name, pkg string) (string, error) {
+		bin := filepath.Join(dir, name)
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("building %s: %v\n%s", pkg, err, out)
+		}
+		return bin, nil
 	}
-	plain, err := startGateway(capsem, dir, "plain", fmt.Sprintf("[[mcp.servers]]\nname = \"echo\"\ncommand = %q\n", echo), true)
+	linecat, err := build("linecat", "./testdata/linecat")
+	if err != nil {
+		return err
+	}
+	floor, err := measureFloor(dir, linecat, 2000)
+	if err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
+	for i, srv := range echoServers {
+		bin, err := build(srv.name, srv.pkg)
+		if err != nil {
+			return err
+		}
+		// The policy comparison does not depend on the server: it runs once.
+		if err := runServer(capsem, dir, bin, srv, d, i == 0); err != nil {
+			return fmt.Errorf("%s: %w", srv.name, err)
+		}
+	}
+	printFloor(floor)
+	return nil
+}
+
+// runServer prints the direct vs gateway table for one echo server, and
+// with withPolicy the realistic policy vs allow-all.
+func runServer(capsem, dir, echo string, srv echoServer, d time.Duration, withPolicy bool) error {
+	plain, err := startGateway(capsem, dir, srv.name+"-plain", fmt.Sprintf("[[mcp.servers]]\nname = \"echo\"\ncommand = %q\n", echo), true)
 	if err != nil {
 		return err
 	}
 	defer plain.close()
-	withPolicy, err := startGateway(capsem, dir, "policy", realisticPolicy(echo), false)
-	if err != nil {
-		return err
+	var policy *gateway
+	if withPolicy {
+		if policy, err = startGateway(capsem, dir, srv.name+"-policy", realisticPolicy(echo), false); err != nil {
+			return err
+		}
+		defer policy.close()
 	}
-	defer withPolicy.close()
 	direct, err := connect(exec.Command(echo))
 	if err != nil {
 		return fmt.Errorf("direct session: %w", err)
 	}
 	defer direct.Close()
 
-	floor, err := measureFloor(dir, 2000)
-	if err != nil {
-		return fmt.Errorf("floor: %w", err)
-	}
-	fmt.Printf("MCP echo round trip, %s per level (go-sdk client; 2-core machine, TCG-free host path)\n", d)
+	fmt.Printf("MCP echo round trip to %s (%s), %s per level (go-sdk client; 2-core machine)\n", srv.name, srv.about, d)
 	fmt.Printf("%-4s | %-28s | %-28s | %-16s | %s\n", "c", "direct p50 / p99 / calls/s", "gateway p50 / p99 / calls/s", "added p50", "gateway/direct calls/s")
 	total := 0
-	procs := processes(plain.cmd.Process.Pid, plain.relay.Process.Pid)
+	procs := processes(plain.cmd.Process.Pid, plain.relay.Process.Pid, filepath.Base(echo))
 	var cpuLines, policyLines []string
 	for _, c := range concurrencyLevels {
 		base := measure(direct, "echo", c, d)
@@ -119,22 +159,24 @@ func run(d time.Duration) error {
 				float64(switchesAfter[p.pid]-switchesBefore[p.pid])/float64(gwr.calls))
 		}
 		cpuLines = append(cpuLines, line)
-		pol := measure(withPolicy.session, "echo__echo", c, d)
-		policyLines = append(policyLines, fmt.Sprintf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %+8s",
-			c, us(gwr.p50), us(gwr.p99), gwr.perSec, us(pol.p50), us(pol.p99), pol.perSec, us(pol.p50-gwr.p50)))
+		if policy != nil {
+			pol := measure(policy.session, "echo__echo", c, d)
+			policyLines = append(policyLines, fmt.Sprintf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %+8s",
+				c, us(gwr.p50), us(gwr.p99), gwr.perSec, us(pol.p50), us(pol.p99), pol.perSec, us(pol.p50-gwr.p50)))
+		}
 	}
-	printFloor(floor)
-	fmt.Println("Gateway with the realistic policy (20 servers, 200 per-tool entries, 50 rules; 6 rules read this call's arguments) vs allow-all:")
-	fmt.Printf("%-4s | %-28s | %-28s | %s\n", "c", "allow-all p50 / p99 / calls/s", "policy p50 / p99 / calls/s", "policy added p50")
-	for _, l := range policyLines {
-		fmt.Println(l)
-	}
-	session := plain.sessionDir
 	fmt.Println("CPU time and context switches (cs, all threads) per gateway call, by process:")
 	for _, l := range cpuLines {
 		fmt.Println("  " + l)
 	}
-	db, err := sql.Open("sqlite3", "file:"+filepath.Join(session, "session.db")+"?mode=ro")
+	if policy != nil {
+		fmt.Println("Gateway with the realistic policy (20 servers, 200 per-tool entries, 50 rules; 6 rules read this call's arguments) vs allow-all:")
+		fmt.Printf("%-4s | %-28s | %-28s | %s\n", "c", "allow-all p50 / p99 / calls/s", "policy p50 / p99 / calls/s", "policy added p50")
+		for _, l := range policyLines {
+			fmt.Println(l)
+		}
+	}
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(plain.sessionDir, "session.db")+"?mode=ro")
 	if err != nil {
 		return err
 	}
@@ -144,7 +186,7 @@ func run(d time.Duration) error {
 	if err := db.QueryRow(`SELECT COUNT(*) FROM mcp_calls WHERE tool_name='echo__echo' AND decision='allowed'`).Scan(&rows); err != nil {
 		return err
 	}
-	fmt.Printf("ledger: %d gateway calls answered, %d mcp_calls rows (+%d warm-up)\n", total, rows, rows-total)
+	fmt.Printf("ledger: %d gateway calls answered, %d mcp_calls rows (+%d warm-up)\n\n", total, rows, rows-total)
 	if rows < total {
 		return fmt.Errorf("%d calls have no ledger row", total-rows)
 	}
@@ -255,14 +297,14 @@ type proc struct {
 }
 
 // processes names the gateway path's processes: relay, gateway, aggregator
-// and the echo server under it.
-func processes(gateway, relay int) []proc {
+// and the echo server (the binary named server) under it.
+func processes(gateway, relay int, server string) []proc {
 	out := []proc{{"relay", relay}, {"gateway", gateway}}
 	for _, agg := range children(gateway) {
 		out = append(out, proc{"aggregator", agg})
 		for _, srv := range children(agg) {
 			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", srv))
-			if strings.Contains(string(cmd), "mcpecho") {
+			if strings.Contains(string(cmd), server) {
 				out = append(out, proc{"echo-server", srv})
 			}
 		}
