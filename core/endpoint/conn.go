@@ -58,8 +58,7 @@ type conn struct {
 	w        io.Writer
 	metaName string
 
-	wmu  sync.Mutex // serializes answer frames
-	wbuf []byte
+	wmu  sync.Mutex // guards werr
 	werr error
 
 	mu       sync.Mutex
@@ -80,7 +79,7 @@ func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error 
 		e:        e,
 		c:        rwc,
 		r:        procs.RawReader(rwc),
-		w:        procs.RawWriter(rwc),
+		w:        procs.NewGroupWriter(procs.RawWriter(rwc)),
 		inflight: map[uint32]struct{}{},
 		cancels:  map[string]context.CancelFunc{},
 	}
@@ -110,26 +109,28 @@ func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error 
 	return err
 }
 
-// send writes one answer frame. Handlers write directly (serialized by a
-// mutex) rather than through a writer goroutine: one fewer wakeup per call.
-// After a write failure the connection is closed and later answers are
-// dropped (the reader then ends the connection).
+// send writes one answer frame. Handlers write directly rather than through
+// a writer goroutine (one fewer wakeup per call); the GroupWriter puts the
+// answers of handlers that finish together into one write. After a write
+// failure the connection is closed and later answers are dropped (the
+// reader then ends the connection).
 func (c *conn) send(streamID uint32, name string, payload []byte) {
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if c.werr != nil {
+	failed := c.werr != nil
+	c.wmu.Unlock()
+	if failed {
 		return
 	}
-	var err error
-	c.wbuf, err = mcpframe.Append(c.wbuf[:0], &mcpframe.Frame{StreamID: streamID, Name: name, Payload: payload})
+	frame, err := mcpframe.Append(nil, &mcpframe.Frame{StreamID: streamID, Name: name, Payload: payload})
 	if err == nil {
-		_, err = c.w.Write(c.wbuf)
-	}
-	if cap(c.wbuf) > 64<<10 {
-		c.wbuf = nil // do not pin a large buffer after a big answer
+		_, err = c.w.Write(frame)
 	}
 	if err != nil {
-		c.werr = err
+		c.wmu.Lock()
+		if c.werr == nil {
+			c.werr = err
+		}
+		c.wmu.Unlock()
 		c.c.Close()
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -423,6 +424,16 @@ func (l *Ledger) run() {
 		if len(l.pending) == 0 { // closed and drained
 			l.mu.Unlock()
 			return
+		}
+		if len(l.pending) == 1 && !l.closed {
+			// Let the goroutines that are ready to run go first. The caller
+			// that woke us readied this goroutine to run next, ahead of the
+			// other callers already runnable (say, answers that came back
+			// in one read), so without this each would commit alone. When
+			// nothing else is runnable this returns at once.
+			l.mu.Unlock()
+			runtime.Gosched()
+			l.mu.Lock()
 		}
 		// Swap buffers so producers append to a fresh slice while we commit.
 		batch, l.pending = l.pending, batch[:0]

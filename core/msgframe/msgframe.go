@@ -13,9 +13,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"sync"
 
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/capsem/capsem/core/procs"
 )
 
 // ErrFrameTooLarge is returned for a message above the limit. When reading,
@@ -41,50 +42,35 @@ func Append(dst []byte, m msgp.Marshaler, limit int, protocol, what string) ([]b
 }
 
 // Writer writes frames; it is safe for concurrent use, so answers from
-// concurrent handlers never interleave.
+// concurrent handlers never interleave, and frames written at the same
+// moment go out in one write (procs.GroupWriter).
 type Writer struct {
 	protocol string
 	limit    int
-	mu       sync.Mutex
-	w        *bufio.Writer
-	buf      []byte
+	w        *procs.GroupWriter
 }
 
 // NewWriter returns a Writer over w for frames of at most limit bytes.
 func NewWriter(w io.Writer, limit int, protocol string) *Writer {
-	return &Writer{protocol: protocol, limit: limit, w: bufio.NewWriterSize(w, 64<<10)}
+	return &Writer{protocol: protocol, limit: limit, w: procs.NewGroupWriter(w)}
 }
 
-// Write encodes and flushes one message.
+// Write encodes and writes one message.
 func (w *Writer) Write(m msgp.Marshaler, what string) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var err error
-	w.buf, err = Append(w.buf[:0], m, w.limit, w.protocol, what)
-	// A 64 MiB file answer must not pin 64 MiB for the life of the stream.
-	defer func() {
-		if cap(w.buf) > 1<<20 {
-			w.buf = nil
-		}
-	}()
+	frame, err := Append(nil, m, w.limit, w.protocol, what)
 	if err != nil {
 		return err
 	}
-	return w.writeLocked(w.buf, what)
+	return w.write(frame, what)
 }
 
 // WriteFrame writes one frame made by Append.
 func (w *Writer) WriteFrame(frame []byte) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.writeLocked(frame, "frame")
+	return w.write(frame, "frame")
 }
 
-func (w *Writer) writeLocked(frame []byte, what string) error {
+func (w *Writer) write(frame []byte, what string) error {
 	if _, err := w.w.Write(frame); err != nil {
-		return fmt.Errorf("%s: write %s: %w", w.protocol, what, err)
-	}
-	if err := w.w.Flush(); err != nil {
 		return fmt.Errorf("%s: write %s: %w", w.protocol, what, err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/jsonrpc"
+	"github.com/capsem/capsem/core/procs"
 	"github.com/capsem/capsem/core/rawjson"
 )
 
@@ -42,7 +43,7 @@ type lineConn struct {
 	incoming chan sdkjsonrpc.Message // messages for the SDK session
 	done     chan struct{}           // closed once the connection failed or was closed
 
-	wmu sync.Mutex // one line at a time on the server's stdin
+	out *procs.GroupWriter // the server's stdin: lines ready together go out in one write
 
 	mu      sync.Mutex
 	pending map[string]chan directAnswer // callDirect waiters by id
@@ -64,6 +65,7 @@ func newLineConn(p *serverPipes) *lineConn {
 		incoming: make(chan sdkjsonrpc.Message),
 		done:     make(chan struct{}),
 		pending:  map[string]chan directAnswer{},
+		out:      procs.NewGroupWriter(p),
 	}
 	go c.readLoop()
 	return c
@@ -244,15 +246,13 @@ func (c *lineConn) Write(ctx context.Context, msg sdkjsonrpc.Message) error {
 }
 
 func (c *lineConn) writeLine(data []byte) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
 	select {
 	case <-c.done:
 		return mcp.ErrConnectionClosed
 	default:
 	}
 	// One write per message: a line never interleaves with another.
-	_, err := c.pipes.Write(append(data, '\n'))
+	_, err := c.out.Write(append(data, '\n'))
 	return err
 }
 

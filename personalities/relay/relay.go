@@ -316,7 +316,8 @@ func (r *Relay) retire(rc *relayConn) {
 
 func (r *Relay) readLoop(rc *relayConn) {
 	defer close(rc.done)
-	fr := mcpframe.NewReader(rc.r)
+	// Buffered: a frame's length and body come in one read.
+	fr := mcpframe.NewReader(bufio.NewReaderSize(rc.r, 64<<10))
 	reason := "connection closed"
 	for {
 		f, err := fr.Read()
