@@ -17,7 +17,7 @@ type slowSink struct {
 	buf    bytes.Buffer
 	writes int
 	first  []*byte // address of each write's first byte
-	failAt int    // fail the nth write (1-based); 0 never
+	failAt int     // fail the nth write (1-based); 0 never
 	delay  time.Duration
 }
 
