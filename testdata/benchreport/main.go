@@ -142,6 +142,11 @@ func runServer(capsem, dir, echo string, srv echoServer, d time.Duration, withPo
 	fmt.Printf("MCP echo round trip to %s (%s), %s per level (go-sdk client; 2-core machine)\n", srv.name, srv.about, d)
 	fmt.Printf("%-4s | %-28s | %-28s | %-16s | %s\n", "c", "direct p50 / p99 / calls/s", "gateway p50 / p99 / calls/s", "added p50", "gateway/direct calls/s")
 	total := 0
+	// The aggregator starts its servers in the background: one call through
+	// the gateway makes sure the echo server is there to be named.
+	if _, err := plain.session.CallTool(context.Background(), &mcp.CallToolParams{Name: "echo__echo", Arguments: map[string]any{"text": "ping"}}); err != nil {
+		return fmt.Errorf("first gateway call: %w", err)
+	}
 	procs := processes(plain.cmd.Process.Pid, plain.relay.Process.Pid, filepath.Base(echo))
 	var cpuLines, policyLines []string
 	for _, c := range concurrencyLevels {
