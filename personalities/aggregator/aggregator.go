@@ -503,8 +503,9 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 			}
 			var res *mcp.CallToolResult
 			var raw json.RawMessage
+			direct := false
 			s, notReady, err := a.call(ctx, serverName, func(s *server) (err error) {
-				if s.direct != nil {
+				if direct = s.direct != nil; direct {
 					raw, err = s.direct.callDirect(ctx, "tools/call", toolCallParams(original, args))
 					return err
 				}
@@ -517,7 +518,7 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 			if err != nil {
 				return upstream("tool call", err)
 			}
-			if raw != nil {
+			if direct {
 				if r := bytes.TrimSpace(raw); len(r) == 0 || r[0] != '{' {
 					return upstream("tool call", fmt.Errorf("server's result is not a JSON object"))
 				}
