@@ -6,6 +6,7 @@ package relay
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"context"
 	"encoding/json"
 	"errors"
@@ -106,6 +107,8 @@ type Relay struct {
 	mu     sync.Mutex
 	conn   *relayConn
 	nextID uint32
+
+	unsent *relayConn // the connection holding frames Run queued (Run's goroutine only)
 }
 
 type pendingCall struct {
@@ -118,6 +121,7 @@ type relayConn struct {
 	r       io.Reader // c, through raw system calls where it can
 	w       io.Writer
 	wmu     sync.Mutex
+	queued  []byte // frames not yet written (guarded by wmu)
 	mu      sync.Mutex
 	pending map[uint32]pendingCall
 	dead    bool
@@ -135,6 +139,9 @@ func (r *Relay) Run(ctx context.Context, in io.Reader) error {
 		line, tooLong, err := readLine(br, maxLine)
 		if len(line) > 0 || tooLong {
 			r.handleLine(ctx, line, tooLong)
+		}
+		if err != nil || !lineBuffered(br) {
+			r.flushFrames()
 		}
 		if err != nil {
 			r.finish()
@@ -238,19 +245,53 @@ func (r *Relay) handleLine(ctx context.Context, line []byte, tooLong bool) {
 			return
 		}
 	}
-	buf, err := mcpframe.Encode(&f)
-	if err == nil {
-		rc.wmu.Lock()
-		_, err = rc.w.Write(buf)
-		rc.wmu.Unlock()
+	if r.unsent != nil && r.unsent != rc {
+		r.flushFrames()
 	}
+	rc.wmu.Lock()
+	rc.queued, err = mcpframe.Append(rc.queued, &f)
+	rc.wmu.Unlock()
 	if err != nil {
 		rc.c.Close() // the reader then fails every pending call, this one included
+		return
 	}
+	r.unsent = rc
 	if f.StreamID == ^uint32(0) {
 		// Stream ids must keep increasing: start a fresh connection next time.
+		r.flushFrames()
 		r.retire(rc)
 	}
+}
+
+// flushFrames writes the frames Run queued. Run calls it when no further
+// line is already read (lines that came in one read go out in one write),
+// so no frame waits on input that has not arrived.
+func (r *Relay) flushFrames() {
+	rc := r.unsent
+	if rc == nil {
+		return
+	}
+	r.unsent = nil
+	rc.wmu.Lock()
+	var err error
+	if len(rc.queued) > 0 {
+		_, err = rc.w.Write(rc.queued)
+	}
+	if cap(rc.queued) > 64<<10 {
+		rc.queued = nil // do not pin a large buffer after a big request
+	} else {
+		rc.queued = rc.queued[:0]
+	}
+	rc.wmu.Unlock()
+	if err != nil {
+		rc.c.Close() // the reader then fails every pending call
+	}
+}
+
+// lineBuffered reports whether br holds a whole line already.
+func lineBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
 }
 
 // sniffID pulls an id out of a truncated line, best effort, so an oversized
@@ -317,7 +358,21 @@ func (r *Relay) retire(rc *relayConn) {
 func (r *Relay) readLoop(rc *relayConn) {
 	defer close(rc.done)
 	// Buffered: a frame's length and body come in one read.
-	fr := mcpframe.NewReader(bufio.NewReaderSize(rc.r, 64<<10))
+	br := bufio.NewReaderSize(rc.r, 64<<10)
+	fr := mcpframe.NewReader(br)
+	var lines []byte
+	flush := func() {
+		if len(lines) > 0 {
+			r.outMu.Lock()
+			_, _ = r.Out.Write(lines)
+			r.outMu.Unlock()
+		}
+		if cap(lines) > 64<<10 {
+			lines = nil
+		} else {
+			lines = lines[:0]
+		}
+	}
 	reason := "connection closed"
 	for {
 		f, err := fr.Read()
@@ -331,9 +386,15 @@ func (r *Relay) readLoop(rc *relayConn) {
 		delete(rc.pending, f.StreamID)
 		rc.mu.Unlock()
 		if len(f.Payload) > 0 {
-			r.writeLine(f.Payload)
+			lines = appendLine(lines, f.Payload)
+		}
+		// Answers that came in one read go out in one write; none waits on
+		// a frame still arriving.
+		if len(lines) > 64<<10 || !frameBuffered(br) {
+			flush()
 		}
 	}
+	flush()
 	rc.c.Close()
 	rc.mu.Lock()
 	rc.dead = true
@@ -348,14 +409,29 @@ func (r *Relay) readLoop(rc *relayConn) {
 }
 
 func (r *Relay) writeLine(payload []byte) {
+	buf := appendLine(make([]byte, 0, len(payload)+1), payload)
 	r.outMu.Lock()
 	defer r.outMu.Unlock()
-	buf := make([]byte, 0, len(payload)+1)
-	buf = append(buf, payload...)
-	if len(buf) == 0 || buf[len(buf)-1] != '\n' {
-		buf = append(buf, '\n')
-	}
 	_, _ = r.Out.Write(buf)
+}
+
+// appendLine appends payload and, unless it ends in one, a newline.
+func appendLine(b, payload []byte) []byte {
+	b = append(b, payload...)
+	if len(payload) == 0 || payload[len(payload)-1] != '\n' {
+		b = append(b, '\n')
+	}
+	return b
+}
+
+// frameBuffered reports whether br holds a whole frame already.
+func frameBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n < mcpframe.PrefixLen {
+		return false
+	}
+	head, _ := br.Peek(mcpframe.PrefixLen)
+	return n-mcpframe.PrefixLen >= int(binary.BigEndian.Uint32(head))
 }
 
 // finish half-closes the connection and waits for every answer.

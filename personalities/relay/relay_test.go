@@ -359,3 +359,103 @@ func FuzzReadLine(f *testing.F) {
 		}
 	})
 }
+
+// countingConn counts the writes the relay makes to the endpoint.
+type countingConn struct {
+	net.Conn
+	mu     sync.Mutex
+	writes int
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	c.writes++
+	c.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+// countingWriter counts the relay's writes to stdout.
+type countingWriter struct {
+	w      io.Writer
+	mu     sync.Mutex
+	writes int
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	c.writes++
+	c.mu.Unlock()
+	return c.w.Write(b)
+}
+
+// Lines read together go to the endpoint in one write, and answers read
+// together go to stdout in one write; a line or a frame still arriving
+// holds back nothing that came before it.
+func TestRelayBatchesWhatArrivesTogether(t *testing.T) {
+	ep := newFakeEndpoint(t)
+	var conn *countingConn
+	dial := func(ctx context.Context) (net.Conn, error) {
+		c, err := ep.dialer()(ctx)
+		if err != nil {
+			return nil, err
+		}
+		conn = &countingConn{Conn: c}
+		return conn, nil
+	}
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	stdout := &countingWriter{w: outW}
+	r := &Relay{Dial: dial, Name: "claude", Out: stdout}
+	go func() { r.Run(context.Background(), inR); outW.Close() }()
+	t.Cleanup(func() { inW.Close() })
+	rt := &relayUnderTest{in: inW, out: bufio.NewReader(outR)}
+
+	req := func(id int) string { return `{"jsonrpc":"2.0","id":` + string(rune('0'+id)) + `,"method":"tools/call"}` + "\n" }
+	// Three whole lines and the start of a fourth in one write.
+	fourth := req(4)
+	if _, err := inW.Write([]byte(req(1) + req(2) + req(3) + fourth[:10])); err != nil {
+		t.Fatal(err)
+	}
+	fc := <-ep.conns
+	for want := uint32(1); want <= 3; want++ {
+		if f := fc.next(t); f.StreamID != want {
+			t.Fatalf("frame %d has stream %d", want, f.StreamID)
+		}
+	}
+	conn.mu.Lock()
+	writes := conn.writes
+	conn.mu.Unlock()
+	if writes != 2 { // the metadata line, then the three frames together
+		t.Fatalf("%d writes to the endpoint for the metadata line and three requests read together, want 2", writes)
+	}
+	if _, err := inW.Write([]byte(fourth[10:])); err != nil {
+		t.Fatal(err)
+	}
+	if f := fc.next(t); f.StreamID != 4 {
+		t.Fatalf("fourth frame has stream %d", f.StreamID)
+	}
+
+	// Three whole answers and the start of a fourth in one write.
+	var answers []byte
+	for id := uint32(1); id <= 4; id++ {
+		b, _ := mcpframe.Encode(&mcpframe.Frame{StreamID: id, Name: "x", Payload: []byte(`{"jsonrpc":"2.0","id":` + string(rune('0'+id)) + `,"result":{}}`)})
+		answers = append(answers, b...)
+	}
+	cut := len(answers) - 5
+	fc.c.Write(answers[:cut])
+	for id := 1; id <= 3; id++ {
+		if m := rt.recv(t); m["id"] != float64(id) {
+			t.Fatalf("answer %d: %v", id, m)
+		}
+	}
+	stdout.mu.Lock()
+	writes = stdout.writes
+	stdout.mu.Unlock()
+	if writes != 1 {
+		t.Fatalf("%d writes to stdout for three answers read together, want 1", writes)
+	}
+	fc.c.Write(answers[cut:])
+	if m := rt.recv(t); m["id"] != float64(4) {
+		t.Fatalf("answer 4: %v", m)
+	}
+}
