@@ -6,8 +6,8 @@ package relay
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"

@@ -410,7 +410,9 @@ func TestRelayBatchesWhatArrivesTogether(t *testing.T) {
 	t.Cleanup(func() { inW.Close() })
 	rt := &relayUnderTest{in: inW, out: bufio.NewReader(outR)}
 
-	req := func(id int) string { return `{"jsonrpc":"2.0","id":` + string(rune('0'+id)) + `,"method":"tools/call"}` + "\n" }
+	req := func(id int) string {
+		return `{"jsonrpc":"2.0","id":` + string(rune('0'+id)) + `,"method":"tools/call"}` + "\n"
+	}
 	// Three whole lines and the start of a fourth in one write.
 	fourth := req(4)
 	if _, err := inW.Write([]byte(req(1) + req(2) + req(3) + fourth[:10])); err != nil {
