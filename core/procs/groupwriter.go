@@ -8,12 +8,12 @@ import (
 
 // GroupWriter lets many goroutines write whole messages to one stream and
 // puts the messages that are ready at the same moment into one system call.
-// A Write returns once its bytes went out (or the stream failed). The first
-// writer to find no write in progress leads: it yields once, so that the
+// A Write returns once its bytes went out (or the stream failed). A writer
+// that finds no write in progress leads a round: it yields once, so that the
 // goroutines already runnable (answers read from one chunk of input, say)
-// can add their messages, then writes everything pending, and repeats while
-// more arrived meanwhile. When nothing else is runnable the yield returns at
-// once, so a lone writer pays nothing for it. Messages never interleave and
+// can add their messages, then writes everything pending. When nothing else
+// is runnable the yield returns at once, so a lone writer pays nothing for
+// it. Messages never interleave and
 // keep the order in which their Writes were called.
 type GroupWriter struct {
 	w io.Writer
@@ -47,36 +47,43 @@ func (g *GroupWriter) Write(p []byte) (int, error) {
 	g.pending = append(g.pending, p)
 	g.queued++
 	mine := g.queued
-	if g.flushing {
-		for g.done < mine {
+	for g.done < mine {
+		if g.flushing {
 			g.written.Wait()
+			continue
 		}
-		return g.result(mine, len(p))
+		g.flushRound()
 	}
+	return g.result(mine, len(p))
+}
+
+// flushRound writes everything pending, as the leader of one round; called
+// with mu held and no round in progress. A leader leads one round only, the
+// one that carries its own message: messages that arrive during the write
+// are led by one of their own writers, so no caller is kept writing for
+// others under sustained load.
+func (g *GroupWriter) flushRound() {
 	g.flushing = true
 	g.mu.Unlock()
 	runtime.Gosched()
 	g.mu.Lock()
-	for len(g.pending) > 0 && g.err == nil {
-		batch, upTo := g.pending, g.queued
-		g.pending = g.spare[:0]
-		g.mu.Unlock()
-		err := g.writeBatch(batch)
-		g.mu.Lock()
-		clear(batch)
-		g.spare = batch
-		if err != nil {
-			g.err = err
-			upTo = g.queued // everyone still waiting fails with it
-			g.pending = nil
-		} else {
-			g.good = upTo
-		}
-		g.done = upTo
-		g.written.Broadcast()
+	batch, upTo := g.pending, g.queued
+	g.pending = g.spare[:0]
+	g.mu.Unlock()
+	err := g.writeBatch(batch)
+	g.mu.Lock()
+	clear(batch)
+	g.spare = batch
+	if err != nil {
+		g.err = err
+		upTo = g.queued // everyone still waiting fails with it
+		g.pending = nil
+	} else {
+		g.good = upTo
 	}
+	g.done = upTo
 	g.flushing = false
-	return g.result(mine, len(p))
+	g.written.Broadcast()
 }
 
 // groupLimit is the most bytes copied together into one write; a bigger

@@ -106,3 +106,63 @@ func TestGroupWriterFailureIsSticky(t *testing.T) {
 		t.Fatalf("sink holds %q", sink.buf.String())
 	}
 }
+
+// arrivingSink: during each of its first arrivals writes, a new writer
+// arrives and queues a message (so there is always more to write).
+type arrivingSink struct {
+	g        *GroupWriter
+	mu       sync.Mutex
+	writes   int
+	arrivals int
+	wg       sync.WaitGroup
+}
+
+func (s *arrivingSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	s.writes++
+	spawn := s.writes <= s.arrivals
+	s.mu.Unlock()
+	if spawn {
+		s.g.mu.Lock()
+		before := s.g.queued
+		s.g.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.g.Write([]byte("other\n"))
+		}()
+		for { // until the newcomer's message is queued
+			s.g.mu.Lock()
+			queued := s.g.queued
+			s.g.mu.Unlock()
+			if queued > before {
+				break
+			}
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+	return len(p), nil
+}
+
+// A writer that leads a round returns after it, even while new writers keep
+// arriving during every write: it is not kept writing their messages.
+func TestGroupWriterLeaderLeadsOneRound(t *testing.T) {
+	sink := &arrivingSink{arrivals: 50}
+	g := NewGroupWriter(sink)
+	sink.g = g
+	if _, err := g.Write([]byte("leader\n")); err != nil {
+		t.Fatal(err)
+	}
+	sink.mu.Lock()
+	writes := sink.writes
+	sink.mu.Unlock()
+	if writes != 1 {
+		t.Fatalf("the leader returned after %d writes, want 1 (its own round)", writes)
+	}
+	sink.wg.Wait() // the newcomers lead their own rounds
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if sink.writes != sink.arrivals+1 {
+		t.Fatalf("%d writes, want %d", sink.writes, sink.arrivals+1)
+	}
+}
