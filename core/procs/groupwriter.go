@@ -13,8 +13,8 @@ import (
 // goroutines already runnable (answers read from one chunk of input, say)
 // can add their messages, then writes everything pending. When nothing else
 // is runnable the yield returns at once, so a lone writer pays nothing for
-// it. Messages never interleave and
-// keep the order in which their Writes were called.
+// it. Messages never interleave and keep the order in which their Writes
+// were called.
 type GroupWriter struct {
 	w io.Writer
 
