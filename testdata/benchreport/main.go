@@ -100,6 +100,10 @@ func run(d time.Duration) error {
 	if err != nil {
 		return err
 	}
+	hop, err := build("hop", "./testdata/hop")
+	if err != nil {
+		return err
+	}
 	floor, err := measureFloor(dir, linecat, 2000)
 	if err != nil {
 		return fmt.Errorf("floor: %w", err)
@@ -110,7 +114,7 @@ func run(d time.Duration) error {
 			return err
 		}
 		// The policy comparison does not depend on the server: it runs once.
-		if err := runServer(capsem, dir, bin, srv, d, i == 0); err != nil {
+		if err := runServer(capsem, dir, bin, hop, srv, d, i == 0); err != nil {
 			return fmt.Errorf("%s: %w", srv.name, err)
 		}
 	}
@@ -120,7 +124,12 @@ func run(d time.Duration) error {
 
 // runServer prints the direct vs gateway table for one echo server, and
 // with withPolicy the realistic policy vs allow-all.
-func runServer(capsem, dir, echo string, srv echoServer, d time.Duration, withPolicy bool) error {
+//
+// Beside them it runs the same calls through three do-nothing Go processes
+// (testdata/hop) in front of the server: as many processes as the gateway
+// path adds, so that column is this machine's floor for the design before
+// any gateway work, measured at each level under the same load.
+func runServer(capsem, dir, echo, hop string, srv echoServer, d time.Duration, withPolicy bool) error {
 	plain, err := startGateway(capsem, dir, srv.name+"-plain", fmt.Sprintf("[[mcp.servers]]\nname = \"echo\"\ncommand = %q\n", echo), true)
 	if err != nil {
 		return err
@@ -138,9 +147,15 @@ func runServer(capsem, dir, echo string, srv echoServer, d time.Duration, withPo
 		return fmt.Errorf("direct session: %w", err)
 	}
 	defer direct.Close()
+	chain, err := connect(exec.Command(hop, hop, hop, echo))
+	if err != nil {
+		return fmt.Errorf("3-hop session: %w", err)
+	}
+	defer chain.Close()
 
 	fmt.Printf("MCP echo round trip to %s (%s), %s per level (go-sdk client; 2-core machine)\n", srv.name, srv.about, d)
 	fmt.Printf("%-4s | %-28s | %-28s | %-16s | %s\n", "c", "direct p50 / p99 / calls/s", "gateway p50 / p99 / calls/s", "added p50", "gateway/direct calls/s")
+	var floorLines []string
 	total := 0
 	// The aggregator starts its servers in the background: one call through
 	// the gateway makes sure the echo server is there to be named.
@@ -151,6 +166,9 @@ func runServer(capsem, dir, echo string, srv echoServer, d time.Duration, withPo
 	var cpuLines, policyLines []string
 	for _, c := range concurrencyLevels {
 		base := measure(direct, "echo", c, d)
+		hops := measure(chain, "echo", c, d)
+		floorLines = append(floorLines, fmt.Sprintf("%-4d | %7s %8s %9.0f | %16s | %.0f%%", c,
+			us(hops.p50), us(hops.p99), hops.perSec, us(hops.p50-base.p50), 100*hops.perSec/base.perSec))
 		before, switchesBefore := cpuTimes(procs), contextSwitches(procs)
 		gwr := measure(plain.session, "echo__echo", c, d)
 		after, switchesAfter := cpuTimes(procs), contextSwitches(procs)
@@ -169,6 +187,11 @@ func runServer(capsem, dir, echo string, srv echoServer, d time.Duration, withPo
 			policyLines = append(policyLines, fmt.Sprintf("%-4d | %7s %8s %9.0f | %7s %8s %9.0f | %+8s",
 				c, us(gwr.p50), us(gwr.p99), gwr.perSec, us(pol.p50), us(pol.p99), pol.perSec, us(pol.p50-gwr.p50)))
 		}
+	}
+	fmt.Println("Floor: the direct call through 3 do-nothing Go processes (hop hop hop server; as many processes as the gateway path adds):")
+	fmt.Printf("%-4s | %-28s | %-16s | %s\n", "c", "3 hops p50 / p99 / calls/s", "added p50", "3 hops/direct calls/s")
+	for _, l := range floorLines {
+		fmt.Println(l)
 	}
 	fmt.Println("CPU time and context switches (cs, all threads) per gateway call, by process:")
 	for _, l := range cpuLines {
@@ -226,6 +249,9 @@ func startGateway(capsem, dir, name, config string, profile bool) (*gateway, err
 	if p := os.Getenv("CAPSEM_BENCH_GATEWAY_PROFILE"); p != "" && profile {
 		g.cmd.Env = append(g.cmd.Env, "CAPSEM_CPUPROFILE="+p)
 	}
+	// For experiments: extra environment for the gateway process only
+	// (say GOMAXPROCS=2), space-separated.
+	g.cmd.Env = append(g.cmd.Env, strings.Fields(os.Getenv("CAPSEM_BENCH_GATEWAY_ENV"))...)
 	g.cmd.Stderr = os.Stderr
 	if err := g.cmd.Start(); err != nil {
 		return nil, err
