@@ -83,6 +83,9 @@ type Endpoint struct {
 	policy   atomic.Pointer[policyBox]
 	timeouts atomic.Pointer[Timeouts]
 	log      *slog.Logger
+	// onlyInfoMeta is the _meta of a stateless result that had none:
+	// the gateway's identity alone, encoded once.
+	onlyInfoMeta []byte
 }
 
 // Timeouts are the endpoint's deadlines; zero fields take the defaults.
@@ -112,6 +115,7 @@ func New(cfg Config) *Endpoint {
 		cfg.Logger = slog.Default()
 	}
 	e := &Endpoint{cfg: cfg, sem: make(chan struct{}, cfg.InFlight), log: cfg.Logger}
+	e.onlyInfoMeta, _ = json.Marshal(map[string]any{metaServerInfo: e.serverInfo()})
 	e.SetPolicy(cfg.Policy)
 	e.SetTimeouts(Timeouts{Default: cfg.DefaultTimeout, Tool: cfg.ToolTimeout, PerTool: cfg.ToolTimeouts})
 	return e
@@ -246,16 +250,6 @@ func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, 
 	return r
 }
 
-// params of the methods we route.
-type nameParams struct {
-	Name      *string         `json:"name"`
-	Arguments json.RawMessage `json:"arguments"`
-}
-
-type uriParams struct {
-	URI *string `json:"uri"`
-}
-
 func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 	out := &outcome{decision: "allowed", server: "gateway"}
 	call := &policy.Call{Method: msg.Method}
@@ -265,51 +259,57 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 	case "tools/list", "resources/list", "resources/templates/list", "prompts/list":
 		out.server = "*"
 	case "tools/call", "prompts/get":
-		var p nameParams
-		if perr := decodeParams(msg.Params, &p); perr != nil {
+		if perr := objectParams(msg.Params); perr != nil {
 			return out.fail(perr)
 		}
 		kind := "tool"
 		if msg.Method == "prompts/get" {
 			kind = "prompt"
 		}
-		if p.Name == nil || *p.Name == "" {
+		name, perr := stringParam(msg.Params, "name")
+		if perr != nil {
+			return out.fail(perr)
+		}
+		if name == "" {
 			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "missing %s name", kind))
 		}
-		args := p.Arguments
+		args, _, _ := rawjson.Member(msg.Params, "arguments")
 		if len(args) == 0 || string(args) == "null" {
 			args = json.RawMessage(`{}`)
 		}
 		if args[0] != '{' {
 			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "%s arguments must be a JSON object", kind))
 		}
-		server, _, ok := strings.Cut(*p.Name, "__")
+		server, _, ok := strings.Cut(name, "__")
 		if !ok || server == "" {
-			out.tool = *p.Name
-			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "%s name %q is not namespaced as <server>__<name>", kind, *p.Name))
+			out.tool = name
+			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "%s name %q is not namespaced as <server>__<name>", kind, name))
 		}
-		out.server, out.tool = server, *p.Name
-		call.Server, call.Name, call.Arguments = server, *p.Name, args
+		out.server, out.tool = server, name
+		call.Server, call.Name, call.Arguments = server, name, args
 		method := aggwire.MethodCallTool
 		if msg.Method == "prompts/get" {
 			method = aggwire.MethodGetPrompt
 		}
-		req = &aggwire.Request{Method: method, Name: *p.Name, Arguments: args}
+		req = &aggwire.Request{Method: method, Name: name, Arguments: args}
 	case "resources/read":
-		var p uriParams
-		if perr := decodeParams(msg.Params, &p); perr != nil {
+		if perr := objectParams(msg.Params); perr != nil {
 			return out.fail(perr)
 		}
-		if p.URI == nil || *p.URI == "" {
+		uri, perr := stringParam(msg.Params, "uri")
+		if perr != nil {
+			return out.fail(perr)
+		}
+		if uri == "" {
 			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "missing resource URI"))
 		}
-		server, ok := ResourceServer(*p.URI)
+		server, ok := ResourceServer(uri)
 		if !ok {
-			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "resource URI %q is not namespaced as capsem://<server>/<uri>", *p.URI))
+			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "resource URI %q is not namespaced as capsem://<server>/<uri>", uri))
 		}
-		out.server, out.tool = server, *p.URI
-		call.Server, call.URI = server, *p.URI
-		req = &aggwire.Request{Method: aggwire.MethodReadResource, URI: *p.URI}
+		out.server, out.tool = server, uri
+		call.Server, call.URI = server, uri
+		req = &aggwire.Request{Method: aggwire.MethodReadResource, URI: uri}
 	default:
 		return out.fail(jsonrpc.NewError(jsonrpc.CodeMethodNotFound, "method not found: %s", msg.Method))
 	}
@@ -395,19 +395,20 @@ func (e *Endpoint) decorateStateless(result json.RawMessage) json.RawMessage {
 	if len(out) == 0 || out[0] != '{' || !json.Valid(out) {
 		return result
 	}
-	meta := map[string]json.RawMessage{}
 	rawMeta, at, hasMeta := rawjson.Member(out, "_meta")
-	if hasMeta && json.Unmarshal(rawMeta, &meta) != nil || meta == nil {
-		meta = map[string]json.RawMessage{} // not an object: replaced
-	}
-	info, err := json.Marshal(e.serverInfo())
-	if err != nil {
-		return result
-	}
-	meta[metaServerInfo] = info
-	newMeta, err := json.Marshal(meta)
-	if err != nil {
-		return result
+	newMeta := e.onlyInfoMeta // the usual case: no _meta, or one that is not an object
+	if hasMeta && rawMeta[0] == '{' {
+		meta := map[string]json.RawMessage{}
+		if json.Unmarshal(rawMeta, &meta) == nil {
+			info, err := json.Marshal(e.serverInfo())
+			if err != nil {
+				return result
+			}
+			meta[metaServerInfo] = info
+			if newMeta, err = json.Marshal(meta); err != nil {
+				return result
+			}
+		}
 	}
 	if hasMeta {
 		spliced := make([]byte, 0, len(out)-len(rawMeta)+len(newMeta))
@@ -445,17 +446,52 @@ func (o *outcome) fail(err *jsonrpc.Error) *outcome {
 	return o
 }
 
-func decodeParams(raw json.RawMessage, into any) *jsonrpc.Error {
+// objectParams checks that a request carries params and that they are an
+// object (ParseRequest has already checked they are valid JSON).
+func objectParams(raw json.RawMessage) *jsonrpc.Error {
 	if len(raw) == 0 {
 		return jsonrpc.NewError(jsonrpc.CodeInvalidParams, "missing params")
 	}
 	if raw[0] != '{' {
 		return jsonrpc.NewError(jsonrpc.CodeInvalidParams, "params must be an object")
 	}
-	if err := json.Unmarshal(raw, into); err != nil {
-		return jsonrpc.NewError(jsonrpc.CodeInvalidParams, "invalid params: %v", err)
-	}
 	return nil
+}
+
+// stringParam returns the string member key of params, an object; "" when
+// it is absent or null. Keys match exactly, as the MCP SDKs decode them
+// (encoding/json would also take "Name" for "name"), and where a key
+// repeats the last one counts. The value is read off the params' text
+// rather than by decoding the whole object, whose arguments may be large.
+func stringParam(params json.RawMessage, key string) (string, *jsonrpc.Error) {
+	raw, _, ok := rawjson.Member(params, key)
+	if !ok || string(raw) == "null" {
+		return "", nil
+	}
+	if raw[0] != '"' {
+		return "", jsonrpc.NewError(jsonrpc.CodeInvalidParams, "invalid params: %s must be a string", key)
+	}
+	if s, ok := plainString(raw); ok {
+		return s, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", jsonrpc.NewError(jsonrpc.CodeInvalidParams, "invalid params: %s: %v", key, err)
+	}
+	return s, nil
+}
+
+// plainString returns the text of a quoted JSON string made only of
+// printable ASCII without escapes, the common case, whose text is its
+// bytes; ok is false for anything that needs decoding.
+func plainString(quoted []byte) (string, bool) {
+	inner := quoted[1 : len(quoted)-1]
+	for _, c := range inner {
+		if c < 0x20 || c > 0x7e || c == '\\' || c == '"' {
+			return "", false
+		}
+	}
+	return string(inner), true
 }
 
 // ResourceServer returns the server of a namespaced resource URI.

@@ -231,6 +231,11 @@ func TestDispatchEveryMethod(t *testing.T) {
 		{18, `{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"name":"srv__missing"}}`, jsonrpc.CodeInvalidParams, `unknown tool`},
 		{19, `{"jsonrpc":"2.0","id":19,"method":"tools/call","params":{"name":"srv__echo","arguments":[1]}}`, jsonrpc.CodeInvalidParams, `must be a JSON object`},
 		{20, `{"jsonrpc":"2.0","id":20,"method":"resources/read","params":{"uri":"file:///etc/passwd"}}`, jsonrpc.CodeInvalidParams, `not namespaced`},
+		{21, `{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"Name":"srv__echo","arguments":{"text":"hi"}}}`, jsonrpc.CodeInvalidParams, `missing tool name`},
+		{22, `{"jsonrpc":"2.0","id":22,"method":"tools/call","params":{"name":7}}`, jsonrpc.CodeInvalidParams, `name must be a string`},
+		{23, `{"jsonrpc":"2.0","id":23,"method":"tools/call","params":{"name":"srv\u005f_echo","arguments":{"text":"escaped"}}}`, 0, `"text":"escaped"`},
+		{24, `{"jsonrpc":"2.0","id":24,"method":"resources/read","params":{"uri":["capsem://srv/mem://a"]}}`, jsonrpc.CodeInvalidParams, `uri must be a string`},
+		{25, `{"jsonrpc":"2.0","id":25,"method":"tools/call","params":"srv__echo"}`, jsonrpc.CodeInvalidRequest, `params must be an object or array`},
 	}
 	for _, tc := range cases {
 		r := h.call(tc.stream, tc.req)
@@ -248,7 +253,8 @@ func TestDispatchEveryMethod(t *testing.T) {
 		!strings.Contains(row[0][7].(string), `"text":"hi"`) || !strings.Contains(row[0][8].(string), `"text":"hi"`) {
 		t.Fatalf("string-id row: %v", row)
 	}
-	if n := h.rows(`SELECT COUNT(*) FROM net_events WHERE domain='example.com' AND conn_type='mcp_builtin' AND process_name='claude'`)[0][0].(int64); n != 1 {
+	// Two echo calls (stream 4, and 23 with an escaped name) each hand back one.
+	if n := h.rows(`SELECT COUNT(*) FROM net_events WHERE domain='example.com' AND conn_type='mcp_builtin' AND process_name='claude'`)[0][0].(int64); n != 2 {
 		t.Fatalf("net_events rows: %d", n)
 	}
 	fail := h.rows(`SELECT decision, error_code, error_message FROM mcp_calls WHERE request_id='17'`)
