@@ -257,6 +257,8 @@ func (g *Gateway) Close() error {
 	var err error
 	if g.Ledger != nil && g.ownsLedger {
 		err = g.Ledger.Close()
+		st := g.Ledger.Stats()
+		g.log.Info("ledger closed", "path", g.Ledger.Path(), "rows", st.Rows, "commits", st.Commits, "failed_rows", st.FailedRows, "checkpoints", st.Checkpoints)
 	}
 	if g.scratch != "" {
 		os.RemoveAll(g.scratch)
