@@ -8,11 +8,12 @@ package jsonrpc
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/capsem/capsem/core/rawjson"
 )
 
 // Standard codes, from the MCP SDK, plus the server-defined timeout code.
@@ -59,44 +60,52 @@ type wire struct {
 
 // ParseRequest parses a request or notification. On failure it returns the
 // error object to send back and, when it could be read, the id to send it on.
+// Member names match exactly, as the MCP SDKs read them ("Method" is not
+// "method"; encoding/json would take either), and where one repeats the last
+// counts. The message's ID and Params are slices of data.
 func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
 		return nil, NewError(CodeParseError, "parse error: empty message"), nil
 	}
-	var w wire
-	if trimmed[0] == '{' {
-		// One pass: a syntax error is -32700, a shape error -32600.
-		if err := json.Unmarshal(trimmed, &w); err != nil {
-			var syntax *json.SyntaxError
-			if errors.As(err, &syntax) || !json.Valid(trimmed) {
-				return nil, NewError(CodeParseError, "parse error: %v", err), nil
-			}
-			return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: %v", err), nil
-		}
-	} else {
-		if !json.Valid(trimmed) {
-			var v any
-			err := json.Unmarshal(trimmed, &v)
-			return nil, NewError(CodeParseError, "parse error: %v", err), nil
-		}
-		if trimmed[0] == '[' {
-			return nil, NewError(CodeInvalidRequest, "batch requests are not supported"), nil
-		}
+	if !json.Valid(trimmed) {
+		var v any
+		err := json.Unmarshal(trimmed, &v)
+		return nil, NewError(CodeParseError, "parse error: %v", err), nil
+	}
+	switch trimmed[0] {
+	case '{':
+	case '[':
+		return nil, NewError(CodeInvalidRequest, "batch requests are not supported"), nil
+	default:
 		return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: not an object"), nil
 	}
-	id, idErr := normalizeID(w.ID)
+	// One pass over the members, skipping the values it does not keep (the
+	// params may be large). The text is valid JSON, so the scan cannot fail.
+	var version, rawID, rawMethod, params []byte
+	rawjson.EachMember(trimmed, func(key, value []byte) {
+		switch {
+		case rawjson.KeyIs(key, "jsonrpc"):
+			version = value
+		case rawjson.KeyIs(key, "id"):
+			rawID = value
+		case rawjson.KeyIs(key, "method"):
+			rawMethod = value
+		case rawjson.KeyIs(key, "params"):
+			params = value
+		}
+	})
+	id, idErr := normalizeID(rawID)
 	if idErr != nil {
 		return nil, idErr, nil
 	}
-	if w.JSONRPC == nil || *w.JSONRPC != "2.0" {
+	if !isVersion2(version) {
 		return nil, NewError(CodeInvalidRequest, "unsupported JSON-RPC version (want \"2.0\")"), id
 	}
-	var method string
-	if len(w.Method) == 0 || json.Unmarshal(w.Method, &method) != nil || method == "" {
+	method, ok := jsonString(rawMethod)
+	if !ok || method == "" {
 		return nil, NewError(CodeInvalidRequest, "missing JSON-RPC method"), id
 	}
-	params := w.Params
 	if isNull(params) {
 		params = nil
 	}
@@ -104,6 +113,41 @@ func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 		return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: params must be an object or array"), id
 	}
 	return &Message{ID: id, Method: method, Params: params}, nil, id
+}
+
+// isVersion2 reports whether a jsonrpc member's raw value is the string "2.0".
+func isVersion2(raw []byte) bool {
+	if string(raw) == `"2.0"` {
+		return true
+	}
+	v, ok := jsonString(raw)
+	return ok && v == "2.0"
+}
+
+// jsonString decodes a raw JSON string value; ok is false for anything else.
+func jsonString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", false
+	}
+	if inner := raw[1 : len(raw)-1]; isPlainASCII(inner) {
+		return string(inner), true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// isPlainASCII reports whether a string's quoted text is printable ASCII
+// with no escapes: then its text is its value.
+func isPlainASCII(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e || c == '\\' || c == '"' {
+			return false
+		}
+	}
+	return true
 }
 
 func isNull(raw json.RawMessage) bool {

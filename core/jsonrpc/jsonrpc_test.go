@@ -32,6 +32,16 @@ func TestParseRequest(t *testing.T) {
 		{"object id", `{"jsonrpc":"2.0","id":{},"method":"ping"}`, CodeInvalidRequest, ``, "", false},
 		{"bool id", `{"jsonrpc":"2.0","id":true,"method":"ping"}`, CodeInvalidRequest, ``, "", false},
 		{"scalar params", `{"jsonrpc":"2.0","id":5,"method":"ping","params":3}`, CodeInvalidRequest, `5`, "", false},
+		// Member names match exactly, as in the MCP SDKs; the last of a repeat counts.
+		{"version name cased", `{"JSONRPC":"2.0","id":6,"method":"ping"}`, CodeInvalidRequest, `6`, "", false},
+		{"method name cased", `{"jsonrpc":"2.0","id":6,"Method":"ping"}`, CodeInvalidRequest, `6`, "", false},
+		{"cased duplicate ignored", `{"jsonrpc":"2.0","id":6,"method":"ping","Method":"tools/list"}`, 0, `6`, "ping", false},
+		{"cased id is no id", `{"jsonrpc":"2.0","ID":6,"method":"ping"}`, 0, ``, "ping", true},
+		{"last method counts", `{"jsonrpc":"2.0","id":6,"method":"tools/list","method":"ping"}`, 0, `6`, "ping", false},
+		{"escaped names", `{"jsonrpc":"2.0","id":7,"method":"ping"}`, 0, `7`, "ping", false},
+		{"version not a string", `{"jsonrpc":2.0,"id":8,"method":"ping"}`, CodeInvalidRequest, `8`, "", false},
+		{"string id normalized", `{"jsonrpc":"2.0","id":"ab","method":"ping"}`, 0, `"ab"`, "ping", false},
+		{"space everywhere", " \n{ \"jsonrpc\" : \"2.0\" , \"id\" : 9 , \"method\" : \"ping\" , \"params\" : { } }\n", 0, `9`, "ping", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,6 +149,48 @@ func FuzzParseResponse(f *testing.F) {
 			default:
 				t.Fatalf("id %s is neither a number nor a string", msg.ID)
 			}
+		}
+	})
+}
+
+// FuzzParseRequestMatchesExactDecode checks ParseRequest against a decode of
+// the whole message into a map (exact member names, the last repeat wins):
+// the same verdict, and on success the same id, method and params.
+func FuzzParseRequestMatchesExactDecode(f *testing.F) {
+	for _, s := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__b","arguments":{}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"JSONRPC":"2.0","id":1,"method":"x"}`, `{"jsonrpc":"2.0","id":"\u0061","Method":"x","method":"y"}`,
+		`{"jsonrpc":"2.0","id":1,"method":"x","params":null}`, `{"jsonrpc":"2.0","id":[],"method":"x"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var members map[string]json.RawMessage
+		if json.Unmarshal(data, &members) != nil || members == nil {
+			return // not an object: the other fuzz target covers it
+		}
+		msg, perr, _ := ParseRequest(data)
+		wantID, idErr := normalizeID(members["id"])
+		var version, method string
+		versionOK := json.Unmarshal(members["jsonrpc"], &version) == nil && version == "2.0" && members["jsonrpc"][0] == '"'
+		methodOK := len(members["method"]) > 0 && members["method"][0] == '"' && json.Unmarshal(members["method"], &method) == nil && method != ""
+		params := members["params"]
+		if isNull(params) {
+			params = nil
+		}
+		paramsOK := params == nil || params[0] == '{' || params[0] == '['
+		if idErr != nil || !versionOK || !methodOK || !paramsOK {
+			if perr == nil || perr.Code != CodeInvalidRequest {
+				t.Fatalf("%s: got %+v, %+v; want an invalid-request error", data, msg, perr)
+			}
+			return
+		}
+		if perr != nil {
+			t.Fatalf("%s: unexpected error %+v", data, perr)
+		}
+		if string(msg.ID) != string(wantID) || msg.Method != method || string(msg.Params) != string(params) {
+			t.Fatalf("%s: got id %s method %q params %s; want %s %q %s", data, msg.ID, msg.Method, msg.Params, wantID, method, params)
 		}
 	})
 }

@@ -95,6 +95,58 @@ func Member(obj []byte, key string) (value []byte, start int, ok bool) {
 	return nil, 0, false
 }
 
+// EachMember calls fn with each member of obj, a JSON object (leading space
+// allowed), in order: its quoted key as it appears in the text and its raw
+// value. A repeated key is passed each time. It reports false, having
+// called fn for the members before the fault, when obj is not an object
+// or is malformed.
+func EachMember(obj []byte, fn func(quotedKey, value []byte)) bool {
+	i := skipWS(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return false
+	}
+	i = skipWS(obj, i+1)
+	if i < len(obj) && obj[i] == '}' {
+		return true
+	}
+	for i < len(obj) {
+		if obj[i] != '"' {
+			return false
+		}
+		kEnd := skipString(obj, i)
+		if kEnd < 0 {
+			return false
+		}
+		key := obj[i:kEnd]
+		i = skipWS(obj, kEnd)
+		if i >= len(obj) || obj[i] != ':' {
+			return false
+		}
+		vStart := skipWS(obj, i+1)
+		vEnd := skipValue(obj, vStart)
+		if vEnd < 0 {
+			return false
+		}
+		fn(key, obj[vStart:vEnd])
+		i = skipWS(obj, vEnd)
+		if i >= len(obj) {
+			return false
+		}
+		if obj[i] == '}' {
+			return true
+		}
+		if obj[i] != ',' {
+			return false
+		}
+		i = skipWS(obj, i+1)
+	}
+	return false
+}
+
+// KeyIs reports whether a quoted JSON key (as EachMember passes it) is key,
+// unescaping only when the key has escapes.
+func KeyIs(quotedKey []byte, key string) bool { return keyEquals(quotedKey, key) }
+
 // elementOf returns the element at a decimal index of an array.
 func elementOf(arr []byte, index string) ([]byte, bool) {
 	n, err := strconv.Atoi(index)

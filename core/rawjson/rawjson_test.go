@@ -86,3 +86,48 @@ func TestMember(t *testing.T) {
 		}
 	}
 }
+
+func TestEachMember(t *testing.T) {
+	type member struct{ key, value string }
+	for _, tc := range []struct {
+		doc  string
+		want []member
+		ok   bool
+	}{
+		{` { "a" : 1 , "m" : {"x":["}",1]} , "a" : "last" } `, []member{{`"a"`, `1`}, {`"m"`, `{"x":["}",1]}`}, {`"a"`, `"last"`}}, true},
+		{`{"k\"ey":"v\\","e\u0061":null}`, []member{{`"k\"ey"`, `"v\\"`}, {`"e\u0061"`, `null`}}, true},
+		{`{}`, nil, true},
+		{` {  } `, nil, true},
+		{`[1]`, nil, false},
+		{`"s"`, nil, false},
+		{``, nil, false},
+		{`{"a":1,`, []member{{`"a"`, `1`}}, false},
+		{`{"a" 1}`, nil, false},
+		{`{"a":1 "b":2}`, []member{{`"a"`, `1`}}, false},
+	} {
+		var got []member
+		ok := EachMember([]byte(tc.doc), func(k, v []byte) { got = append(got, member{string(k), string(v)}) })
+		if ok != tc.ok || len(got) != len(tc.want) {
+			t.Errorf("EachMember(%s) = %v, %v; want %v, %v", tc.doc, got, ok, tc.want, tc.ok)
+			continue
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("EachMember(%s) member %d = %v, want %v", tc.doc, i, got[i], tc.want[i])
+			}
+		}
+	}
+	for _, tc := range []struct {
+		quoted, key string
+		want        bool
+	}{
+		{`"id"`, "id", true},
+		{`"ID"`, "id", false},
+		{`"i\u0064"`, "id", true},
+		{`"i\u0064x"`, "id", false},
+	} {
+		if got := KeyIs([]byte(tc.quoted), tc.key); got != tc.want {
+			t.Errorf("KeyIs(%s, %q) = %v", tc.quoted, tc.key, got)
+		}
+	}
+}
