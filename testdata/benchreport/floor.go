@@ -97,5 +97,5 @@ func printFloor(f floorFigures) {
 	fmt.Printf("  one process round trip, 200 B over pipes: through cat p50 %s, through a Go process (linecat, our I/O path) p50 %s\n", us(f.hop), us(f.goHop))
 	fmt.Printf("  the gateway path adds 3 Go processes (relay, endpoint, aggregator): %s\n", us(3*f.goHop))
 	fmt.Printf("  one-row ledger commit (must finish before the answer leaves) p50 %s (p99 %s)\n", us(f.commit), us(f.commitP99))
-	fmt.Printf("  sum: %s (back to back; a process woken after an idle gap costs more)\n", us(3*f.goHop+f.commit))
+	fmt.Printf("  sum: %s (back to back; a process woken after an idle gap costs more: the \"3 hops\" tables above time that under each level's load)\n", us(3*f.goHop+f.commit))
 }
