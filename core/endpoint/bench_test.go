@@ -79,7 +79,7 @@ func benchServeConn(b *testing.B, inFlight int) {
 				readErr <- err
 				return
 			}
-			if f.Payload[len(f.Payload)-1] != '}' {
+			if len(f.Payload) == 0 || f.Payload[len(f.Payload)-1] != '}' {
 				readErr <- fmt.Errorf("answer %q", f.Payload)
 				return
 			}

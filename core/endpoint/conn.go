@@ -209,10 +209,14 @@ func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 // handlerPool runs a connection's calls on goroutines that outlive one
 // call. A goroutine per call starts on a minimal stack and grows it, by
 // copying, through the deep call path of every request: 8% of the
-// gateway's CPU at concurrency 64. A worker keeps its grown stack and waits
-// for the next call; there are never more workers than calls in flight at
-// once (the endpoint's cap bounds them), and all of them end once the
-// connection's reader closes the pool and their calls are done.
+// gateway's CPU at concurrency 64. A worker keeps its grown stack (until a
+// collection finds it parked and shrinks it) and waits for the next call.
+// Workers are started only when none is idle, so there are about as many
+// as the connection's peak of calls in flight (a few more at most: a
+// worker frees its in-flight slot just before it is idle again, so a call
+// that takes the slot then starts another); they stay parked until the
+// connection's reader closes the pool, and then end once their calls are
+// done.
 type handlerPool struct {
 	jobs    chan func() // unbuffered: a send succeeds only to an idle worker
 	wg      *sync.WaitGroup

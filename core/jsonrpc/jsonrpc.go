@@ -62,7 +62,7 @@ type wire struct {
 // error object to send back and, when it could be read, the id to send it on.
 // Member names match exactly, as the MCP SDKs read them ("Method" is not
 // "method"; encoding/json would take either), and where one repeats the last
-// counts. The message's ID and Params are slices of data.
+// counts. Params is a slice of data; ID is a copy.
 func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
@@ -82,9 +82,11 @@ func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 	}
 	// One pass over the members, skipping the values it does not keep (the
 	// params may be large). The text is valid JSON, so the scan cannot fail.
-	var version, rawID, rawMethod, params []byte
+	var version, rawID, rawMethod, params, rawError []byte
 	rawjson.EachMember(trimmed, func(key, value []byte) {
 		switch {
+		case rawjson.KeyIs(key, "error"):
+			rawError = value
 		case rawjson.KeyIs(key, "jsonrpc"):
 			version = value
 		case rawjson.KeyIs(key, "id"):
@@ -98,6 +100,14 @@ func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 	id, idErr := normalizeID(rawID)
 	if idErr != nil {
 		return nil, idErr, nil
+	}
+	if !isNull(rawError) {
+		// A request has no error member; like the MCP SDK, refuse one that
+		// is not an error object rather than ignore it.
+		var e Error
+		if err := json.Unmarshal(rawError, &e); err != nil {
+			return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: error member: %v", err), id
+		}
 	}
 	if !isVersion2(version) {
 		return nil, NewError(CodeInvalidRequest, "unsupported JSON-RPC version (want \"2.0\")"), id

@@ -32,15 +32,18 @@ func TestParseRequest(t *testing.T) {
 		{"object id", `{"jsonrpc":"2.0","id":{},"method":"ping"}`, CodeInvalidRequest, ``, "", false},
 		{"bool id", `{"jsonrpc":"2.0","id":true,"method":"ping"}`, CodeInvalidRequest, ``, "", false},
 		{"scalar params", `{"jsonrpc":"2.0","id":5,"method":"ping","params":3}`, CodeInvalidRequest, `5`, "", false},
+		{"error member of the wrong type", `{"jsonrpc":"2.0","id":5,"method":"ping","error":5}`, CodeInvalidRequest, `5`, "", false},
+		{"error member not an error", `{"jsonrpc":"2.0","id":5,"method":"ping","error":{"code":"x"}}`, CodeInvalidRequest, `5`, "", false},
+		{"null error member", `{"jsonrpc":"2.0","id":5,"method":"ping","error":null}`, 0, `5`, "ping", false},
 		// Member names match exactly, as in the MCP SDKs; the last of a repeat counts.
 		{"version name cased", `{"JSONRPC":"2.0","id":6,"method":"ping"}`, CodeInvalidRequest, `6`, "", false},
 		{"method name cased", `{"jsonrpc":"2.0","id":6,"Method":"ping"}`, CodeInvalidRequest, `6`, "", false},
 		{"cased duplicate ignored", `{"jsonrpc":"2.0","id":6,"method":"ping","Method":"tools/list"}`, 0, `6`, "ping", false},
 		{"cased id is no id", `{"jsonrpc":"2.0","ID":6,"method":"ping"}`, 0, ``, "ping", true},
 		{"last method counts", `{"jsonrpc":"2.0","id":6,"method":"tools/list","method":"ping"}`, 0, `6`, "ping", false},
-		{"escaped names", `{"jsonrpc":"2.0","id":7,"method":"ping"}`, 0, `7`, "ping", false},
+		{"escaped names", `{"json\u0072pc":"2\u002e0","\u0069d":7,"m\u0065thod":"p\u0069ng"}`, 0, `7`, "ping", false},
 		{"version not a string", `{"jsonrpc":2.0,"id":8,"method":"ping"}`, CodeInvalidRequest, `8`, "", false},
-		{"string id normalized", `{"jsonrpc":"2.0","id":"ab","method":"ping"}`, 0, `"ab"`, "ping", false},
+		{"string id normalized", `{"jsonrpc":"2.0","id":"\u0061b","method":"ping"}`, 0, `"ab"`, "ping", false},
 		{"space everywhere", " \n{ \"jsonrpc\" : \"2.0\" , \"id\" : 9 , \"method\" : \"ping\" , \"params\" : { } }\n", 0, `9`, "ping", false},
 	}
 	for _, tc := range cases {
@@ -62,6 +65,23 @@ func TestParseRequest(t *testing.T) {
 				t.Fatalf("got %+v", msg)
 			}
 		})
+	}
+}
+
+// TestParseRequestParams: params come back as their text, whatever the
+// space around them; the last of a repeated params counts; null is none.
+func TestParseRequestParams(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{" \n{ \"jsonrpc\" : \"2.0\" , \"id\" : 9 , \"method\" : \"ping\" , \"params\" : { } }\n", `{ }`},
+		{`{"jsonrpc":"2.0","id":9,"method":"ping","params":{"a":1},"params":[2]}`, `[2]`},
+		{`{"jsonrpc":"2.0","id":9,"method":"ping","Params":{"a":1}}`, ``},
+		{`{"jsonrpc":"2.0","id":9,"method":"ping","params":null}`, ``},
+		{`{"jsonrpc":"2.0","id":9,"method":"ping","params":{"s":"}\"{"}}`, `{"s":"}\"{"}`},
+	} {
+		msg, perr, _ := ParseRequest([]byte(tc.in))
+		if perr != nil || string(msg.Params) != tc.want {
+			t.Errorf("ParseRequest(%q): params %q, %+v; want %q", tc.in, msg.Params, perr, tc.want)
+		}
 	}
 }
 
@@ -162,6 +182,7 @@ func FuzzParseRequestMatchesExactDecode(f *testing.F) {
 		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
 		`{"JSONRPC":"2.0","id":1,"method":"x"}`, `{"jsonrpc":"2.0","id":"\u0061","Method":"x","method":"y"}`,
 		`{"jsonrpc":"2.0","id":1,"method":"x","params":null}`, `{"jsonrpc":"2.0","id":[],"method":"x"}`,
+		`{"jsonrpc":"2.0","id":1,"method":"x","error":{"code":1,"message":"m"}}`, `{"jsonrpc":"2.0","id":1,"method":"x","Error":7}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -180,7 +201,9 @@ func FuzzParseRequestMatchesExactDecode(f *testing.F) {
 			params = nil
 		}
 		paramsOK := params == nil || params[0] == '{' || params[0] == '['
-		if idErr != nil || !versionOK || !methodOK || !paramsOK {
+		var e Error
+		errorOK := isNull(members["error"]) || json.Unmarshal(members["error"], &e) == nil
+		if idErr != nil || !versionOK || !methodOK || !paramsOK || !errorOK {
 			if perr == nil || perr.Code != CodeInvalidRequest {
 				t.Fatalf("%s: got %+v, %+v; want an invalid-request error", data, msg, perr)
 			}
