@@ -468,30 +468,11 @@ func stringParam(params json.RawMessage, key string) (string, *jsonrpc.Error) {
 	if !ok || string(raw) == "null" {
 		return "", nil
 	}
-	if raw[0] != '"' {
+	s, ok := rawjson.String(raw)
+	if !ok {
 		return "", jsonrpc.NewError(jsonrpc.CodeInvalidParams, "invalid params: %s must be a string", key)
 	}
-	if s, ok := plainString(raw); ok {
-		return s, nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", jsonrpc.NewError(jsonrpc.CodeInvalidParams, "invalid params: %s: %v", key, err)
-	}
 	return s, nil
-}
-
-// plainString returns the text of a quoted JSON string made only of
-// printable ASCII without escapes, the common case, whose text is its
-// bytes; ok is false for anything that needs decoding.
-func plainString(quoted []byte) (string, bool) {
-	inner := quoted[1 : len(quoted)-1]
-	for _, c := range inner {
-		if c < 0x20 || c > 0x7e || c == '\\' || c == '"' {
-			return "", false
-		}
-	}
-	return string(inner), true
 }
 
 // ResourceServer returns the server of a namespaced resource URI.

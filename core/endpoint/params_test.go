@@ -44,23 +44,6 @@ func TestStringParam(t *testing.T) {
 	}
 }
 
-func TestPlainString(t *testing.T) {
-	for _, tc := range []struct {
-		quoted string
-		ok     bool
-	}{
-		{`"srv__echo"`, true},
-		{`""`, true},
-		{`"a\nb"`, false}, // escape: the decoder's job
-		{`"café"`, false}, // non-ASCII: the decoder's job (it also replaces invalid UTF-8)
-		{"\"a\x7fb\"", false},
-	} {
-		if _, ok := plainString([]byte(tc.quoted)); ok != tc.ok {
-			t.Errorf("%s: ok %v, want %v", tc.quoted, ok, tc.ok)
-		}
-	}
-}
-
 // FuzzStringParam checks stringParam against a decode of the whole object
 // into a map (exact keys, the last repeat wins, as in the MCP SDKs).
 func FuzzStringParam(f *testing.F) {

@@ -112,7 +112,7 @@ func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 	if !isVersion2(version) {
 		return nil, NewError(CodeInvalidRequest, "unsupported JSON-RPC version (want \"2.0\")"), id
 	}
-	method, ok := jsonString(rawMethod)
+	method, ok := rawjson.String(rawMethod)
 	if !ok || method == "" {
 		return nil, NewError(CodeInvalidRequest, "missing JSON-RPC method"), id
 	}
@@ -130,34 +130,8 @@ func isVersion2(raw []byte) bool {
 	if string(raw) == `"2.0"` {
 		return true
 	}
-	v, ok := jsonString(raw)
+	v, ok := rawjson.String(raw)
 	return ok && v == "2.0"
-}
-
-// jsonString decodes a raw JSON string value; ok is false for anything else.
-func jsonString(raw []byte) (string, bool) {
-	if len(raw) < 2 || raw[0] != '"' {
-		return "", false
-	}
-	if inner := raw[1 : len(raw)-1]; isPlainASCII(inner) {
-		return string(inner), true
-	}
-	var s string
-	if json.Unmarshal(raw, &s) != nil {
-		return "", false
-	}
-	return s, true
-}
-
-// isPlainASCII reports whether a string's quoted text is printable ASCII
-// with no escapes: then its text is its value.
-func isPlainASCII(b []byte) bool {
-	for _, c := range b {
-		if c < 0x20 || c > 0x7e || c == '\\' || c == '"' {
-			return false
-		}
-	}
-	return true
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -147,6 +147,33 @@ func EachMember(obj []byte, fn func(quotedKey, value []byte)) bool {
 // unescaping only when the key has escapes.
 func KeyIs(quotedKey []byte, key string) bool { return keyEquals(quotedKey, key) }
 
+// String decodes raw, one JSON value, when it is a string; ok is false for
+// any other value. A string of printable ASCII without escapes, the common
+// case for names and versions, is its own text and is not run through the
+// decoder (which also replaces invalid UTF-8).
+func String(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", false
+	}
+	if inner := raw[1 : len(raw)-1]; isPlainASCII(inner) {
+		return string(inner), true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+func isPlainASCII(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e || c == '\\' || c == '"' {
+			return false
+		}
+	}
+	return true
+}
+
 // elementOf returns the element at a decimal index of an array.
 func elementOf(arr []byte, index string) ([]byte, bool) {
 	n, err := strconv.Atoi(index)

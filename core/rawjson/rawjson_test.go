@@ -131,3 +131,48 @@ func TestEachMember(t *testing.T) {
 		}
 	}
 }
+
+func TestString(t *testing.T) {
+	for _, tc := range []struct {
+		raw, want string
+		ok        bool
+	}{
+		{`"srv__echo"`, "srv__echo", true},
+		{`""`, "", true},
+		{`"a\nb"`, "a\nb", true},         // an escape goes through the decoder
+		{`"caf\u00e9"`, "café", true},    // so does a \u escape
+		{`"café"`, "café", true},         // and raw UTF-8
+		{"\"a\xffb\"", "a\ufffdb", true}, // invalid UTF-8 becomes U+FFFD, as encoding/json does
+		{`"a\"b"`, `a"b`, true},
+		{`null`, "", false},
+		{`7`, "", false},
+		{`{"a":"b"}`, "", false},
+		{`"`, "", false},
+		{``, "", false},
+	} {
+		got, ok := String([]byte(tc.raw))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("String(%q) = %q, %v; want %q, %v", tc.raw, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// FuzzString checks String against encoding/json on any JSON value: the
+// same text for a string, and ok false for anything else.
+func FuzzString(f *testing.F) {
+	for _, s := range []string{`"a"`, `"\u00e9\n"`, "\"\xff\"", `"\ud800"`, `null`, `1`, `[]`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		if !json.Valid([]byte(raw)) || strings.TrimSpace(raw) != raw {
+			return
+		}
+		got, ok := String([]byte(raw))
+		var want string
+		err := json.Unmarshal([]byte(raw), &want)
+		isString := raw[0] == '"'
+		if ok != isString || (isString && (err != nil || got != want)) {
+			t.Fatalf("String(%q) = %q, %v; encoding/json: %q, %v", raw, got, ok, want, err)
+		}
+	})
+}
