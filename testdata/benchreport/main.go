@@ -147,11 +147,13 @@ func runServer(capsem, dir, echo, hop string, srv echoServer, d time.Duration, w
 		return fmt.Errorf("direct session: %w", err)
 	}
 	defer direct.Close()
-	chain, err := connect(exec.Command(hop, hop, hop, echo))
+	chainCmd := exec.Command(hop, hop, hop, echo)
+	chain, err := connect(chainCmd)
 	if err != nil {
 		return fmt.Errorf("3-hop session: %w", err)
 	}
 	defer chain.Close()
+	hopProcs := chainProcesses(chainCmd.Process.Pid)
 
 	fmt.Printf("MCP echo round trip to %s (%s), %s per level (go-sdk client; 2-core machine)\n", srv.name, srv.about, d)
 	fmt.Printf("%-4s | %-28s | %-28s | %-16s | %s\n", "c", "direct p50 / p99 / calls/s", "gateway p50 / p99 / calls/s", "added p50", "gateway/direct calls/s")
@@ -166,9 +168,16 @@ func runServer(capsem, dir, echo, hop string, srv echoServer, d time.Duration, w
 	var cpuLines, policyLines []string
 	for _, c := range concurrencyLevels {
 		base := measure(direct, "echo", c, d)
+		hopsBefore, hopSwitchesBefore := cpuTimes(hopProcs), contextSwitches(hopProcs)
 		hops := measure(chain, "echo", c, d)
-		floorLines = append(floorLines, fmt.Sprintf("%-4d | %7s %8s %9.0f | %16s | %.0f%%", c,
-			us(hops.p50), us(hops.p99), hops.perSec, us(hops.p50-base.p50), 100*hops.perSec/base.perSec))
+		floorLine := fmt.Sprintf("%-4d | %7s %8s %9.0f | %16s | %4.0f%%  |", c,
+			us(hops.p50), us(hops.p99), hops.perSec, us(hops.p50-base.p50), 100*hops.perSec/base.perSec)
+		hopsAfter, hopSwitchesAfter := cpuTimes(hopProcs), contextSwitches(hopProcs)
+		for _, p := range hopProcs {
+			floorLine += fmt.Sprintf(" %s %.0fµs %.1fcs", p.name, float64((hopsAfter[p.pid]-hopsBefore[p.pid]).Microseconds())/float64(hops.calls),
+				float64(hopSwitchesAfter[p.pid]-hopSwitchesBefore[p.pid])/float64(hops.calls))
+		}
+		floorLines = append(floorLines, floorLine)
 		before, switchesBefore := cpuTimes(procs), contextSwitches(procs)
 		gwr := measure(plain.session, "echo__echo", c, d)
 		after, switchesAfter := cpuTimes(procs), contextSwitches(procs)
@@ -189,7 +198,7 @@ func runServer(capsem, dir, echo, hop string, srv echoServer, d time.Duration, w
 		}
 	}
 	fmt.Println("Floor: the direct call through 3 do-nothing Go processes (hop hop hop server; as many processes as the gateway path adds):")
-	fmt.Printf("%-4s | %-28s | %-16s | %s\n", "c", "3 hops p50 / p99 / calls/s", "added p50", "3 hops/direct calls/s")
+	fmt.Printf("%-4s | %-28s | %-16s | %-6s | %s\n", "c", "3 hops p50 / p99 / calls/s", "added p50", "/direct", "CPU and context switches per call, by hop")
 	for _, l := range floorLines {
 		fmt.Println(l)
 	}
@@ -339,6 +348,20 @@ func processes(gateway, relay int, server string) []proc {
 				out = append(out, proc{"echo-server", srv})
 			}
 		}
+	}
+	return out
+}
+
+// chainProcesses names the hops of `hop hop hop server` started as pid.
+func chainProcesses(pid int) []proc {
+	var out []proc
+	for i := 1; i <= 3 && pid > 0; i++ {
+		out = append(out, proc{fmt.Sprintf("hop%d", i), pid})
+		next := children(pid)
+		if len(next) == 0 {
+			break
+		}
+		pid = next[0]
 	}
 	return out
 }
