@@ -391,7 +391,7 @@ func statelessRequest(params json.RawMessage) bool {
 // occurrence is the one that counts, as in JSON.parse. Anything but a
 // valid JSON object is returned unchanged.
 func (e *Endpoint) decorateStateless(result json.RawMessage) json.RawMessage {
-	out := bytes.TrimSpace(result)
+	out := rawjson.TrimSpace(result)
 	if len(out) == 0 || out[0] != '{' || !json.Valid(out) {
 		return result
 	}

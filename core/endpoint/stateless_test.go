@@ -60,7 +60,8 @@ func TestDecorateStateless(t *testing.T) {
 		checkDecorated(t, e, []byte(in))
 	}
 	// Not a JSON object: unchanged.
-	for _, in := range []string{`[1]`, `"s"`, `{"a":`, ``, `null`} {
+	// (A form feed is not JSON white space, so "{}\f" is not JSON.)
+	for _, in := range []string{`[1]`, `"s"`, `{"a":`, ``, `null`, "{}\f", "\u00a0{}"} {
 		if out := e.decorateStateless([]byte(in)); string(out) != in {
 			t.Errorf("decorateStateless(%q) = %q, want it unchanged", in, out)
 		}

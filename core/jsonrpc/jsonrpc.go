@@ -64,7 +64,7 @@ type wire struct {
 // "method"; encoding/json would take either), and where one repeats the last
 // counts. Params is a slice of data; ID is a copy.
 func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
-	trimmed := bytes.TrimSpace(data)
+	trimmed := rawjson.TrimSpace(data)
 	if len(trimmed) == 0 {
 		return nil, NewError(CodeParseError, "parse error: empty message"), nil
 	}

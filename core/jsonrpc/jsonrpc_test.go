@@ -22,6 +22,8 @@ func TestParseRequest(t *testing.T) {
 		{"params object", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"a__b"}}`, 0, `2`, "tools/call", false},
 		{"invalid json", `{"jsonrpc":`, CodeParseError, ``, "", false},
 		{"empty", `   `, CodeParseError, ``, "", false},
+		{"form feed is not JSON space", "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\f", CodeParseError, ``, "", false},
+		{"CR LF around", "\r\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\r\n", 0, `1`, "ping", false},
 		{"batch", `[{"jsonrpc":"2.0","id":1,"method":"ping"}]`, CodeInvalidRequest, ``, "", false},
 		{"scalar", `42`, CodeInvalidRequest, ``, "", false},
 		{"wrong version", `{"jsonrpc":"1.0","id":3,"method":"ping"}`, CodeInvalidRequest, `3`, "", false},

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"unicode/utf8"
 )
 
 // FindPath returns the raw JSON value at a path of object keys and array
@@ -205,7 +206,10 @@ func elementOf(arr []byte, index string) ([]byte, bool) {
 // when the key has escapes.
 func keyEquals(quoted []byte, key string) bool {
 	inner := quoted[1 : len(quoted)-1]
-	if bytes.IndexByte(inner, '\\') < 0 {
+	// Without escapes a key is its bytes, unless they are not UTF-8: a
+	// decoder (encoding/json, the server that gets the arguments) reads
+	// those as U+FFFD, so they must be compared the same way.
+	if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
 		return string(inner) == key
 	}
 	var s string
@@ -288,6 +292,11 @@ func skipWS(b []byte, i int) int {
 	}
 	return i
 }
+
+// TrimSpace removes the white space JSON allows around a value (space, tab,
+// CR, LF) and nothing else: bytes.TrimSpace would also take a form feed or
+// U+0085 and so make text that is not JSON look like it.
+func TrimSpace(b []byte) []byte { return trimSpace(b) }
 
 func trimSpace(b []byte) []byte {
 	b = b[skipWS(b, 0):]

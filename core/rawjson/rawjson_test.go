@@ -125,6 +125,9 @@ func TestEachMember(t *testing.T) {
 		{`"ID"`, "id", false},
 		{`"i\u0064"`, "id", true},
 		{`"i\u0064x"`, "id", false},
+		// Bytes that are not UTF-8 read as U+FFFD, as a decoder reads them.
+		{"\"a\xffb\"", "a\xffb", false},
+		{"\"a\xffb\"", "a\ufffdb", true},
 	} {
 		if got := KeyIs([]byte(tc.quoted), tc.key); got != tc.want {
 			t.Errorf("KeyIs(%s, %q) = %v", tc.quoted, tc.key, got)
@@ -175,4 +178,17 @@ func FuzzString(f *testing.F) {
 			t.Fatalf("String(%q) = %q, %v; encoding/json: %q, %v", raw, got, ok, want, err)
 		}
 	})
+}
+
+// TestFindPathKeyNotUTF8: a policy path names what the server will decode,
+// so an argument key with bytes that are not UTF-8 is found by its U+FFFD
+// reading, and not by its raw bytes.
+func TestFindPathKeyNotUTF8(t *testing.T) {
+	args := []byte("{\"token\xff\":\"sk-secret\"}")
+	if v, ok := FindPath(args, []string{"token\ufffd"}); !ok || string(v) != `"sk-secret"` {
+		t.Fatalf("FindPath by the decoded key = %q, %v", v, ok)
+	}
+	if _, ok := FindPath(args, []string{"token\xff"}); ok {
+		t.Fatal("FindPath found a key by bytes no decoder reads that way")
+	}
 }
