@@ -109,8 +109,12 @@ func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 			return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: error member: %v", err), id
 		}
 	}
-	if !isVersion2(version) {
-		return nil, NewError(CodeInvalidRequest, "unsupported JSON-RPC version (want \"2.0\")"), id
+	// The literal every client sends is compared without decoding (which
+	// would allocate); anything else, escapes included, is decoded.
+	if string(version) != `"2.0"` {
+		if v, ok := rawjson.String(version); !ok || v != "2.0" {
+			return nil, NewError(CodeInvalidRequest, "unsupported JSON-RPC version (want \"2.0\")"), id
+		}
 	}
 	method, ok := rawjson.String(rawMethod)
 	if !ok || method == "" {
@@ -123,15 +127,6 @@ func ParseRequest(data []byte) (*Message, *Error, json.RawMessage) {
 		return nil, NewError(CodeInvalidRequest, "invalid JSON-RPC request: params must be an object or array"), id
 	}
 	return &Message{ID: id, Method: method, Params: params}, nil, id
-}
-
-// isVersion2 reports whether a jsonrpc member's raw value is the string "2.0".
-func isVersion2(raw []byte) bool {
-	if string(raw) == `"2.0"` {
-		return true
-	}
-	v, ok := rawjson.String(raw)
-	return ok && v == "2.0"
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -50,50 +50,16 @@ func FindPath(doc []byte, path []string) ([]byte, bool) {
 // Member returns the value of the last member named key in obj, a JSON
 // object (leading space allowed), and the offset in obj where it starts.
 func Member(obj []byte, key string) (value []byte, start int, ok bool) {
-	var found []byte
-	at := 0
-	i := skipWS(obj, 0)
-	if i >= len(obj) || obj[i] != '{' {
+	complete := EachMember(obj, func(k, v []byte) {
+		if keyEquals(k, key) {
+			// v is obj[start:end], so its capacity tells where it starts.
+			value, start = v, cap(obj)-cap(v)
+		}
+	})
+	if !complete || value == nil {
 		return nil, 0, false
 	}
-	i = skipWS(obj, i+1)
-	if i < len(obj) && obj[i] == '}' {
-		return nil, 0, false
-	}
-	for i < len(obj) {
-		if obj[i] != '"' {
-			return nil, 0, false
-		}
-		kEnd := skipString(obj, i)
-		if kEnd < 0 {
-			return nil, 0, false
-		}
-		match := keyEquals(obj[i:kEnd], key)
-		i = skipWS(obj, kEnd)
-		if i >= len(obj) || obj[i] != ':' {
-			return nil, 0, false
-		}
-		vStart := skipWS(obj, i+1)
-		vEnd := skipValue(obj, vStart)
-		if vEnd < 0 {
-			return nil, 0, false
-		}
-		if match {
-			found, at = obj[vStart:vEnd], vStart
-		}
-		i = skipWS(obj, vEnd)
-		if i >= len(obj) {
-			return nil, 0, false
-		}
-		if obj[i] == '}' {
-			return found, at, found != nil
-		}
-		if obj[i] != ',' {
-			return nil, 0, false
-		}
-		i = skipWS(obj, i+1)
-	}
-	return nil, 0, false
+	return value, start, true
 }
 
 // EachMember calls fn with each member of obj, a JSON object (leading space
