@@ -108,20 +108,31 @@ func TestGroupWriterFailureIsSticky(t *testing.T) {
 }
 
 // arrivingSink: during each of its first arrivals writes, a new writer
-// arrives and queues a message (so there is always more to write).
+// arrives and queues a message (so there is always more to write). Every
+// write after the first waits for gate, so a test can see who is writing
+// before any second round has done anything.
 type arrivingSink struct {
-	g        *GroupWriter
-	mu       sync.Mutex
-	writes   int
-	arrivals int
-	wg       sync.WaitGroup
+	g            *GroupWriter
+	mu           sync.Mutex
+	writes       int
+	arrivals     int
+	wg           sync.WaitGroup
+	gate         chan struct{}
+	secondWrites chan struct{} // closed when the second write begins
 }
 
 func (s *arrivingSink) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	s.writes++
+	n := s.writes
 	spawn := s.writes <= s.arrivals
 	s.mu.Unlock()
+	if n == 2 {
+		close(s.secondWrites)
+	}
+	if n >= 2 {
+		<-s.gate
+	}
 	if spawn {
 		s.g.mu.Lock()
 		before := s.g.queued
@@ -147,18 +158,27 @@ func (s *arrivingSink) Write(p []byte) (int, error) {
 // A writer that leads a round returns after it, even while new writers keep
 // arriving during every write: it is not kept writing their messages.
 func TestGroupWriterLeaderLeadsOneRound(t *testing.T) {
-	sink := &arrivingSink{arrivals: 50}
+	sink := &arrivingSink{arrivals: 50, gate: make(chan struct{}), secondWrites: make(chan struct{})}
 	g := NewGroupWriter(sink)
 	sink.g = g
-	if _, err := g.Write([]byte("leader\n")); err != nil {
-		t.Fatal(err)
+	leaderDone := make(chan error, 1)
+	go func() {
+		_, err := g.Write([]byte("leader\n"))
+		leaderDone <- err
+	}()
+	// The second round has begun and is held at the gate: a leader that
+	// led it too would be held there with it and never return.
+	<-sink.secondWrites
+	select {
+	case err := <-leaderDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		close(sink.gate)
+		t.Fatal("the leader did not return while the second round was held: it leads the newcomers' round too")
 	}
-	sink.mu.Lock()
-	writes := sink.writes
-	sink.mu.Unlock()
-	if writes != 1 {
-		t.Fatalf("the leader returned after %d writes, want 1 (its own round)", writes)
-	}
+	close(sink.gate)
 	sink.wg.Wait() // the newcomers lead their own rounds
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
