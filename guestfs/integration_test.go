@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/modorder"
+	"github.com/capsem/capsem/core/testkit"
+	"github.com/capsem/capsem/vmm/qemu"
 )
 
 // testGuestInit is the integration test's /init: instead of the capsem
@@ -270,7 +272,7 @@ func TestRealAssets(t *testing.T) {
 		a.KernelVersion, float64(vmlinuxSize)/1e6, float64(a.Files[FileVmlinuz].Size)/1e6,
 		float64(len(cpio))/1e6, len(names), len(order), a.BuildSeconds)
 
-	qemu, err := exec.LookPath("qemu-system-x86_64")
+	qemuBin, err := exec.LookPath(qemu.DefaultBinary)
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("qemu-system-x86_64 not installed (make deps installs qemu-system-x86)")
@@ -280,26 +282,34 @@ func TestRealAssets(t *testing.T) {
 	}
 	for _, kernel := range []string{a.Kernel, a.KernelCompressed} {
 		t.Run("boot "+filepath.Base(kernel), func(t *testing.T) {
-			bootCheck(t, ctx, qemu, kernel, a.Initramfs, len(order))
+			bootCheck(t, ctx, qemuBin, kernel, a.Initramfs, len(order))
 		})
 	}
 }
 
-// bootCheck boots kernel+initramfs under QEMU (TCG unless KVM is usable)
-// and expects every module to load and the guest to power off.
-func bootCheck(t *testing.T, ctx context.Context, qemu, kernel, initrd string, modules int) {
+// bootCheck boots kernel+initramfs under QEMU, with the accelerator the
+// project's one decision gives (KVM only where proven, else TCG), and
+// expects every module to load and the guest to power off.
+func bootCheck(t *testing.T, ctx context.Context, qemuBin, kernel, initrd string, modules int) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
+	accel, err := (&qemu.Backend{Binary: qemuBin, VerdictPath: testkit.AccelVerdict(t)}).ChooseAccel(ctx, "",
+		qemu.BootFiles{Kernel: kernel, Initramfs: initrd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("accelerator %s -cpu %s: %s", accel.Name, accel.CPU, accel.Reason)
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, qemu,
-		"-machine", "q35,accel=kvm:tcg", "-m", "512", "-smp", "2",
+	args := append([]string{"-machine", "q35"}, accel.QEMUArgs()...)
+	args = append(args, "-m", "512", "-smp", "2",
 		"-nodefaults", "-display", "none", "-serial", "stdio", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 quiet panic=-1",
+		"-append", strings.TrimSpace("console=ttyS0 quiet panic=-1 "+accel.KernelParams()),
 		"-device", "virtio-serial-pci",
 		"-device", "virtserialport,name=org.capsem.channel,chardev=ch0",
 		"-chardev", "null,id=ch0",
 	)
+	cmd := exec.CommandContext(ctx, qemuBin, args...)
 	out, err := cmd.CombinedOutput()
 	elapsed := time.Since(start)
 	text := string(out)

@@ -77,6 +77,9 @@ type Info struct {
 	QEMUPID    int    `json:"qemu_pid"`
 	SessionDir string `json:"session_dir"`
 	Accel      string `json:"accel"`
+	// AccelReason says why the VM runs under Accel (the KVM proof's
+	// verdict, or what forced it).
+	AccelReason string `json:"accel_reason,omitempty"`
 	// Start says how the VM started: "restored" (resumed from the saved
 	// boot of its configuration), "booted_saved" (the first of its
 	// configuration: a boot was saved, then the VM resumed from it) or

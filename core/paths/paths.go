@@ -40,3 +40,13 @@ func ScratchRoot() (string, error) {
 	}
 	return filepath.Join(h, "run", "scratch"), nil
 }
+
+// AccelVerdict is the cached proof of whether KVM runs the guest on this
+// host (vmm/qemu.Verdict), under $CAPSEM_HOME/run.
+func AccelVerdict() (string, error) {
+	h, err := Home()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(h, "run", "accel.json"), nil
+}

@@ -163,3 +163,20 @@ func GuestBinary(t testing.TB) string {
 	built["guest"] = next
 	return next
 }
+
+// CapsemHome is the CAPSEM_HOME the VM tests share (CAPSEM_TEST_HOME, set by
+// make test, else <repo>/.tools/capsem-home): guest assets, saved boots and
+// the accelerator verdict are made there once.
+func CapsemHome(t testing.TB) string {
+	if h := os.Getenv("CAPSEM_TEST_HOME"); h != "" {
+		return h
+	}
+	return filepath.Join(ModuleRoot(t), ".tools", "capsem-home")
+}
+
+// AccelVerdict is the accelerator verdict cache of CapsemHome, for tests
+// that start QEMU themselves: every start goes through the one decision
+// (vmm/qemu.Backend.ChooseAccel), proven once per host boot.
+func AccelVerdict(t testing.TB) string {
+	return filepath.Join(CapsemHome(t), "run", "accel.json")
+}

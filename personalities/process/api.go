@@ -65,7 +65,7 @@ func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
 	default:
 	}
 	writeJSON(w, http.StatusOK, api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
-		Accel: v.accel, Start: v.start, BootTimings: v.timings, State: state})
+		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start, BootTimings: v.timings, State: state})
 }
 
 func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {

@@ -46,7 +46,7 @@ func TestBootRefusesCorruptedBootFiles(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	shared := filepath.Join(capsemHome(t), "assets")
+	shared := filepath.Join(testkit.CapsemHome(t), "assets")
 	a, err := guestfs.Ensure(ctx, guestfs.Options{Dir: shared, GuestBinary: testkit.GuestBinary(t)})
 	if err != nil {
 		t.Fatal(err)

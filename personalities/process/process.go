@@ -117,9 +117,10 @@ type VM struct {
 	machine vmm.Machine
 	ctl     *guestctl.Client
 	hello   guestwire.Hello
-	accel   string
+	accel   qemu.Accel
 	timings map[string]int64
 	start   string // StartBooted, StartBootedSaved or StartRestored
+	resumed bool   // from a saved state: the guest's boot timings are the saved boot's
 
 	stopOnce sync.Once
 	stopping atomic.Bool // Stop began: QEMU exiting from now on is expected
@@ -238,72 +239,35 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		ConsoleLog:    filepath.Join(o.SessionDir, "console.log"),
 		Firmware:      qemu.PreferredFirmware(),
 	}
-	backend := &qemu.Backend{Log: o.Logger}
-	// Saved boots are keyed by the argv of a VM that does the handshake.
-	plain, err := backend.Create(ctx, withWake(spec))
+	verdicts, err := paths.AccelVerdict()
 	if err != nil {
-		return nil, fmt.Errorf("creating the VM: %w", err)
+		return nil, err
 	}
-	// How this VM starts: resumed from the saved state of its
-	// configuration; as the first of its configuration, by booting a VM
-	// to save that state, then resuming (only when its disk is new, so
-	// the saved kernel has cached nothing of a user's disk); or booted.
-	start, savedBoot, meta := StartBooted, (*bootState)(nil), (*bootStateMeta)(nil)
-	if o.NoBootState || os.Getenv(BootStateEnv) == "off" {
-		o.Logger.Info("saved VM states are off", "env", BootStateEnv)
-	} else if savedBoot, err = newBootState(cmp.Or(o.BootStateDir, filepath.Join(assets.Dir, "boot-states")), plain.(*qemu.Machine).Argv(), o.SessionDir); err != nil {
-		o.Logger.Warn("VM states cannot be saved or restored", "err", err)
-	} else if m, ok := savedBoot.lookup(); ok {
-		start, meta = StartRestored, m
-	} else if diskCreated || o.DiskGiB == 0 {
-		start = StartBootedSaved
-	}
-	justSaved := false
-	for {
-		t := time.Now()
-		err = v.startGuest(ctx, backend, spec, start, savedBoot, meta)
-		if errors.Is(err, errSaved) {
-			// The VM that booted served only to be saved (it was stopped
-			// at its save point, before anything of this VM): this VM
-			// resumes from the state like every later one, and so has
-			// only the guest RAM it uses (the save read all of it).
-			timings["boot_and_save"] = time.Since(t).Milliseconds()
-			justSaved = true
-			if m, ok := savedBoot.lookup(); ok {
-				start, meta = StartRestored, m
-			} else { // replaced and removed by a concurrent first start
-				o.Logger.Warn("the boot saved a moment ago is gone; booting")
-				start = StartBooted
-			}
-			continue
+	backend := &qemu.Backend{Log: o.Logger, VerdictPath: verdicts}
+	canSave := diskCreated || o.DiskGiB == 0
+	start, err := v.startWithSavedBoots(ctx, backend, spec, assets.Dir, canSave)
+	if err != nil && v.ctl == nil && v.accel.Name == vmm.AccelKVM && !v.accel.Forced {
+		// KVM passed its proof, yet this VM never spoke under it: a VM
+		// never fails to start for the accelerator's sake. Later VMs
+		// read the demoted verdict and go straight to TCG.
+		o.Logger.Warn("the VM did not start under KVM; retrying once under TCG", "err", err)
+		files := qemu.BootFiles{Kernel: spec.Kernel, Initramfs: spec.Initramfs, Firmware: spec.Firmware}
+		if derr := backend.DemoteKVM(ctx, files, err); derr != nil {
+			o.Logger.Warn("recording the KVM failure", "err", derr)
+			spec.Accel = vmm.AccelTCG
 		}
-		if err == nil || start != StartRestored || v.ctl != nil {
-			break
-		}
-		// The state was refused (its hash did not match: the guest was
-		// never woken, so it touched nothing of this VM) or the guest
-		// never spoke (QEMU could not load it). Drop it and boot; save
-		// again unless this very start just saved it.
-		o.Logger.Warn("resuming the saved boot failed; removing it and booting", "err", err, "state", savedBoot.statePath(meta))
-		savedBoot.remove(meta)
-		start, meta = StartBooted, nil
-		if (diskCreated || o.DiskGiB == 0) && !justSaved {
-			start = StartBootedSaved
-		}
+		start, err = v.startWithSavedBoots(ctx, backend, spec, assets.Dir, canSave)
 	}
 	if err != nil {
 		return nil, err
 	}
 	v.start = start
-	if justSaved && start == StartRestored {
-		v.start = StartBootedSaved
-	}
 	v.hello = v.ctl.Hello()
 	// Parts of kernel_to_hello, as the guest measured them: the kernel's
 	// own boot, module loading, the root switch and workspace mount, and
 	// reaching the host's control port. A resumed VM ran only the part
 	// after the wake itself.
-	if start != StartRestored {
+	if !v.resumed {
 		timings["guest_kernel_to_init"] = v.hello.Boot.KernelToInitMS
 		timings["guest_modules"] = v.hello.Boot.ModulesMS
 		timings["guest_channel"] = v.hello.Boot.ChannelMS
@@ -345,6 +309,80 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	return v, nil
 }
 
+// startWithSavedBoots starts the guest of spec, resuming the saved boot of
+// its configuration (QEMU's argv, so the accelerator and CPU model too)
+// when there is one; as the first of its configuration (only when canSave:
+// its disk is new, so the saved kernel has cached nothing of a user's
+// disk), by booting a VM to save that state, then resuming; or by booting.
+// It returns how the VM started (Start*).
+func (v *VM) startWithSavedBoots(ctx context.Context, backend *qemu.Backend, spec vmm.Spec, assetsDir string, canSave bool) (string, error) {
+	o := v.opts
+	accel, err := backend.ChooseAccel(ctx, spec.Accel, qemu.BootFiles{Kernel: spec.Kernel, Initramfs: spec.Initramfs, Firmware: spec.Firmware})
+	if err != nil {
+		return "", fmt.Errorf("creating the VM: %w", err)
+	}
+	// Decided once: every machine below runs with this accelerator and
+	// CPU model, which the argv keying the saved boot names.
+	v.accel = accel
+	v.log.Info("accelerator", "accel", accel.Name, "cpu", accel.CPU, "reason", accel.Reason)
+	// Saved boots are keyed by the argv of a VM that does the handshake.
+	pm, err := backend.CreateWithAccel(withWake(spec), accel)
+	if err != nil {
+		return "", fmt.Errorf("creating the VM: %w", err)
+	}
+	start, savedBoot, meta := StartBooted, (*bootState)(nil), (*bootStateMeta)(nil)
+	if o.NoBootState || os.Getenv(BootStateEnv) == "off" {
+		v.log.Info("saved VM states are off", "env", BootStateEnv)
+	} else if savedBoot, err = newBootState(cmp.Or(o.BootStateDir, filepath.Join(assetsDir, "boot-states")), pm.Argv(), o.SessionDir); err != nil {
+		v.log.Warn("VM states cannot be saved or restored", "err", err)
+	} else if m, ok := savedBoot.lookup(); ok {
+		start, meta = StartRestored, m
+	} else if canSave {
+		start = StartBootedSaved
+	}
+	justSaved := false
+	for {
+		t := time.Now()
+		err = v.startGuest(ctx, backend, spec, start, savedBoot, meta)
+		if errors.Is(err, errSaved) {
+			// The VM that booted served only to be saved (it was stopped
+			// at its save point, before anything of this VM): this VM
+			// resumes from the state like every later one, and so has
+			// only the guest RAM it uses (the save read all of it).
+			v.timings["boot_and_save"] = time.Since(t).Milliseconds()
+			justSaved = true
+			if m, ok := savedBoot.lookup(); ok {
+				start, meta = StartRestored, m
+			} else { // replaced and removed by a concurrent first start
+				v.log.Warn("the boot saved a moment ago is gone; booting")
+				start = StartBooted
+			}
+			continue
+		}
+		if err == nil || start != StartRestored || v.ctl != nil {
+			break
+		}
+		// The state was refused (its hash did not match: the guest was
+		// never woken, so it touched nothing of this VM) or the guest
+		// never spoke (QEMU could not load it). Drop it and boot; save
+		// again unless this very start just saved it.
+		v.log.Warn("resuming the saved boot failed; removing it and booting", "err", err, "state", savedBoot.statePath(meta))
+		savedBoot.remove(meta)
+		start, meta = StartBooted, nil
+		if canSave && !justSaved {
+			start = StartBootedSaved
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	v.resumed = start == StartRestored
+	if justSaved && start == StartRestored {
+		return StartBootedSaved, nil
+	}
+	return start, nil
+}
+
 // startGuest creates and starts the machine for spec as start says, does
 // the host side of the wake handshake, and waits for the guest's Hello.
 // Restoring, it hashes the saved state while QEMU loads it, and wakes the
@@ -371,12 +409,12 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 	if start != StartBooted {
 		spec = withWake(spec)
 	}
-	m, err := backend.Create(ctx, spec)
+	qm, err := backend.CreateWithAccel(spec, v.accel)
 	if err != nil {
 		return fmt.Errorf("creating the VM: %w", err)
 	}
-	qm := m.(*qemu.Machine)
-	v.machine, v.accel = m, qm.Accel()
+	var m vmm.Machine = qm
+	v.machine = m
 	if start == StartBooted {
 		qm.BeforeChannel = nil
 	} else {
@@ -387,7 +425,9 @@ func (v *VM) startGuest(ctx context.Context, backend *qemu.Backend, spec vmm.Spe
 	}
 	v.timings["qemu_start"] = time.Since(t).Milliseconds()
 	t = time.Now()
-	v.ctl, err = guestctl.Accept(ctx, m.Channel(), guestctl.Options{Log: v.log, HeartbeatInterval: 5 * time.Second})
+	hctx, cancel := context.WithTimeoutCause(ctx, helloTimeout, fmt.Errorf("the guest did not say hello within %v", helloTimeout))
+	v.ctl, err = guestctl.Accept(hctx, m.Channel(), guestctl.Options{Log: v.log, HeartbeatInterval: 5 * time.Second})
+	cancel()
 	if err != nil {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		m.Stop(stopCtx)
@@ -462,6 +502,12 @@ type stateCheck struct {
 	err error
 	ms  int64
 }
+
+// helloTimeout bounds the wait for the guest agent's hello once QEMU runs,
+// so that a guest that hangs (a KVM that passed its proof but cannot run
+// the whole VM) fails its start instead of waiting forever; the agent
+// gives up on the channel after its own 60 s.
+const helloTimeout = 90 * time.Second
 
 // wakePointTimeout bounds the wait for the guest's save point (the
 // agent gives up on its side after its own channel timeout).

@@ -33,15 +33,6 @@ type vmProc struct {
 	exited     chan error
 }
 
-// capsemHome is shared by every VM of this test binary so the guest assets
-// are built once (under the repository's .tools unless CAPSEM_HOME is set).
-func capsemHome(t testing.TB) string {
-	if h := os.Getenv("CAPSEM_TEST_HOME"); h != "" {
-		return h
-	}
-	return filepath.Join(testkit.ModuleRoot(t), ".tools", "capsem-home")
-}
-
 func startVM(t testing.TB, name string, extraArgs ...string) *vmProc {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "capsem-vm-")
@@ -54,7 +45,7 @@ func startVM(t testing.TB, name string, extraArgs ...string) *vmProc {
 	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
 		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
 	v.cmd.Args = append(v.cmd.Args, extraArgs...)
-	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
 	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
 	if err := v.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -318,7 +309,7 @@ func TestGuestMCPPolicyReload(t *testing.T) {
 	}
 	os.WriteFile(cfg, []byte("[mcp.tools]\n\"builtin__http_head\" = \"block\"\n"), 0o600)
 	reload := exec.CommandContext(ctx, testkit.CapsemBinary(t), "policy", "reload")
-	reload.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t))
+	reload.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t))
 	out, err := reload.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "reloaded vm policyvm") {
 		t.Fatalf("policy reload: %v\n%s", err, out)
@@ -465,7 +456,7 @@ func TestBadConfigFailsBeforeBoot(t *testing.T) {
 	os.WriteFile(cfg, []byte("[mcp]\ndefault = \"perhaps\"\n"), 0o600)
 	cmd := exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", filepath.Join(dir, "s"), "--socket", filepath.Join(dir, "p.sock"),
 		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect", "--config", cfg)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "bad.toml") || !strings.Contains(string(out), `mcp.default: "perhaps" is not a decision`) {
 		t.Fatalf("want a failure naming the file and key: %v\n%s", err, out)
@@ -489,7 +480,7 @@ func TestLedgerFailureStopsTheBoot(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, testkit.CapsemBinary(t), "process", "--session-dir", session, "--socket", filepath.Join(dir, "p.sock"),
 		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil || err == nil || !strings.Contains(string(out), "opening session ledger") {
 		t.Fatalf("want a failure naming the ledger: %v\n%s", err, out)

@@ -111,7 +111,12 @@ func (c *Cmd) Run(ctx context.Context) error {
 	bootCtx, cancelBoot := context.WithTimeout(ctx, c.BootLimit)
 	defer cancelBoot()
 	readyCh := make(chan error, 1)
-	go func() { _, err := client.WaitReadyPipe(bootCtx, readyR); readyCh <- err }()
+	var info *api.Info
+	go func() {
+		var err error
+		info, err = client.WaitReadyPipe(bootCtx, readyR)
+		readyCh <- err
+	}()
 	select {
 	case err := <-readyCh:
 		if err != nil {
@@ -134,6 +139,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return fmt.Errorf("the VM process exited during boot: %v (log: %s)", err, tail(filepath.Join(sessionDir, "process.log")))
 	}
 
+	slog.Info("VM ready", "accel", info.Accel, "why", info.AccelReason, "start", info.Start)
 	ev, execErr := client.Exec(ctx, &api.ExecRequest{Argv: c.Command, Env: env, TimeoutMS: c.Timeout.Milliseconds()}, os.Stdout, os.Stderr)
 	stopCtx, cancelStop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancelStop()

@@ -13,19 +13,11 @@ import (
 	"github.com/capsem/capsem/core/testkit"
 )
 
-// capsemHome shares the guest assets with the other VM tests.
-func capsemHome(t *testing.T) string {
-	if h := os.Getenv("CAPSEM_TEST_HOME"); h != "" {
-		return h
-	}
-	return filepath.Join(testkit.ModuleRoot(t), ".tools", "capsem-home")
-}
-
 func capsemRun(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	all := append([]string{"run", "--no-autodetect", "--guest-binary", testkit.GuestBinary(t)}, args...)
 	cmd := exec.Command(testkit.CapsemBinary(t), all...)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+capsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -43,7 +35,7 @@ func capsemRun(t *testing.T, args ...string) (stdout, stderr string, code int) {
 // TestRunStreamsAndExits is the README's main command: boot, run, stream
 // stdout and stderr apart, exit with the command's code, remove the VM.
 func TestRunStreamsAndExits(t *testing.T) {
-	sessions := filepath.Join(capsemHome(t), "run", "sessions")
+	sessions := filepath.Join(testkit.CapsemHome(t), "run", "sessions")
 	before, _ := os.ReadDir(sessions)
 	stdout, stderr, code := capsemRun(t, "--env", "GREETING=hello", "--", "sh", "-c", `echo "$GREETING from $(hostname)"; echo to-stderr >&2; exit 3`)
 	if code != 3 {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -32,6 +31,10 @@ func vmBench(capsem string, runs int) error {
 	if err != nil {
 		return fmt.Errorf("assets: %w", err)
 	}
+	accel, err := accelBench(home, assets)
+	if err != nil {
+		return err
+	}
 
 	// Saved boots of this run only: the first VM always boots and saves.
 	states, err := os.MkdirTemp("", "capsem-bench-states-")
@@ -55,13 +58,20 @@ func vmBench(capsem string, runs int) error {
 		phases       map[string][]int64
 	}
 	resumed, booted := series{phases: map[string][]int64{}}, series{phases: map[string][]int64{}}
-	var bare []time.Duration
+	var bare, runTrue []time.Duration
 	for i := 0; i < runs; i++ {
-		d, err := bareBoot(assets)
+		d, err := bareBoot(assets, accel)
 		if err != nil {
 			return fmt.Errorf("bare boot: %w", err)
 		}
 		bare = append(bare, d)
+		t := time.Now()
+		run := exec.Command(capsem, "--log-level", "warn", "run", "--", "true")
+		run.Env = append(os.Environ(), "CAPSEM_HOME="+home)
+		if out, err := run.CombinedOutput(); err != nil {
+			return fmt.Errorf("capsem run -- true: %w: %s", err, out)
+		}
+		runTrue = append(runTrue, time.Since(t))
 		for _, m := range []struct {
 			s     *series
 			args  []string
@@ -82,11 +92,12 @@ func vmBench(capsem string, runs int) error {
 		fw = "SeaBIOS"
 	}
 	ratio := func(d time.Duration) float64 { return float64(d) / float64(median(bare)) }
-	fmt.Printf("\nVM start under %s, %d runs each, interleaved, medians (kernel %s, initramfs %d MB, firmware %s)\n", accelName(), runs, filepath.Base(assets.Kernel), fileSize(assets.Initramfs)>>20, filepath.Base(fw))
+	fmt.Printf("\nVM start under %s (-cpu %s), %d runs each, interleaved, medians (kernel %s, initramfs %d MB, firmware %s)\n", accel.Name, accel.CPU, runs, filepath.Base(assets.Kernel), fileSize(assets.Initramfs)>>20, filepath.Base(fw))
 	fmt.Printf("  bare QEMU boot, same kernel+initramfs, start → first userspace print:      %s\n", ms(median(bare)))
 	fmt.Printf("  capsem create → exec-ready, resumed from the saved boot:                   %s   (%.2f× bare; target ≤ 1.2×)\n", ms(median(resumed.ready)), ratio(median(resumed.ready)))
 	fmt.Printf("  capsem create → exec-ready, booted (--no-boot-state):                      %s   (%.2f× bare)\n", ms(median(booted.ready)), ratio(median(booted.ready)))
 	fmt.Printf("  first VM of a configuration, boots and saves (once): create → exec-ready   %s   (save %d ms, state %d MB)\n", ms(first), firstTimings["save_state"], stateBytes>>20)
+	fmt.Printf("  capsem run -- true (the CLI: boot, exec, remove), resumed from the saved boot: %s   (%.2f× bare)\n", ms(median(runTrue)), ratio(median(runTrue)))
 	fmt.Printf("  capsem create → exec `true` → stopped: resumed %s, booted %s (first VM %s)\n", ms(median(resumed.total)), ms(median(booted.total)), ms(firstTotal))
 	keys := []string{"assets", "asset_hash", "state_hash", "disk", "qemu_start", "kernel_to_hello", "guest_kernel_to_init", "guest_modules", "guest_storage", "guest_channel", "guest_after_wake", "ready", "exec", "shutdown"}
 	for _, m := range []struct {
@@ -105,14 +116,6 @@ func vmBench(capsem string, runs int) error {
 	return warmVM(capsem, home, guest)
 }
 
-func accelName() string {
-	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
-		f.Close()
-		return "KVM"
-	}
-	return "TCG"
-}
-
 func fileSize(p string) int64 {
 	st, err := os.Stat(p)
 	if err != nil {
@@ -129,65 +132,50 @@ func median(d []time.Duration) time.Duration {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d.Microseconds())/1000) }
 
-// bareMarker is what the bare boot's init prints: the first userspace output.
-const bareMarker = "CAPSEM-BARE-USERSPACE"
-
-// bareBoot boots the kernel and initramfs with a busybox shell as init that
-// echoes a marker, and times QEMU start → that line on the serial console:
-// the earliest userspace can speak. Same machine type, firmware, CPUs,
-// memory and accelerator kernel parameters as capsem. The shell then
-// sleeps rather than exits, since init exiting panics the kernel and the
-// panic report can land in the middle of the marker on the console; QEMU
-// is killed once the marker is seen.
-func bareBoot(a *guestfs.Assets) (time.Duration, error) {
-	accel, cpu, params := "tcg", "max", " "+qemu.TCGKernelParams
-	if accelName() == "KVM" {
-		accel, cpu, params = "kvm", "host", ""
-	}
-	args := []string{"-machine", "q35", "-accel", accel, "-cpu", cpu, "-smp", "2", "-m", "1024",
-		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-nic", "none", "-serial", "stdio",
-		"-kernel", a.Kernel, "-initrd", a.Initramfs,
-		"-append", `console=ttyS0 panic=-1 quiet loglevel=3` + params + ` rdinit=/bin/sh -- -c "echo ` + bareMarker + `; exec sleep 600"`}
-	if fw := qemu.PreferredFirmware(); fw != "" {
-		args = append(args, "-bios", fw)
-	}
+// bareBoot times QEMU start → the first userspace print of the same kernel
+// and initramfs (busybox's shell as init, qemu.MarkerBoot): the earliest
+// userspace can speak. Same machine type, firmware, CPUs, memory,
+// accelerator and kernel parameters as capsem.
+func bareBoot(a *guestfs.Assets, accel qemu.Accel) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	console, err := cmd.StdoutPipe()
+	return qemu.MarkerBoot{Files: qemu.BootFiles{Kernel: a.Kernel, Initramfs: a.Initramfs, Firmware: qemu.PreferredFirmware()},
+		Accel: accel, CPUs: 2, MemoryMiB: 1024}.Run(ctx)
+}
+
+// accelBench prints what the accelerator decision costs: the proof of KVM
+// the first time on this host boot (a verdict cache of its own), then the
+// cached decision every VM start makes; and returns the decision.
+func accelBench(home string, a *guestfs.Assets) (qemu.Accel, error) {
+	fresh, err := os.MkdirTemp("", "capsem-bench-accel-")
 	if err != nil {
-		return 0, err
+		return qemu.Accel{}, err
 	}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return 0, err
+	defer os.RemoveAll(fresh)
+	files := qemu.BootFiles{Kernel: a.Kernel, Initramfs: a.Initramfs, Firmware: qemu.PreferredFirmware()}
+	ctx := context.Background()
+	t := time.Now()
+	if _, err := (&qemu.Backend{VerdictPath: filepath.Join(fresh, "accel.json")}).ChooseAccel(ctx, "", files); err != nil {
+		return qemu.Accel{}, err
 	}
-	var seen time.Duration
-	var tail []byte
-	buf := make([]byte, 4096)
-	for seen == 0 {
-		n, err := console.Read(buf)
-		tail = append(tail, buf[:n]...)
-		if bytes.Contains(tail, []byte(bareMarker)) {
-			seen = time.Since(start)
-			break
+	first := time.Since(t)
+	b := &qemu.Backend{VerdictPath: filepath.Join(home, "run", "accel.json")}
+	accel, err := b.ChooseAccel(ctx, "", files) // warms the cache a capsem VM uses
+	if err != nil {
+		return qemu.Accel{}, err
+	}
+	var cached []time.Duration
+	for range 20 {
+		t := time.Now()
+		if _, err := b.ChooseAccel(ctx, "", files); err != nil {
+			return qemu.Accel{}, err
 		}
-		if len(tail) > 1<<16 {
-			tail = tail[len(tail)-len(bareMarker):]
-		}
-		if err != nil {
-			break
-		}
+		cached = append(cached, time.Since(t))
 	}
-	cmd.Process.Kill()
-	io.Copy(io.Discard, console)
-	werr := cmd.Wait()
-	if seen == 0 {
-		return 0, fmt.Errorf("the bare guest never printed %q (qemu: %v): console %q, stderr %s", bareMarker, werr, tail, stderr.String())
-	}
-	return seen, nil
+	fmt.Printf("\nAccelerator decision: %s -cpu %s (%s)\n", accel.Name, accel.CPU, accel.Reason)
+	fmt.Printf("  first decision on this host boot (proves KVM where /dev/kvm opens): %s\n", ms(first))
+	fmt.Printf("  cached decision, every later VM start: p50 %.2f ms (20 runs)\n", float64(median(cached).Microseconds())/1000)
+	return accel, nil
 }
 
 type vmHandle struct {

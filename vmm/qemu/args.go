@@ -56,24 +56,24 @@ func extraFDs(spec vmm.Spec) (monitor, incoming int) {
 // exec `true` p50 18.7 → 16.4 ms. (KVM guests use kvm-clock.)
 const TCGKernelParams = "tsc=reliable"
 
-// Args returns QEMU's argv (without the program name) for spec with the
-// resolved accelerator ("kvm" or "tcg"). It is a pure function of its
-// inputs: no probes, no environment, no files.
-func Args(spec vmm.Spec, accel string) ([]string, error) {
+// Args returns QEMU's argv (without the program name) for spec under the
+// chosen accelerator. It is a pure function of its inputs: no probes, no
+// environment, no files.
+func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	cpu, cmdline := "", spec.Cmdline
-	switch accel {
-	case vmm.AccelKVM:
-		cpu = "host"
-	case vmm.AccelTCG:
-		// max: every feature TCG can emulate, so the guest kernel picks
-		// its fast paths (e.g. RDRAND for early entropy).
-		cpu = "max"
-		cmdline = strings.TrimSpace(cmdline + " " + TCGKernelParams)
+	switch accel.Name {
+	case vmm.AccelKVM, vmm.AccelTCG:
 	default:
-		return nil, fmt.Errorf("qemu: accelerator %q: want %q or %q", accel, vmm.AccelKVM, vmm.AccelTCG)
+		return nil, fmt.Errorf("qemu: accelerator %q: want %q or %q", accel.Name, vmm.AccelKVM, vmm.AccelTCG)
+	}
+	if accel.CPU == "" || strings.ContainsAny(accel.CPU, " \x00") {
+		return nil, fmt.Errorf("qemu: CPU model %q for %s", accel.CPU, accel.Name)
+	}
+	cmdline := spec.Cmdline
+	if k := accel.KernelParams(); k != "" {
+		cmdline = strings.TrimSpace(cmdline + " " + k)
 	}
 	machine := spec.Machine
 	if machine == "" {
@@ -82,8 +82,8 @@ func Args(spec vmm.Spec, accel string) ([]string, error) {
 	a := []string{
 		"-name", "guest=" + spec.Name + ",debug-threads=on",
 		"-machine", machine,
-		"-accel", accel,
-		"-cpu", cpu,
+		"-accel", accel.Name,
+		"-cpu", accel.CPU,
 		"-smp", strconv.Itoa(spec.CPUs),
 		"-m", strconv.Itoa(spec.MemoryMiB) + "M",
 		// Nothing we did not ask for: no default devices, no config files,

@@ -31,7 +31,7 @@ func minimalSpec() vmm.Spec {
 // goldenSpecs are the specs whose argv is pinned in testdata/qemu.
 func goldenSpecs() map[string]struct {
 	spec  vmm.Spec
-	accel string
+	accel Accel
 } {
 	disks := minimalSpec()
 	disks.Name = "with-disks"
@@ -65,20 +65,24 @@ func goldenSpecs() map[string]struct {
 	both := restoring
 	both.Name = "monitor-restore"
 	both.Monitor = true
+	kvmHost := Accel{Name: vmm.AccelKVM, CPU: "host"}
+	kvmNested := Accel{Name: vmm.AccelKVM, CPU: kvmCPUs[1].Model}
+	tcgMax := tcg("test", false)
 	return map[string]struct {
 		spec  vmm.Spec
-		accel string
+		accel Accel
 	}{
-		"minimal-tcg": {minimalSpec(), vmm.AccelTCG},
-		"minimal-kvm": {minimalSpec(), vmm.AccelKVM},
-		"with-disks":  {disks, vmm.AccelTCG},
-		"with-share":  {share, vmm.AccelTCG},
-		"odd-paths":   {odd, vmm.AccelKVM},
-		"qboot":       {fw, vmm.AccelTCG},
+		"minimal-tcg":        {minimalSpec(), tcgMax},
+		"minimal-kvm":        {minimalSpec(), kvmHost},
+		"minimal-kvm-nested": {minimalSpec(), kvmNested},
+		"with-disks":         {disks, tcgMax},
+		"with-share":         {share, tcgMax},
+		"odd-paths":          {odd, kvmHost},
+		"qboot":              {fw, tcgMax},
 		// fd 3 is the monitor when there is one, the state file after it.
-		"monitor":         {saving, vmm.AccelTCG},
-		"restore":         {restoring, vmm.AccelTCG},
-		"monitor-restore": {both, vmm.AccelTCG},
+		"monitor":         {saving, tcgMax},
+		"restore":         {restoring, tcgMax},
+		"monitor-restore": {both, tcgMax},
 	}
 }
 
@@ -120,7 +124,7 @@ func TestArgsInvariants(t *testing.T) {
 		args, _ := Args(g.spec, g.accel)
 		joined := " " + strings.Join(args, " ") + " "
 		for _, want := range []string{" -nodefaults ", " -no-user-config ", " -nographic ", " -no-reboot ", " -nic none ",
-			" -accel " + g.accel + " ", "name=org.capsem.channel", ",server=off", " -sandbox on,"} {
+			" -accel " + g.accel.Name + " ", "name=org.capsem.channel", ",server=off", " -sandbox on,"} {
 			if !strings.Contains(joined, want) {
 				t.Errorf("%s: argv lacks %q", name, want)
 			}
@@ -135,17 +139,24 @@ func TestArgsInvariants(t *testing.T) {
 			(hasBios && !strings.Contains(joined, " -bios "+g.spec.Firmware+" ")) {
 			t.Errorf("%s: firmware %q but argv %q", name, g.spec.Firmware, joined)
 		}
-		wantCPU := map[string]string{vmm.AccelTCG: "max", vmm.AccelKVM: "host"}[g.accel]
-		if i := slices.Index(args, "-cpu"); i < 0 || args[i+1] != wantCPU {
-			t.Errorf("%s: -cpu is not %s for %s", name, wantCPU, g.accel)
+		if i := slices.Index(args, "-cpu"); i < 0 || args[i+1] != g.accel.CPU {
+			t.Errorf("%s: -cpu is not %s for %s", name, g.accel.CPU, g.accel.Name)
+		}
+		// TCG's clock parameter goes on the kernel's command line, and
+		// only under TCG.
+		i := slices.Index(args, "-append")
+		if has := strings.Contains(args[i+1], TCGKernelParams); has != (g.accel.Name == vmm.AccelTCG) {
+			t.Errorf("%s: %s on the command line %q under %s", name, TCGKernelParams, args[i+1], g.accel.Name)
 		}
 	}
 }
 
 func TestArgsRejects(t *testing.T) {
 	good := minimalSpec()
-	if _, err := Args(good, "hvf"); err == nil {
-		t.Error("unknown accelerator accepted")
+	for _, a := range []Accel{{Name: "hvf", CPU: "host"}, {Name: vmm.AccelKVM}, {Name: vmm.AccelKVM, CPU: "host -s"}} {
+		if _, err := Args(good, a); err == nil {
+			t.Errorf("accelerator %+v accepted", a)
+		}
 	}
 	mutate := map[string]func(*vmm.Spec){
 		"empty name":        func(s *vmm.Spec) { s.Name = "" },
@@ -174,7 +185,7 @@ func TestArgsRejects(t *testing.T) {
 	for name, f := range mutate {
 		s := minimalSpec()
 		f(&s)
-		_, err := Args(s, vmm.AccelTCG)
+		_, err := Args(s, tcg("test", false))
 		if !errors.Is(err, vmm.ErrInvalidSpec) {
 			t.Errorf("%s: %v, want ErrInvalidSpec", name, err)
 		}

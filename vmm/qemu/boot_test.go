@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/guestchan"
+	"github.com/capsem/capsem/core/testkit"
 	"github.com/capsem/capsem/vmm"
 )
 
@@ -75,7 +76,7 @@ func bootSpec(t *testing.T, dir string) vmm.Spec {
 func TestBootRealGuest(t *testing.T) {
 	dir := shortDir(t)
 	spec := bootSpec(t, dir)
-	b := &Backend{Log: testLogger(t)}
+	b := realBackend(t)
 	vm, err := b.Create(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +229,7 @@ func TestBootRealGuest(t *testing.T) {
 func TestBootCancelKillsQEMU(t *testing.T) {
 	dir := shortDir(t)
 	spec := bootSpec(t, dir)
-	vm, err := (&Backend{Log: testLogger(t), StopGrace: 2 * time.Second}).Create(context.Background(), spec)
+	vm, err := (&Backend{Log: testLogger(t), StopGrace: 2 * time.Second, VerdictPath: testkit.AccelVerdict(t)}).Create(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestRealQEMUAcceptsOddPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec.Disks = append(spec.Disks, vmm.Disk{ID: "upper", Path: rw})
-	vm, err := (&Backend{Log: testLogger(t)}).Create(context.Background(), spec)
+	vm, err := realBackend(t).Create(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,4 +303,11 @@ func TestRealQEMUAcceptsOddPaths(t *testing.T) {
 		t.Fatalf("Wait after Stop: %v", err)
 	}
 	assertReaped(t, pid)
+}
+
+// realBackend is the backend of the tests that boot real guests, with the
+// accelerator verdict every VM test shares (KVM is proven once per host
+// boot, not once per test).
+func realBackend(t *testing.T) *Backend {
+	return &Backend{Log: testLogger(t), VerdictPath: testkit.AccelVerdict(t)}
 }

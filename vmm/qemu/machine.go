@@ -50,57 +50,93 @@ type Backend struct {
 	Binary string
 	// Log receives the backend's and QEMU's messages; nil discards.
 	Log *slog.Logger
-	// ProbeKVM reports whether KVM is usable; nil means ProbeKVM.
-	ProbeKVM func() error
+	// OpenKVM reports whether /dev/kvm opens; nil means OpenKVM. When it
+	// does, KVM is still proven before use (ChooseAccel).
+	OpenKVM func() error
 	// Getenv reads CAPSEM_ACCEL; nil means os.Getenv.
 	Getenv func(string) string
+	// VerdictPath caches the proof of KVM (Verdict); "" proves it at
+	// every Create.
+	VerdictPath string
+	// ProbeTimeout bounds one KVM probe boot; 0 means probeTimeout.
+	ProbeTimeout time.Duration
 	// StopGrace overrides DefaultStopGrace.
 	StopGrace time.Duration
 }
 
 var _ vmm.Backend = (*Backend)(nil)
 
-// Name is "qemu".
-func (b *Backend) Name() string { return "qemu" }
-
-// Create validates spec, picks the accelerator (logging the choice) and
-// computes QEMU's argv. Nothing runs until Start.
-func (b *Backend) Create(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) {
-	return b.create(ctx, spec)
-}
-
-func (b *Backend) create(_ context.Context, spec vmm.Spec) (*Machine, error) {
-	log := b.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	log = log.With("component", "vmm", "backend", "qemu", "vm", spec.Name)
-	if err := spec.Validate(); err != nil {
-		return nil, fmt.Errorf("qemu: %w", err)
-	}
-	probe, getenv := b.ProbeKVM, b.Getenv
-	if probe == nil {
-		probe = ProbeKVM
-	}
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	accel, reason, err := ResolveAccel(spec.Accel, getenv(AccelEnv), probe)
-	if err != nil {
-		return nil, err
-	}
-	log.Info("accelerator", "accel", accel, "reason", reason)
-	args, err := Args(spec, accel)
-	if err != nil {
-		return nil, err
-	}
+func (b *Backend) binaryPath() (string, error) {
 	bin := b.Binary
 	if bin == "" {
 		bin = DefaultBinary
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return nil, fmt.Errorf("qemu: %s not found (Debian package qemu-system-x86): %w", bin, err)
+		return "", fmt.Errorf("qemu: %s not found (Debian package qemu-system-x86): %w", bin, err)
+	}
+	return path, nil
+}
+
+func (b *Backend) log() *slog.Logger {
+	if b.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return b.Log.With("component", "vmm", "backend", "qemu")
+}
+
+func (b *Backend) getenv(k string) string {
+	if b.Getenv != nil {
+		return b.Getenv(k)
+	}
+	return os.Getenv(k)
+}
+
+func (b *Backend) openKVM() error {
+	if b.OpenKVM != nil {
+		return b.OpenKVM()
+	}
+	return OpenKVM()
+}
+
+// Name is "qemu".
+func (b *Backend) Name() string { return "qemu" }
+
+// Create validates spec, picks the accelerator (ChooseAccel: proving KVM
+// when no verdict is cached; the choice is logged) and computes QEMU's
+// argv. Nothing else runs until Start.
+func (b *Backend) Create(ctx context.Context, spec vmm.Spec) (vmm.Machine, error) {
+	return b.create(ctx, spec)
+}
+
+func (b *Backend) create(ctx context.Context, spec vmm.Spec) (*Machine, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	accel, err := b.ChooseAccel(ctx, spec.Accel, BootFiles{Kernel: spec.Kernel, Initramfs: spec.Initramfs, Firmware: spec.Firmware})
+	if err != nil {
+		return nil, err
+	}
+	return b.CreateWithAccel(spec, accel)
+}
+
+// CreateWithAccel is Create under an accelerator already chosen (by
+// ChooseAccel, or a machine's AccelChoice), so that machines started one
+// after another for one VM (a saved boot and its resume) run the same.
+func (b *Backend) CreateWithAccel(spec vmm.Spec, accel Accel) (*Machine, error) {
+	log := b.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "vmm", "backend", "qemu", "vm", spec.Name)
+	path, err := b.binaryPath()
+	if err != nil {
+		return nil, err
+	}
+	log.Info("accelerator", "accel", accel.Name, "cpu", accel.CPU, "reason", accel.Reason)
+	args, err := Args(spec, accel)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
 	}
 	grace := b.StopGrace
 	if grace <= 0 {
@@ -120,7 +156,7 @@ func (b *Backend) create(_ context.Context, spec vmm.Spec) (*Machine, error) {
 // Machine is one QEMU process and its guest channel.
 type Machine struct {
 	spec  vmm.Spec
-	accel string
+	accel Accel
 	bin   string
 	args  []string
 	grace time.Duration
@@ -148,8 +184,11 @@ type Machine struct {
 
 var _ vmm.Machine = (*Machine)(nil)
 
-// Accel is the accelerator this machine runs with.
-func (m *Machine) Accel() string { return m.accel }
+// Accel is the accelerator this machine runs with ("kvm" or "tcg").
+func (m *Machine) Accel() string { return m.accel.Name }
+
+// AccelChoice is the accelerator with its CPU model and the reason.
+func (m *Machine) AccelChoice() Accel { return m.accel }
 
 // Argv is QEMU's full command line (program first).
 func (m *Machine) Argv() []string { return append([]string{m.bin}, m.args...) }
@@ -198,7 +237,7 @@ func (m *Machine) Start(ctx context.Context) error {
 		m.finishUnstarted(err)
 		return err
 	}
-	m.log.Info("qemu started", "pid", m.proc.Pid, "accel", m.accel, "argv", strings.Join(m.Argv(), " "))
+	m.log.Info("qemu started", "pid", m.proc.Pid, "accel", m.accel.Name, "argv", strings.Join(m.Argv(), " "))
 
 	m.mu.Lock()
 	stopped = m.stopping

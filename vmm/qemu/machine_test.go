@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,6 +51,19 @@ func TestMain(m *testing.M) {
 // (SIGTERM does nothing), exit (complain and exit 3 before connecting),
 // hang (never connect).
 func fakeQEMU(mode string, args []string) int {
+	if log := os.Getenv(fakeLogEnv); log != "" {
+		f, _ := os.OpenFile(log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		fmt.Fprintln(f, strings.Join(args, " "))
+		f.Close()
+	}
+	if argAfter(args, "-accel") == "kvm" || slices.Contains(args, "--version") || slices.Contains(args, "stdio") {
+		return fakeAccel(mode, args)
+	}
+	return fakeGuest(mode, args)
+}
+
+// fakeGuest is the fake's guest: modes as fakeQEMU's.
+func fakeGuest(mode string, args []string) int {
 	switch mode {
 	case "exit":
 		fmt.Fprintln(os.Stderr, "qemu-system-x86_64: -kernel: fake failure for the test")
@@ -95,12 +109,57 @@ func fakeQEMU(mode string, args []string) int {
 	return 0
 }
 
+// fakeLogEnv names a file the fake appends each argv to.
+const fakeLogEnv = "CAPSEM_TEST_FAKE_QEMU_LOG"
+
+// The accelerator behaviours of the fake, as measured on real hosts:
+// pvm is a PVM nested /dev/kvm (-cpu host aborts on MSR 0x10a, any other
+// model runs a kernel that never reaches userspace); kvm-hang never gets
+// a stock kernel to userspace; nested-msr refuses MSR 0x10a but runs the
+// guest without arch-capabilities; kvm-works is a KVM that is fine.
+// Under TCG every mode is a guest that works.
+func fakeAccel(mode string, args []string) int {
+	if slices.Contains(args, "--version") {
+		fmt.Println("QEMU emulator version 7.2.99 (fake)")
+		return 0
+	}
+	kvm, cpu := argAfter(args, "-accel") == "kvm", argAfter(args, "-cpu")
+	probe := slices.Contains(args, "stdio")
+	msrAbort := func() int {
+		fmt.Fprintln(os.Stderr, "qemu-system-x86_64: error: failed to set MSR 0x10a to 0x69")
+		fmt.Fprintln(os.Stderr, "qemu-system-x86_64: ../../target/i386/kvm/kvm.c:3183: kvm_buf_set_msrs: Assertion `ret == cpu->kvm_msr_buf->nmsrs' failed.")
+		syscall.Kill(os.Getpid(), syscall.SIGABRT)
+		return 134
+	}
+	works := !kvm || mode == "kvm-works" || (mode == "nested-msr" && cpu != "host")
+	switch {
+	case kvm && cpu == "host" && (mode == "pvm" || mode == "nested-msr"):
+		return msrAbort()
+	case !works:
+		fmt.Println("Probing EDD (edd=off to disable)... ok")
+		time.Sleep(time.Hour)
+		return 0
+	case probe:
+		fmt.Println(Marker)
+		time.Sleep(time.Hour)
+		return 0
+	}
+	return fakeGuest("connect", args)
+}
+
+func argAfter(args []string, flag string) string {
+	if i := slices.Index(args, flag); i >= 0 && i+1 < len(args) {
+		return args[i+1]
+	}
+	return ""
+}
+
 // vmOwner starts a fake VM, prints QEMU's PID and waits to be killed.
 func vmOwner(dir string) int {
 	os.Setenv(fakeEnv, "ignore-term")
 	os.Unsetenv(ownerEnv)
 	exe, _ := os.Executable()
-	vm, err := (&Backend{Binary: exe, ProbeKVM: noKVM}).Create(context.Background(), fakeSpec(dir))
+	vm, err := (&Backend{Binary: exe, OpenKVM: noKVM}).Create(context.Background(), fakeSpec(dir))
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -132,7 +191,7 @@ func fakeMachine(t *testing.T, mode string) (*Machine, vmm.Spec) {
 		t.Fatal(err)
 	}
 	spec := fakeSpec(shortDir(t))
-	vm, err := (&Backend{Binary: exe, ProbeKVM: noKVM, Log: testLogger(t), StopGrace: 300 * time.Millisecond}).Create(context.Background(), spec)
+	vm, err := (&Backend{Binary: exe, OpenKVM: noKVM, Log: testLogger(t), StopGrace: 300 * time.Millisecond}).Create(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}

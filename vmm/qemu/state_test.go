@@ -56,7 +56,7 @@ func TestSaveStateAndRestore(t *testing.T) {
 	spec := bootSpec(t, dir)
 	spec.Cmdline = tickerCmdline
 	spec.Monitor = true
-	b := &Backend{Log: testLogger(t)}
+	b := realBackend(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
@@ -132,7 +132,7 @@ func TestSaveStateNeedsMonitor(t *testing.T) {
 	dir := shortDir(t)
 	spec := bootSpec(t, dir)
 	spec.Cmdline = tickerCmdline
-	vm, err := (&Backend{Log: testLogger(t)}).Create(context.Background(), spec)
+	vm, err := realBackend(t).Create(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}
