@@ -245,19 +245,15 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	}
 	backend := &qemu.Backend{Log: o.Logger, VerdictPath: verdicts}
 	canSave := diskCreated || o.DiskGiB == 0
-	start, err := v.startWithSavedBoots(ctx, backend, spec, assets.Dir, canSave)
-	if err != nil && v.ctl == nil && v.accel.Name == vmm.AccelKVM && !v.accel.Forced {
-		// KVM passed its proof, yet this VM never spoke under it: a VM
-		// never fails to start for the accelerator's sake. Later VMs
-		// read the demoted verdict and go straight to TCG.
-		o.Logger.Warn("the VM did not start under KVM; retrying once under TCG", "err", err)
-		files := qemu.BootFiles{Kernel: spec.Kernel, Initramfs: spec.Initramfs, Firmware: spec.Firmware}
-		if derr := backend.DemoteKVM(ctx, files, err); derr != nil {
-			o.Logger.Warn("recording the KVM failure", "err", derr)
-			spec.Accel = vmm.AccelTCG
-		}
-		start, err = v.startWithSavedBoots(ctx, backend, spec, assets.Dir, canSave)
-	}
+	files := qemu.BootFiles{Kernel: spec.Kernel, Initramfs: spec.Initramfs, Firmware: spec.Firmware}
+	start, err := startFallingBackToTCG(o.Logger,
+		func(accel string) (string, error) {
+			s := spec
+			s.Accel = accel
+			return v.startWithSavedBoots(ctx, backend, s, assets.Dir, canSave)
+		},
+		func() (qemu.Accel, bool) { return v.accel, v.ctl != nil },
+		func(why error) error { return backend.DemoteKVM(ctx, files, why) })
 	if err != nil {
 		return nil, err
 	}
@@ -307,6 +303,28 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	v.log.Info("VM ready", "start", start, "timings_ms", timings, "agent", v.hello.AgentVersion)
 	ok = true
 	return v, nil
+}
+
+// startFallingBackToTCG runs start with the accelerator left to the
+// backend's decision. When that start failed under KVM that was not forced
+// and before the guest spoke (used says what the last start ran under and
+// whether the guest spoke), KVM passed its proof yet cannot run this VM: a
+// VM never fails to start for the accelerator's sake, so demote records
+// that (later VMs go straight to TCG) and start runs once more under TCG.
+func startFallingBackToTCG(log *slog.Logger, start func(accel string) (string, error),
+	used func() (qemu.Accel, bool), demote func(error) error) (string, error) {
+	how, err := start("")
+	accel, spoke := used()
+	if err == nil || spoke || accel.Name != vmm.AccelKVM || accel.Forced {
+		return how, err
+	}
+	log.Warn("the VM did not start under KVM; retrying once under TCG", "err", err)
+	if derr := demote(err); derr != nil {
+		log.Warn("recording the KVM failure", "err", derr)
+		return start(vmm.AccelTCG)
+	}
+	// The decision now reads the demoted verdict, and says why.
+	return start("")
 }
 
 // startWithSavedBoots starts the guest of spec, resuming the saved boot of

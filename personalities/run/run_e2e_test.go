@@ -2,6 +2,7 @@ package run_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -88,5 +89,49 @@ func TestRunReportsAProcessThatDiesBeforeReady(t *testing.T) {
 	}
 	if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("took %v to report a process that failed before booting", d)
+	}
+}
+
+// TestRunNamesTheAccelerator: whatever this host's /dev/kvm (absent,
+// present but unable to run the guest, or working), the VM runs and the log
+// says under which accelerator and why, agreeing with the host.
+func TestRunNamesTheAccelerator(t *testing.T) {
+	stdout, stderr, code := capsemRun(t, "--", "uname", "-r")
+	if code != 0 || !strings.Contains(stdout, "amd64") {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
+	}
+	var ready struct {
+		Msg   string `json:"msg"`
+		Accel string `json:"accel"`
+		Why   string `json:"why"`
+	}
+	for _, line := range strings.Split(stderr, "\n") {
+		if json.Unmarshal([]byte(line), &ready) == nil && ready.Msg == "VM ready" {
+			break
+		}
+	}
+	if ready.Msg != "VM ready" {
+		t.Fatalf("no VM ready line on stderr: %s", stderr)
+	}
+	t.Logf("accelerator %s: %s", ready.Accel, ready.Why)
+	_, kvmErr := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	switch {
+	case os.Getenv("CAPSEM_ACCEL") != "":
+		if ready.Accel != os.Getenv("CAPSEM_ACCEL") || !strings.Contains(ready.Why, "forced by CAPSEM_ACCEL") {
+			t.Errorf("CAPSEM_ACCEL=%s, yet %s: %s", os.Getenv("CAPSEM_ACCEL"), ready.Accel, ready.Why)
+		}
+	case kvmErr != nil:
+		if ready.Accel != "tcg" || !strings.Contains(ready.Why, "KVM not available") {
+			t.Errorf("no usable /dev/kvm (%v), yet %s: %s", kvmErr, ready.Accel, ready.Why)
+		}
+	case ready.Accel == "kvm":
+		if !strings.HasPrefix(ready.Why, "KVM proven") {
+			t.Errorf("under KVM without its proof: %s", ready.Why)
+		}
+	default:
+		if ready.Accel != "tcg" || !strings.HasSuffix(ready.Why, "; using TCG") ||
+			!(strings.HasPrefix(ready.Why, "KVM present but cannot run this kernel") || strings.HasPrefix(ready.Why, "KVM passed the probe")) {
+			t.Errorf("/dev/kvm opens, yet %s: %s", ready.Accel, ready.Why)
+		}
 	}
 }
