@@ -7,6 +7,7 @@ import (
 	"github.com/capsem/capsem/personalities/aggregator"
 	"github.com/capsem/capsem/personalities/builtin"
 	"github.com/capsem/capsem/personalities/gateway"
+	"github.com/capsem/capsem/personalities/guestdoctor"
 	"github.com/capsem/capsem/personalities/image"
 	"github.com/capsem/capsem/personalities/policycmd"
 	"github.com/capsem/capsem/personalities/process"
@@ -19,14 +20,15 @@ import (
 type CLI struct {
 	LogLevel string `name:"log-level" env:"CAPSEM_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`
 
-	Version       VersionCmd     `cmd:"" help:"Print the version."`
-	Run           run.Cmd        `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`
-	Image         image.Cmd      `cmd:"" help:"Build the guest boot assets."`
-	Gateway       gateway.Cmd    `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
-	MCPServer     relay.Cmd      `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
-	Policy        policycmd.Cmd  `cmd:"" help:"Inspect, explain and reload the MCP policy."`
-	MCPAggregator aggregator.Cmd `cmd:"" name:"mcp-aggregator" hidden:"" help:"Internal: the sandboxed MCP aggregator."`
-	MCPBuiltin    builtin.Cmd    `cmd:"" name:"mcp-builtin" hidden:"" help:"Internal: the builtin MCP tool server."`
-	Process       process.Cmd    `cmd:"" hidden:"" help:"Internal: the per-VM process."`
-	Agent         agent.Cmd      `cmd:"" hidden:"" help:"Internal: the guest agent (PID 1 in the VM, installed as /init)."`
+	Version       VersionCmd      `cmd:"" help:"Print the version."`
+	Run           run.Cmd         `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`
+	Image         image.Cmd       `cmd:"" help:"Build the guest boot assets."`
+	Gateway       gateway.Cmd     `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
+	MCPServer     relay.Cmd       `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
+	Policy        policycmd.Cmd   `cmd:"" help:"Inspect, explain and reload the MCP policy."`
+	MCPAggregator aggregator.Cmd  `cmd:"" name:"mcp-aggregator" hidden:"" help:"Internal: the sandboxed MCP aggregator."`
+	MCPBuiltin    builtin.Cmd     `cmd:"" name:"mcp-builtin" hidden:"" help:"Internal: the builtin MCP tool server."`
+	Process       process.Cmd     `cmd:"" hidden:"" help:"Internal: the per-VM process."`
+	Agent         agent.Cmd       `cmd:"" hidden:"" help:"Internal: the guest agent (PID 1 in the VM, installed as /init)."`
+	GuestDoctor   guestdoctor.Cmd `cmd:"" name:"guest-doctor" hidden:"" help:"Inside a VM: check its health (installed there as capsem-doctor)."`
 }

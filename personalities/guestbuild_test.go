@@ -12,6 +12,8 @@ import (
 var guestPackages = []string{
 	"github.com/capsem/capsem/personalities/agent",
 	"github.com/capsem/capsem/personalities/relay",
+	"github.com/capsem/capsem/personalities/guestdoctor",
+	"github.com/capsem/capsem/core/doctor",
 	"github.com/capsem/capsem/core/guestchan",
 	"github.com/capsem/capsem/core/guestwire",
 	"github.com/capsem/capsem/core/guestctl",

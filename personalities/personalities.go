@@ -31,6 +31,7 @@ func (VersionCmd) Run(context.Context) error {
 // aliases maps symlink names to the subcommand they run.
 var aliases = map[string]string{
 	"capsem-mcp-server": "mcp-server",
+	"capsem-doctor":     "guest-doctor",
 	"init":              "agent", // /init in the guest initramfs
 }
 

@@ -38,3 +38,20 @@ func CmdlineValue(cmdline, key string) (value string, ok bool) {
 	}
 	return value, ok
 }
+
+// GuestBootFacts is where the agent records what the host's boot config
+// set (BootFacts), for capsem-doctor to check against the running guest.
+const GuestBootFacts = "/run/capsem/boot.json"
+
+// BootFacts is what the host's boot config set, as the agent applied it.
+// It is JSON in a file, read by the guest doctor; no host reads it.
+type BootFacts struct {
+	Hostname string `json:"hostname"`
+	// HostClockUnixNano is the host's clock as the boot config gave it;
+	// BootTimeNano is the guest's CLOCK_BOOTTIME when it was applied, so
+	// that the host's clock now is HostClockUnixNano plus the boot time
+	// elapsed since.
+	HostClockUnixNano int64    `json:"host_clock_unix_nano"`
+	BootTimeNano      int64    `json:"boottime_ns"`
+	EnvKeys           []string `json:"env_keys"`
+}

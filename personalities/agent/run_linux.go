@@ -183,6 +183,9 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		hello.Boot.StorageMS = storage.took.Milliseconds()
 	}
 	ensureSymlinks(log)
+	if pid1 {
+		hardenGuest(log)
+	}
 	t := time.Now()
 	conn, err := dialRetry(openCtx, ch, guestchan.PortControl)
 	if err != nil {
@@ -197,6 +200,9 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		"channel_ms", hello.Boot.ChannelMS, "after_wake_ms", hello.Boot.AfterWakeMS)
 
 	srv := &Server{Log: log, Dial: ch.Dial, Reaper: reaper, Hello: hello, SetClock: setClock, SetHostname: setHostname}
+	if pid1 {
+		srv.FactsPath = guestwire.GuestBootFacts
+	}
 	bridgeCtx, stopBridge := context.WithCancel(ctx)
 	defer stopBridge()
 	go func() {
@@ -224,6 +230,51 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 			return fmt.Errorf("agent: reconnecting to the control port: %w", err)
 		}
 	}
+}
+
+// guestDevicesMasked give raw access to the guest kernel's memory and I/O
+// ports: removed from /dev, and /proc/kcore (a proc file, which cannot be
+// removed) covered with /dev/null, as container runtimes mask it.
+var (
+	guestDevicesRemoved = []string{"/dev/mem", "/dev/kmem", "/dev/port"}
+	guestProcMasked     = []string{"/proc/kcore"}
+)
+
+// hardenGuest takes from the guest what no command in it needs: the raw
+// memory and port devices, and the right to rewrite the capsem binary (the
+// agent, the MCP relay and the doctor), which is bound read-only over
+// itself so a write fails with EROFS instead of replacing it in the VM's
+// upper layer. capsem-doctor's sandbox group checks each of these.
+func hardenGuest(log *slog.Logger) {
+	for _, d := range guestDevicesRemoved {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.Warn("removing a raw memory device", "path", d, "err", err)
+		}
+	}
+	for _, p := range guestProcMasked {
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		if err := unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err != nil {
+			log.Warn("masking a proc file", "path", p, "err", err)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		log.Warn("locating the agent binary", "err", err)
+		return
+	}
+	if err := bindReadOnly(self); err != nil {
+		log.Warn("making the agent binary read-only", "path", self, "err", err)
+	}
+}
+
+// bindReadOnly binds path over itself and makes that mount read-only.
+func bindReadOnly(path string) error {
+	if err := unix.Mount(path, path, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return unix.Mount("", path, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, "")
 }
 
 // wakeAsked reports whether the command line asks for the wake handshake.

@@ -2,14 +2,19 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/capsem/capsem/core/guestwire"
 )
@@ -52,6 +57,9 @@ type Server struct {
 	// alone (tests run on a real host).
 	SetClock    func(time.Time) error
 	SetHostname func(string) error
+	// FactsPath, when set, is where the boot config's facts are recorded
+	// (guestwire.GuestBootFacts in the VM).
+	FactsPath string
 
 	mu      sync.Mutex
 	bootEnv map[string]string
@@ -292,7 +300,27 @@ func (s *Server) bootConfig(c *guestwire.BootConfig) error {
 			return guestwire.Errorf(guestwire.CodePermission, "setting the host name to %q: %v", c.Hostname, err)
 		}
 	}
+	if s.FactsPath != "" {
+		s.recordFacts(c)
+	}
 	return nil
+}
+
+// recordFacts writes what c set to s.FactsPath (guestwire.BootFacts); a
+// failure only loses the doctor's reference, so it is logged.
+func (s *Server) recordFacts(c *guestwire.BootConfig) {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	f := guestwire.BootFacts{Hostname: c.Hostname, HostClockUnixNano: c.ClockUnixNano, BootTimeNano: ts.Nano(),
+		EnvKeys: slices.Sorted(maps.Keys(c.Env))}
+	b, _ := json.Marshal(f)
+	err := os.MkdirAll(filepath.Dir(s.FactsPath), 0o755)
+	if err == nil {
+		err = os.WriteFile(s.FactsPath, b, 0o644)
+	}
+	if err != nil {
+		s.log().Warn("recording the boot facts", "path", s.FactsPath, "err", err)
+	}
 }
 
 // execEnv is the environment for an exec: base, then boot config, then the
