@@ -24,7 +24,7 @@ type Cmd struct {
 // ExitError carries the doctor's exit status (1 when a check failed).
 type ExitError struct{ Code int }
 
-func (e ExitError) Error() string         { return fmt.Sprintf("exit status %d", e.Code) }
+func (e ExitError) Error() string        { return fmt.Sprintf("exit status %d", e.Code) }
 func (e ExitError) CommandExitCode() int { return e.Code }
 
 // Run runs the selected groups.
