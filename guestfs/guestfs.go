@@ -411,16 +411,20 @@ func (b *builder) cachedFallback() *Assets {
 	if b.guest == "" {
 		return nil
 	}
+	return b.newest(b.guest, func(a *Assets) bool { return a.verify(b.sums) == nil })
+}
+
+// newest is the newest build for the guest binary with that sha256 (and
+// this builder and module list) that passes ok.
+func (b *builder) newest(guest string, ok func(*Assets) bool) *Assets {
 	var best *Assets
 	for _, a := range b.listBuilds() {
-		if a.Inputs.GuestBinarySHA256 != b.guest || a.Inputs.Builder != BuilderVersion ||
+		if a.Inputs.GuestBinarySHA256 != guest || a.Inputs.Builder != BuilderVersion ||
 			!slices.Equal(a.Inputs.Modules, b.opts.Modules) {
 			continue
 		}
-		if best == nil || a.BuiltAt.After(best.BuiltAt) {
-			if a.verify(b.sums) == nil {
-				best = a
-			}
+		if (best == nil || a.BuiltAt.After(best.BuiltAt)) && ok(a) {
+			best = a
 		}
 	}
 	return best
@@ -562,4 +566,28 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.0f kB", float64(n)/1e3)
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// ErrNoAssets is Installed's error when no build exists for the guest
+// binary.
+var ErrNoAssets = errors.New("guestfs: no guest assets built for this guest binary")
+
+// Installed returns the newest build in opts.Dir for opts.GuestBinary and
+// module list, as it is: nothing is built, apt is not asked, and the files
+// are not verified (Verify does that). It is for diagnosis: Ensure is what
+// a VM boots from.
+func Installed(opts Options) (*Assets, error) {
+	b, err := newBuilder(opts)
+	if err != nil {
+		return nil, err
+	}
+	guest, err := checkGuestBinary(b.opts.GuestBinary, b.sums)
+	if err != nil {
+		return nil, err
+	}
+	best := b.newest(guest, func(*Assets) bool { return true })
+	if best == nil {
+		return nil, fmt.Errorf("%w in %s", ErrNoAssets, b.opts.Dir)
+	}
+	return best, nil
 }

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/modorder"
-	"github.com/capsem/capsem/core/testkit"
 	"github.com/capsem/capsem/vmm/qemu"
 )
 
@@ -293,7 +292,7 @@ func TestRealAssets(t *testing.T) {
 func bootCheck(t *testing.T, ctx context.Context, qemuBin, kernel, initrd string, modules int) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	accel, err := (&qemu.Backend{Binary: qemuBin, VerdictPath: testkit.AccelVerdict(t)}).ChooseAccel(ctx, "",
+	accel, err := (&qemu.Backend{Binary: qemuBin, VerdictPath: sharedAccelVerdict(t)}).ChooseAccel(ctx, "",
 		qemu.BootFiles{Kernel: kernel, Initramfs: initrd})
 	if err != nil {
 		t.Fatal(err)
@@ -328,6 +327,16 @@ func bootCheck(t *testing.T, ctx context.Context, qemuBin, kernel, initrd string
 		}
 	}
 	t.Logf("booted %s, loaded %d modules, powered off: %v wall", filepath.Base(kernel), modules, elapsed)
+}
+
+// sharedAccelVerdict is the accelerator verdict the VM tests share (as
+// core/testkit.AccelVerdict says; testkit itself imports this package).
+func sharedAccelVerdict(t *testing.T) string {
+	home := os.Getenv("CAPSEM_TEST_HOME")
+	if home == "" {
+		home = filepath.Join(filepath.Dir(assetTestDir(t)), "capsem-home")
+	}
+	return filepath.Join(home, "run", "accel.json")
 }
 
 // checkModulePatched checks a real module from the image the way the

@@ -6,6 +6,7 @@ import (
 	"github.com/capsem/capsem/personalities/agent"
 	"github.com/capsem/capsem/personalities/aggregator"
 	"github.com/capsem/capsem/personalities/builtin"
+	"github.com/capsem/capsem/personalities/doctor"
 	"github.com/capsem/capsem/personalities/gateway"
 	"github.com/capsem/capsem/personalities/guestdoctor"
 	"github.com/capsem/capsem/personalities/image"
@@ -23,6 +24,7 @@ type CLI struct {
 	Version       VersionCmd      `cmd:"" help:"Print the version."`
 	Run           run.Cmd         `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`
 	Image         image.Cmd       `cmd:"" help:"Build the guest boot assets."`
+	Doctor        doctor.Cmd      `cmd:"" help:"Check whether capsem works on this host, and how to fix what does not."`
 	Gateway       gateway.Cmd     `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
 	MCPServer     relay.Cmd       `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
 	Policy        policycmd.Cmd   `cmd:"" help:"Inspect, explain and reload the MCP policy."`

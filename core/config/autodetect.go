@@ -118,3 +118,28 @@ func pointsAtCapsem(name string, e mcpServerEntry) bool {
 	base := filepath.Base(e.Command)
 	return base == "capsem" || base == "capsem-mcp-server"
 }
+
+// Registrations lists where capsem itself is registered as an MCP server in
+// the AI CLI settings AutoDetect reads, as "<file>: <name> (<command args>)".
+func Registrations(home string) []string {
+	var out []string
+	for _, rel := range []string{".claude.json", ".claude/settings.json", ".gemini/settings.json"} {
+		path := filepath.Join(home, rel)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		var doc struct {
+			MCPServers map[string]mcpServerEntry `json:"mcpServers"`
+		}
+		if json.Unmarshal(data, &doc) != nil {
+			continue
+		}
+		for _, name := range slices.Sorted(maps.Keys(doc.MCPServers)) {
+			if e := doc.MCPServers[name]; pointsAtCapsem(name, e) {
+				out = append(out, fmt.Sprintf("%s: %s (%s)", path, name, strings.TrimSpace(e.Command+" "+strings.Join(e.Args, " "))))
+			}
+		}
+	}
+	return out
+}

@@ -4,12 +4,17 @@
 package testkit
 
 import (
+	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/capsem/capsem/guestfs"
 )
 
 var (
@@ -179,4 +184,58 @@ func CapsemHome(t testing.TB) string {
 // (vmm/qemu.Backend.ChooseAccel), proven once per host boot.
 func AccelVerdict(t testing.TB) string {
 	return filepath.Join(CapsemHome(t), "run", "accel.json")
+}
+
+// SharedAssets is CapsemHome's guest asset build for GuestBinary, built
+// when missing (as the first VM start would).
+func SharedAssets(t testing.TB) *guestfs.Assets {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	a, err := guestfs.Ensure(ctx, guestfs.Options{Dir: filepath.Join(CapsemHome(t), "assets"), GuestBinary: GuestBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// PrivateAssets returns a fresh CAPSEM_HOME holding a copy of the shared
+// guest asset build (CapsemHome's, built first when missing), so a test can
+// damage it without touching the shared one; dir is the build's directory
+// in it and a the shared build.
+func PrivateAssets(t testing.TB) (home, dir string, a *guestfs.Assets) {
+	t.Helper()
+	a = SharedAssets(t)
+	shared := filepath.Dir(a.Dir)
+	home = t.TempDir()
+	assets := filepath.Join(home, "assets")
+	dir = filepath.Join(assets, filepath.Base(a.Dir))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, filepath.Join(shared, "apt-resolution.json"), filepath.Join(assets, "apt-resolution.json"))
+	for name := range a.Files {
+		copyFile(t, filepath.Join(a.Dir, name), filepath.Join(dir, name))
+	}
+	copyFile(t, filepath.Join(a.Dir, guestfs.FileManifest), filepath.Join(dir, guestfs.FileManifest))
+	return home, dir, a
+}
+
+func copyFile(t testing.TB, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -3,7 +3,6 @@ package process_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,25 +16,6 @@ import (
 )
 
 // copyFile copies src to dst (a real copy: dst is changed below).
-func copyFile(t *testing.T, src, dst string) {
-	t.Helper()
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A boot file whose bytes changed with no trace in its identity (as a disk
 // error leaves it) is handed out by the asset cache, but the per-VM process
 // re-hashes every byte the VM boots from and never reports that VM ready:
@@ -46,25 +26,10 @@ func TestBootRefusesCorruptedBootFiles(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	shared := filepath.Join(testkit.CapsemHome(t), "assets")
-	a, err := guestfs.Ensure(ctx, guestfs.Options{Dir: shared, GuestBinary: testkit.GuestBinary(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// A private CAPSEM_HOME holding a copy of that build, so the shared
-	// assets stay intact.
-	home := t.TempDir()
-	assets := filepath.Join(home, "assets")
-	dir := filepath.Join(assets, filepath.Base(a.Dir))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	copyFile(t, filepath.Join(shared, "apt-resolution.json"), filepath.Join(assets, "apt-resolution.json"))
-	for name := range a.Files {
-		copyFile(t, filepath.Join(a.Dir, name), filepath.Join(dir, name))
-	}
-	copyFile(t, filepath.Join(a.Dir, guestfs.FileManifest), filepath.Join(dir, guestfs.FileManifest))
+	// A private CAPSEM_HOME holding a copy of the shared build, so the
+	// shared assets stay intact.
+	home, dir, a := testkit.PrivateAssets(t)
+	assets := filepath.Dir(dir)
 
 	// Corrupt the initramfs, then have the sum cache vouch for it: its
 	// identity now, the manifest's sha256.

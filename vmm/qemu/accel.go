@@ -197,9 +197,19 @@ func (b *Backend) Verdict(ctx context.Context, files BootFiles) (Verdict, error)
 		return Verdict{}, err
 	}
 	for _, v := range cache.Verdicts {
-		if sameKey(v, key) {
-			return v, nil
+		if !sameKey(v, key) {
+			continue
 		}
+		if v.Kernel != key.Kernel || v.KernelFile != key.KernelFile || v.QEMUFile != key.QEMUFile {
+			// The same bytes under a new path or identity (new assets of
+			// the same kernel): recorded, so the next decision need not
+			// hash the kernel again.
+			v.Kernel, v.KernelFile, v.QEMUFile = key.Kernel, key.KernelFile, key.QEMUFile
+			if err := writeVerdict(b.VerdictPath, cache, v); err != nil {
+				b.log().Warn("updating the accelerator verdict", "err", err)
+			}
+		}
+		return v, nil
 	}
 	v := b.prove(ctx, files, key)
 	if ctx.Err() != nil {

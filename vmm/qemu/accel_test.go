@@ -172,6 +172,15 @@ func TestAccelProvedAgain(t *testing.T) {
 	if n := f.probes(t); n != 3 {
 		t.Fatalf("%d probes for the same kernel bytes, want 3", n)
 	}
+	// ...and its new identity is recorded, so the next decision does not
+	// hash the kernel again.
+	id, err := statID(f.files.Kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vs := ReadVerdicts(f.b.VerdictPath); vs[0].KernelFile != id {
+		t.Fatalf("the cache keeps the old identity %+v, the kernel's is %+v", vs[0].KernelFile, id)
+	}
 }
 
 func TestAccelForced(t *testing.T) {

@@ -1,0 +1,251 @@
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/capsem/capsem/core/doctor"
+	"github.com/capsem/capsem/guestfs"
+	"github.com/capsem/capsem/vmm"
+	"github.com/capsem/capsem/vmm/qemu"
+)
+
+const (
+	installQEMU = "install qemu-system-x86 (apt-get install qemu-system-x86)"
+	tcgHint     = "KVM unusable: running under TCG, expect ~3x slower boots"
+)
+
+func (h *host) checkKVMDevice(_ context.Context, r *doctor.Reporter) {
+	if err := qemu.OpenKVM(); err != nil {
+		r.Warnf("no hardware virtualization here (or no access to /dev/kvm): "+tcgHint, "/dev/kvm does not open read-write: %v", err)
+		return
+	}
+	r.Okf("/dev/kvm opens read-write (it must still prove it runs the guest)")
+}
+
+func (h *host) checkKVMProven(ctx context.Context, r *doctor.Reporter) {
+	if _, err := exec.LookPath(qemu.DefaultBinary); err != nil {
+		r.Failf(installQEMU, "%s not found: nothing to prove KVM with", qemu.DefaultBinary)
+		return
+	}
+	a, err := h.installedAssets()
+	if err != nil {
+		r.Warnf("build them (capsem image build): KVM is proven with them", "no guest assets to prove KVM with yet: %v", err)
+		return
+	}
+	b, err := h.backend()
+	if err != nil {
+		r.Failf("", "%v", err)
+		return
+	}
+	t := time.Now()
+	accel, err := b.ChooseAccel(ctx, "", qemu.BootFiles{Kernel: a.Kernel, Initramfs: a.Initramfs, Firmware: qemu.PreferredFirmware()})
+	took := time.Since(t).Round(time.Millisecond)
+	switch {
+	case err != nil:
+		r.Failf("unset CAPSEM_ACCEL, or set it to tcg", "%v", err)
+	case accel.Name == vmm.AccelKVM:
+		r.Okf("VMs run under KVM -cpu %s: %s (decided in %v)", accel.CPU, accel.Reason, took)
+	case accel.Forced:
+		r.Okf("VMs run under TCG: %s", accel.Reason)
+	default:
+		r.Warnf(tcgHint, "VMs run under TCG: %s (decided in %v)", accel.Reason, took)
+	}
+}
+
+// qemuHelp is QEMU's answer to one of its help options, "" with the
+// error when it cannot say.
+func qemuHelp(ctx context.Context, args ...string) (string, error) {
+	path, err := exec.LookPath(qemu.DefaultBinary)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, args...).CombinedOutput()
+	if err != nil {
+		return "", errors.New(strings.TrimSpace(string(out)) + " " + err.Error())
+	}
+	return string(out), nil
+}
+
+func (h *host) checkTCG(ctx context.Context, r *doctor.Reporter) {
+	out, err := qemuHelp(ctx, "-accel", "help")
+	switch {
+	case err != nil:
+		r.Failf(installQEMU, "QEMU cannot list its accelerators: %v", err)
+	case !strings.Contains(out, "tcg"):
+		r.Failf(installQEMU, "this QEMU has no TCG (accelerators: %s)", strings.Join(strings.Fields(out), " "))
+	default:
+		r.Okf("TCG is available (the fallback every host has)")
+	}
+}
+
+func (h *host) checkQEMUBinary(_ context.Context, r *doctor.Reporter) {
+	path, err := exec.LookPath(qemu.DefaultBinary)
+	if err != nil {
+		r.Failf(installQEMU, "%s not found in PATH", qemu.DefaultBinary)
+		return
+	}
+	v, err := qemu.Version(path)
+	if err != nil {
+		r.Failf(installQEMU, "%s does not run: %v", path, err)
+		return
+	}
+	r.Okf("%s: %s", path, v)
+}
+
+func (h *host) checkMachine(ctx context.Context, r *doctor.Reporter) {
+	out, err := qemuHelp(ctx, "-machine", "help")
+	if err != nil || !strings.Contains(out, vmm.DefaultMachine+" ") && !strings.Contains(out, vmm.DefaultMachine+"\n") {
+		r.Failf(installQEMU, "QEMU lacks the %s machine type (%v)", vmm.DefaultMachine, err)
+		return
+	}
+	r.Okf("machine type %s", vmm.DefaultMachine)
+}
+
+// devices are the QEMU devices a capsem VM is made of.
+var devices = []string{"virtio-serial-pci", "virtserialport", "virtio-blk-pci", "virtio-9p-pci"}
+
+func (h *host) checkDevices(ctx context.Context, r *doctor.Reporter) {
+	out, err := qemuHelp(ctx, "-device", "help")
+	if err != nil {
+		r.Failf(installQEMU, "QEMU cannot list its devices: %v", err)
+		return
+	}
+	var missing []string
+	for _, d := range devices {
+		if !strings.Contains(out, `"`+d+`"`) {
+			missing = append(missing, d)
+		}
+	}
+	if len(missing) > 0 {
+		r.Failf(installQEMU+" (Debian's build has them all)", "QEMU lacks the devices %s", strings.Join(missing, ", "))
+		return
+	}
+	r.Okf("%s", strings.Join(devices, ", "))
+}
+
+func (h *host) checkFirmware(_ context.Context, r *doctor.Reporter) {
+	if fw := qemu.PreferredFirmware(); fw != "" {
+		r.Okf("qboot (%s): the fast BIOS for a direct kernel boot", fw)
+		return
+	}
+	r.Warnf("install qemu-system-data for qboot", "no %s: VMs boot through SeaBIOS, 100-200 ms slower", qemu.FastFirmware)
+}
+
+func (h *host) checkAssetsPresent(_ context.Context, r *doctor.Reporter) {
+	if _, err := os.Stat(h.guestBin); err != nil {
+		r.Failf("make build writes capsem-guest next to capsem", "the guest binary %s: %v", h.guestBin, err)
+		return
+	}
+	a, err := h.installedAssets()
+	switch {
+	case errors.Is(err, guestfs.ErrNoAssets):
+		r.Warnf("capsem image build (or the first capsem run) builds them from Debian's packages", "none built yet in %s", h.assetsDir())
+		return
+	case err != nil:
+		r.Failf("", "%v", err)
+		return
+	}
+	var missing []string
+	for _, p := range []string{a.Kernel, a.Initramfs} {
+		if _, err := os.Stat(p); err != nil {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 || len(a.Modules) == 0 {
+		r.Failf("remove "+a.Dir+"; the next capsem run rebuilds it", "build %s is incomplete: missing %v, %d modules", a.Dir, missing, len(a.Modules))
+		return
+	}
+	r.Okf("%s: kernel, initramfs, %d modules", a.Dir, len(a.Modules))
+}
+
+func (h *host) checkAssetHashes(_ context.Context, r *doctor.Reporter) {
+	a, err := h.installedAssets()
+	if err != nil {
+		r.Warnf("capsem image build", "nothing to verify: %v", err)
+		return
+	}
+	t := time.Now()
+	if err := a.Verify(); err != nil {
+		r.Failf("remove "+a.Dir+"; the next capsem run rebuilds it", "corrupt: %v", err)
+		return
+	}
+	r.Okf("all %d files match the manifest's sha256 (%v)", len(a.Files), time.Since(t).Round(time.Millisecond))
+}
+
+func (h *host) checkKernel(_ context.Context, r *doctor.Reporter) {
+	a, err := h.installedAssets()
+	if err != nil {
+		r.Warnf("capsem image build", "no kernel yet: %v", err)
+		return
+	}
+	boot := "bzImage"
+	if a.PVH {
+		boot = "uncompressed vmlinux, PVH entry"
+	}
+	r.Okf("Linux %s from %s %s (%s)", a.KernelVersion, a.Inputs.KernelPackage, a.Inputs.KernelVersion, boot)
+}
+
+func (h *host) checkSavedBoots(_ context.Context, r *doctor.Reporter) {
+	a, err := h.installedAssets()
+	if err != nil {
+		r.Warnf("capsem image build", "no assets, so no saved boots: %v", err)
+		return
+	}
+	saved := savedBoots(filepath.Join(a.Dir, "boot-states"))
+	if len(saved) == 0 {
+		r.Okf("none yet: the first VM of each configuration saves one")
+		return
+	}
+	r.Okf("%s", strings.Join(saved, "; "))
+}
+
+// savedBoots summarises the saved boots in dir by accelerator and CPU model,
+// read off the QEMU argv each one's metadata records (the per-VM process
+// writes <key>.json beside each <key>-<hash>.state).
+func savedBoots(dir string) []string {
+	metas, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+	counts := map[string]int{}
+	for _, m := range metas {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		var meta struct {
+			Argv  []string `json:"argv"`
+			State string   `json:"state"`
+		}
+		if json.Unmarshal(b, &meta) != nil || meta.State == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, filepath.Base(meta.State))); err != nil {
+			continue
+		}
+		accel, cpu := "?", "?"
+		for i := 0; i+1 < len(meta.Argv); i++ {
+			switch meta.Argv[i] {
+			case "-accel":
+				accel = meta.Argv[i+1]
+			case "-cpu":
+				cpu = meta.Argv[i+1]
+			}
+		}
+		counts[accel+" -cpu "+cpu]++
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		out = append(out, fmt.Sprintf("%d saved boot(s) under %s", counts[k], k))
+	}
+	return out
+}
