@@ -114,7 +114,10 @@ func TestRunNamesTheAccelerator(t *testing.T) {
 		t.Fatalf("no VM ready line on stderr: %s", stderr)
 	}
 	t.Logf("accelerator %s: %s", ready.Accel, ready.Why)
-	_, kvmErr := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	kvm, kvmErr := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if kvmErr == nil {
+		kvm.Close()
+	}
 	switch {
 	case os.Getenv("CAPSEM_ACCEL") != "":
 		if ready.Accel != os.Getenv("CAPSEM_ACCEL") || !strings.Contains(ready.Why, "forced by CAPSEM_ACCEL") {

@@ -1,7 +1,21 @@
 // Package qemu is the QEMU backend of vmm for Linux hosts:
-// qemu-system-x86_64 with direct kernel boot, no NIC, no firmware menus, KVM
-// when /dev/kvm is usable and TCG otherwise, and the guest channel on one
-// virtio-serial port.
+// qemu-system-x86_64 with direct kernel boot, no NIC, no firmware menus, and
+// the guest channel on one virtio-serial port.
+//
+// The accelerator is chosen by proof (Backend.ChooseAccel), in one place
+// for every QEMU this project starts: KVM only once the guest's own kernel
+// and initramfs have booted under it to a line printed from userspace
+// (MarkerBoot), TCG otherwise, with the reason logged. The verdict is
+// cached per host boot, QEMU binary and version, and kernel (Verdict). The
+// KVM CPU models are tried in order, each after the failure it exists for:
+//   - host: a /dev/kvm that is fine runs the host's own CPU model.
+//   - host,-arch-capabilities: after QEMU aborts with "failed to set MSR
+//     0x10a" (a nested host that refuses IA32_ARCH_CAPABILITIES). On PVM
+//     nested virtualization it starts, but a stock kernel never reaches
+//     userspace: the verdict there is TCG.
+//
+// A VM that fails under a proven KVM before its guest answers is the
+// caller's to retry under TCG, after Backend.DemoteKVM.
 //
 // Channel socket roles: the host (this package) listens on Spec.ChannelSocket
 // (mode 0600) before QEMU starts, and QEMU connects to it as a client
