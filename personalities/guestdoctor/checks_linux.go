@@ -217,11 +217,17 @@ func mounts() ([]mountEntry, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseMountinfo(b), nil
+}
+
+// parseMountinfo reads mountinfo lines ("36 35 98:0 /mnt1 /mnt2 rw,noatime
+// master:1 - ext3 /dev/root rw,errors=continue"), skipping malformed ones.
+func parseMountinfo(b []byte) []mountEntry {
 	var out []mountEntry
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
 		sep := slices.Index(f, "-")
-		if len(f) < 6 || sep < 0 || sep+3 >= len(f)+1 || sep+2 >= len(f) {
+		if sep < 6 || sep+2 >= len(f) {
 			continue
 		}
 		var maj, min uint32
@@ -232,7 +238,7 @@ func mounts() ([]mountEntry, error) {
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out
 }
 
 // unescape undoes mountinfo's octal escapes (\040 for a space).

@@ -180,11 +180,11 @@ func (b *Backend) Verdict(ctx context.Context, files BootFiles) (Verdict, error)
 		// No device: nothing to prove, and nothing worth caching.
 		return Verdict{Format: verdictFormat, Reason: fmt.Sprintf("KVM not available (%v)", err), Kernel: files.Kernel}, nil
 	}
-	key, err := b.verdictKey(files, nil)
-	if err != nil {
-		return Verdict{}, err
-	}
 	if b.VerdictPath == "" {
+		key, err := b.verdictKey(files, nil)
+		if err != nil {
+			return Verdict{}, err
+		}
 		return b.prove(ctx, files, key), nil
 	}
 	unlock, err := lockFile(ctx, b.VerdictPath+".lock")
@@ -193,7 +193,8 @@ func (b *Backend) Verdict(ctx context.Context, files BootFiles) (Verdict, error)
 	}
 	defer unlock()
 	cache := readVerdicts(b.VerdictPath)
-	if key, err = b.verdictKey(files, cache.Verdicts); err != nil {
+	key, err := b.verdictKey(files, cache.Verdicts)
+	if err != nil {
 		return Verdict{}, err
 	}
 	for _, v := range cache.Verdicts {

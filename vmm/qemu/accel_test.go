@@ -43,12 +43,15 @@ func newAccelFixture(t *testing.T, mode string, env map[string]string) *accelFix
 }
 
 // probes counts the probe boots the fake ran.
-func (f *accelFixture) probes(t *testing.T) int {
+func (f *accelFixture) probes(t *testing.T) int { return f.runs(t, Marker) }
+
+// runs counts the fake's runs whose argv holds s.
+func (f *accelFixture) runs(t *testing.T, s string) int {
 	b, err := os.ReadFile(f.runLog)
 	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	return strings.Count(string(b), Marker)
+	return strings.Count(string(b), s)
 }
 
 // TestAccelDecision: each kind of /dev/kvm leads to its verdict, its
@@ -105,6 +108,11 @@ func TestAccelDecision(t *testing.T) {
 			}
 			if n := f.probes(t); n != c.wantProbes {
 				t.Errorf("the cached verdict was proven again: %d probe boots", n)
+			}
+			// Nor does it ask QEMU its version again (or hash the
+			// kernel): the identities vouch for both.
+			if n := f.runs(t, "--version"); n != 1 {
+				t.Errorf("QEMU was asked its version %d times, want once", n)
 			}
 			// And a VM created now runs under the chosen accelerator.
 			spec := fakeSpec(f.dir)
@@ -303,5 +311,27 @@ func TestOpenKVMHere(t *testing.T) {
 		t.Fatalf("OpenKVM: %v", err)
 	} else {
 		t.Logf("OpenKVM: %v", err)
+	}
+}
+
+// TestAccelCacheDamaged: a cache file that is not a verdict file is proven
+// again and replaced, never trusted.
+func TestAccelCacheDamaged(t *testing.T) {
+	f := newAccelFixture(t, "kvm-works", nil)
+	for _, junk := range []string{"", "{", `{"verdicts":[{"format":1,"kvm":true,"cpu":"host; rm -rf /"}]}`, "\x00\xff"} {
+		if err := os.WriteFile(f.b.VerdictPath, []byte(junk), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		before := f.probes(t)
+		a, err := f.b.ChooseAccel(context.Background(), "", f.files)
+		if err != nil || a.Name != vmm.AccelKVM || a.CPU != "host" {
+			t.Fatalf("cache %q: %+v %v", junk, a, err)
+		}
+		if f.probes(t) != before+1 {
+			t.Fatalf("cache %q was trusted", junk)
+		}
+		if vs := ReadVerdicts(f.b.VerdictPath); len(vs) == 0 || vs[0].BootID != hostBootID() {
+			t.Fatalf("cache %q not replaced: %+v", junk, vs)
+		}
 	}
 }

@@ -117,6 +117,7 @@ func (b *Backend) create(ctx context.Context, spec vmm.Spec) (*Machine, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.log().Info("accelerator", "vm", spec.Name, "accel", accel.Name, "cpu", accel.CPU, "reason", accel.Reason)
 	return b.CreateWithAccel(spec, accel)
 }
 
@@ -124,16 +125,11 @@ func (b *Backend) create(ctx context.Context, spec vmm.Spec) (*Machine, error) {
 // ChooseAccel, or a machine's AccelChoice), so that machines started one
 // after another for one VM (a saved boot and its resume) run the same.
 func (b *Backend) CreateWithAccel(spec vmm.Spec, accel Accel) (*Machine, error) {
-	log := b.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	log = log.With("component", "vmm", "backend", "qemu", "vm", spec.Name)
+	log := b.log().With("vm", spec.Name)
 	path, err := b.binaryPath()
 	if err != nil {
 		return nil, err
 	}
-	log.Info("accelerator", "accel", accel.Name, "cpu", accel.CPU, "reason", accel.Reason)
 	args, err := Args(spec, accel)
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
