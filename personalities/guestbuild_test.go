@@ -14,6 +14,7 @@ var guestPackages = []string{
 	"github.com/capsem/capsem/personalities/relay",
 	"github.com/capsem/capsem/personalities/guestdoctor",
 	"github.com/capsem/capsem/core/doctor",
+	"github.com/capsem/capsem/core/mountinfo",
 	"github.com/capsem/capsem/core/guestchan",
 	"github.com/capsem/capsem/core/guestwire",
 	"github.com/capsem/capsem/core/guestctl",

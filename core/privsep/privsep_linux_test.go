@@ -726,3 +726,19 @@ func TestSeccompProgramJumps(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelSupport: what every kernel this project runs on has (Linux
+// 3.5+), reported as present.
+func TestKernelSupport(t *testing.T) {
+	s := KernelSupport()
+	if !s.NoNewPrivs || !s.Pdeathsig || s.NoNewPrivsErr != nil || s.PdeathsigErr != nil {
+		t.Fatalf("%+v", s)
+	}
+	if (s.LandlockErr == nil) != (s.LandlockABI >= 1) || s.ScopesSignals != (s.LandlockABI >= 6) {
+		t.Fatalf("inconsistent Landlock report %+v", s)
+	}
+	if s.SeccompFilter != (s.SeccompErr == nil) {
+		t.Fatalf("inconsistent seccomp report %+v", s)
+	}
+	t.Logf("%+v", s)
+}

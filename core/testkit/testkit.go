@@ -4,6 +4,7 @@
 package testkit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -238,4 +239,26 @@ func copyFile(t testing.TB, src, dst string) {
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// CapsemRun runs `capsem run --no-autodetect ARGS...` (a real VM) with the
+// shared CAPSEM_HOME and no corp policy, and returns its output and exit
+// status.
+func CapsemRun(t testing.TB, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	all := append([]string{"run", "--no-autodetect", "--guest-binary", GuestBinary(t)}, args...)
+	cmd := exec.Command(CapsemBinary(t), all...)
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+CapsemHome(t), "CAPSEM_CACHE_DIR="+CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	default:
+		t.Fatalf("capsem run: %v", err)
+	}
+	return out.String(), errb.String(), code
 }

@@ -1020,9 +1020,6 @@ func TestMountHelpers(t *testing.T) {
 	if isMountPoint(t.TempDir()) {
 		t.Fatal("a temp dir is not a mount point")
 	}
-	if got := unescapeMountPath(`/mnt/a\040b\134c`); got != `/mnt/a b\c` {
-		t.Fatalf("unescape %q", got)
-	}
 	if up, err := kernelUptime(); err != nil || up <= 0 {
 		t.Fatalf("uptime %v %v", up, err)
 	}

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/modorder"
+	"github.com/capsem/capsem/core/mountinfo"
 )
 
 // mountSpec is one filesystem PID 1 mounts before anything else runs.
@@ -69,39 +69,12 @@ func mountEarly(log *slog.Logger) error {
 // isMountPoint reports whether target is mounted on, from
 // /proc/self/mountinfo (false when /proc is not mounted yet).
 func isMountPoint(target string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Self()
 	if err != nil {
 		return false
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescapeMountPath(fields[4]) == target {
-			return true
-		}
-	}
-	return false
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	_, ok := mountinfo.At(ms, target)
+	return ok
 }
 
 // ModuleWorkersParam on the kernel command line sets how many module
@@ -496,28 +469,20 @@ func useConsole() {
 // unmountWritable lazily unmounts everything but the pseudo filesystems,
 // deepest first, after a sync, so writable disks are clean at power off.
 func unmountWritable(log *slog.Logger) {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Self()
 	if err != nil {
 		return
 	}
 	var targets []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
-			continue
-		}
-		switch fields[sep+1] {
+	for _, m := range ms {
+		switch m.FSType {
 		case "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "securityfs", "debugfs", "tracefs", "rootfs":
 			continue
 		}
-		if t := unescapeMountPath(fields[4]); t != "/" {
-			targets = append(targets, t)
+		if m.Target != "/" {
+			targets = append(targets, m.Target)
 		}
 	}
-	f.Close()
 	// Deepest first: /a/b before /a.
 	slices.SortFunc(targets, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 	for _, t := range targets {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/capsem/capsem/core/doctor"
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/mountinfo"
 )
 
 // Paths of the guest the checks look at.
@@ -206,68 +207,14 @@ func checkPathHome(_ context.Context, r *doctor.Reporter) {
 
 // --- fs
 
-// mountEntry is a line of /proc/self/mountinfo.
-type mountEntry struct {
-	root, target, options, fstype, source, super string
-	major, minor                                 uint32
-}
-
-func mounts() ([]mountEntry, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+// mountTable reads the mount table, or reports the check failed.
+func mountTable(r *doctor.Reporter) ([]mountinfo.Entry, bool) {
+	ms, err := mountinfo.Self()
 	if err != nil {
-		return nil, err
+		r.Failf("", "%v", err)
+		return nil, false
 	}
-	return parseMountinfo(b), nil
-}
-
-// parseMountinfo reads mountinfo lines ("36 35 98:0 /mnt1 /mnt2 rw,noatime
-// master:1 - ext3 /dev/root rw,errors=continue"), skipping malformed ones.
-func parseMountinfo(b []byte) []mountEntry {
-	var out []mountEntry
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		sep := slices.Index(f, "-")
-		if sep < 6 || sep+2 >= len(f) {
-			continue
-		}
-		var maj, min uint32
-		fmt.Sscanf(f[2], "%d:%d", &maj, &min)
-		e := mountEntry{root: unescape(f[3]), target: unescape(f[4]), options: f[5], fstype: f[sep+1], source: unescape(f[sep+2]), major: maj, minor: min}
-		if sep+3 < len(f) {
-			e.super = f[sep+3]
-		}
-		out = append(out, e)
-	}
-	return out
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// mountAt is the last (topmost) mount on target.
-func mountAt(ms []mountEntry, target string) (mountEntry, bool) {
-	for i := len(ms) - 1; i >= 0; i-- {
-		if ms[i].target == target {
-			return ms[i], true
-		}
-	}
-	return mountEntry{}, false
+	return ms, true
 }
 
 // cmdlineValue is a parameter of the kernel's command line, which says what
@@ -278,32 +225,22 @@ func cmdlineValue(key string) string {
 	return v
 }
 
-func overlayOption(opts, key string) string {
-	for _, o := range strings.Split(opts, ",") {
-		if v, ok := strings.CutPrefix(o, key+"="); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 func checkOverlayRoot(_ context.Context, r *doctor.Reporter) {
-	ms, err := mounts()
-	if err != nil {
-		r.Failf("", "reading the mount table: %v", err)
+	ms, ok := mountTable(r)
+	if !ok {
 		return
 	}
-	root, ok := mountAt(ms, "/")
+	root, ok := mountinfo.At(ms, "/")
 	upper := cmdlineValue(guestwire.CmdlineUpperDisk)
 	switch {
 	case upper == "":
 		r.Warnf("give the VM a disk (the default) to keep what is installed across stop and resume",
-			"the VM has no per-VM disk: the root is the initramfs, in RAM (%s)", root.fstype)
-	case !ok || root.fstype != "overlay":
+			"the VM has no per-VM disk: the root is the initramfs, in RAM (%s)", root.FSType)
+	case !ok || root.FSType != "overlay":
 		r.Failf("the agent's storage stage did not switch the root: see the VM's console log",
-			"the host attached the disk %q, but / is %q, not an overlay", upper, root.fstype)
+			"the host attached the disk %q, but / is %q, not an overlay", upper, root.FSType)
 	default:
-		r.Okf("/ is an overlay: lower %s, upper %s", overlayOption(root.super, "lowerdir"), overlayOption(root.super, "upperdir"))
+		r.Okf("/ is an overlay: lower %s, upper %s", mountinfo.Option(root.Super, "lowerdir"), mountinfo.Option(root.Super, "upperdir"))
 	}
 }
 
@@ -313,32 +250,31 @@ func checkUpperOnDisk(_ context.Context, r *doctor.Reporter) {
 		r.Warnf("give the VM a disk (the default)", "no per-VM disk attached: writes live in RAM and go with the VM")
 		return
 	}
-	ms, err := mounts()
-	if err != nil {
-		r.Failf("", "reading the mount table: %v", err)
+	ms, ok := mountTable(r)
+	if !ok {
 		return
 	}
-	root, _ := mountAt(ms, "/")
-	upperdir := overlayOption(root.super, "upperdir")
+	root, _ := mountinfo.At(ms, "/")
+	upperdir := mountinfo.Option(root.Super, "upperdir")
 	if upperdir == "" {
 		r.Failf("the agent's storage stage did not switch the root", "/ has no overlay upper layer")
 		return
 	}
 	// The mount holding the upper layer: the longest target that contains it.
-	var holder mountEntry
+	var holder mountinfo.Entry
 	for _, m := range ms {
-		if (upperdir == m.target || strings.HasPrefix(upperdir, strings.TrimSuffix(m.target, "/")+"/")) && len(m.target) >= len(holder.target) {
+		if (upperdir == m.Target || strings.HasPrefix(upperdir, strings.TrimSuffix(m.Target, "/")+"/")) && len(m.Target) >= len(holder.Target) {
 			holder = m
 		}
 	}
-	dev := filepath.Base(holder.source)
+	dev := filepath.Base(holder.Source)
 	got, err := os.ReadFile(filepath.Join("/sys/block", dev, "serial"))
 	if err != nil || strings.TrimSpace(string(got)) != serial {
 		r.Failf("the upper layer must be on the VM's own disk, or nothing persists", "upper layer %s is on %s (%s), not the disk with serial %q (%v)",
-			upperdir, holder.source, holder.fstype, serial, err)
+			upperdir, holder.Source, holder.FSType, serial, err)
 		return
 	}
-	r.Okf("upper layer %s on %s (%s, serial %s)", upperdir, holder.source, holder.fstype, serial)
+	r.Okf("upper layer %s on %s (%s, serial %s)", upperdir, holder.Source, holder.FSType, serial)
 }
 
 // roundTrip writes a file in dir, reads it back and removes it.
@@ -373,15 +309,14 @@ func checkWorkspace(_ context.Context, r *doctor.Reporter) {
 		r.Warnf("", "the VM has no host workspace")
 		return
 	}
-	ms, err := mounts()
-	if err != nil {
-		r.Failf("", "reading the mount table: %v", err)
+	ms, ok := mountTable(r)
+	if !ok {
 		return
 	}
-	m, ok := mountAt(ms, guestwire.GuestWorkspace)
-	if !ok || m.fstype != "9p" || m.source != tag {
+	m, ok := mountinfo.At(ms, guestwire.GuestWorkspace)
+	if !ok || m.FSType != "9p" || m.Source != tag {
 		r.Failf("the agent mounts it at boot: see the VM's console log; something in the guest may have unmounted it",
-			"the host shared the workspace %q, but %s is not mounted from it (found %q %q)", tag, guestwire.GuestWorkspace, m.fstype, m.source)
+			"the host shared the workspace %q, but %s is not mounted from it (found %q %q)", tag, guestwire.GuestWorkspace, m.FSType, m.Source)
 		return
 	}
 	if err := roundTrip(guestwire.GuestWorkspace); err != nil {
@@ -396,17 +331,16 @@ func checkBaseReadOnly(_ context.Context, r *doctor.Reporter) {
 		r.Warnf("", "no overlay: the root is the initramfs itself, in RAM")
 		return
 	}
-	ms, err := mounts()
-	if err != nil {
-		r.Failf("", "reading the mount table: %v", err)
+	ms, ok := mountTable(r)
+	if !ok {
 		return
 	}
-	m, ok := mountAt(ms, lowerMount)
-	if !ok || !slices.Contains(strings.Split(m.options, ","), "ro") {
-		r.Failf("the agent binds the base read-only at boot", "the base image %s is not mounted read-only (%q)", lowerMount, m.options)
+	m, ok := mountinfo.At(ms, lowerMount)
+	if !ok || !slices.Contains(strings.Split(m.Options, ","), "ro") {
+		r.Failf("the agent binds the base read-only at boot", "the base image %s is not mounted read-only (%q)", lowerMount, m.Options)
 		return
 	}
-	err = os.WriteFile(filepath.Join(lowerMount, ".capsem-doctor"), []byte("x"), 0o600)
+	err := os.WriteFile(filepath.Join(lowerMount, ".capsem-doctor"), []byte("x"), 0o600)
 	if !errors.Is(err, unix.EROFS) {
 		os.Remove(filepath.Join(lowerMount, ".capsem-doctor"))
 		r.Failf("the agent binds the base read-only at boot", "a write to the base image %s gave %v, want EROFS", lowerMount, err)

@@ -2,37 +2,12 @@ package guestdoctor_test
 
 import (
 	"bufio"
-	"bytes"
-	"errors"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/capsem/capsem/core/doctor"
 	"github.com/capsem/capsem/core/testkit"
 )
-
-// capsemRun runs `capsem run ARGS...` in a real VM and returns its output
-// and exit status.
-func capsemRun(t *testing.T, args ...string) (stdout, stderr string, code int) {
-	t.Helper()
-	all := append([]string{"--log-level", "warn", "run", "--no-autodetect", "--guest-binary", testkit.GuestBinary(t)}, args...)
-	cmd := exec.Command(testkit.CapsemBinary(t), all...)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t))
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	default:
-		t.Fatalf("capsem run: %v", err)
-	}
-	return out.String(), errb.String(), code
-}
 
 // results parses the doctor's JSON lines, failing on any other line.
 func results(t *testing.T, out string) ([]doctor.Result, *doctor.Summary) {
@@ -61,7 +36,7 @@ func results(t *testing.T, out string) ([]doctor.Result, *doctor.Summary) {
 // every group passes on a VM as capsem makes it, and the text and JSON
 // forms say the same.
 func TestGuestDoctorPassesInARealVM(t *testing.T) {
-	stdout, stderr, code := capsemRun(t, "--env", "DOCTOR_PROBE=injected", "--", "sh", "-c",
+	stdout, stderr, code := testkit.CapsemRun(t, "--env", "DOCTOR_PROBE=injected", "--", "sh", "-c",
 		"capsem-doctor --expect-env DOCTOR_PROBE=injected; echo ==; capsem-doctor --json --expect-env DOCTOR_PROBE=injected")
 	text, jsonOut, _ := strings.Cut(stdout, "==\n")
 	if code != 0 || !strings.HasSuffix(strings.TrimSpace(text), "RESULT: PASS (20 ok, 0 warn, 0 fail)") {
@@ -91,7 +66,7 @@ func TestGuestDoctorPassesInARealVM(t *testing.T) {
 // TestGuestDoctorFindsFaults: each fault made on purpose in a real VM
 // fails its check, with the reason, and the doctor exits 1.
 func TestGuestDoctorFindsFaults(t *testing.T) {
-	stdout, stderr, code := capsemRun(t, "--", "sh", "-c",
+	stdout, stderr, code := testkit.CapsemRun(t, "--", "sh", "-c",
 		"umount /root/workspace && umount /init && export LD_DOCTOR=1 && hostname impostor && "+
 			"capsem-doctor --json --expect-env ABSENT=1")
 	if code != 1 {

@@ -1,11 +1,8 @@
 package run_test
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,31 +11,12 @@ import (
 	"github.com/capsem/capsem/core/testkit"
 )
 
-func capsemRun(t *testing.T, args ...string) (stdout, stderr string, code int) {
-	t.Helper()
-	all := append([]string{"run", "--no-autodetect", "--guest-binary", testkit.GuestBinary(t)}, args...)
-	cmd := exec.Command(testkit.CapsemBinary(t), all...)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	default:
-		t.Fatalf("capsem run: %v", err)
-	}
-	return out.String(), errb.String(), code
-}
-
 // TestRunStreamsAndExits is the README's main command: boot, run, stream
 // stdout and stderr apart, exit with the command's code, remove the VM.
 func TestRunStreamsAndExits(t *testing.T) {
 	sessions := filepath.Join(testkit.CapsemHome(t), "run", "sessions")
 	before, _ := os.ReadDir(sessions)
-	stdout, stderr, code := capsemRun(t, "--env", "GREETING=hello", "--", "sh", "-c", `echo "$GREETING from $(hostname)"; echo to-stderr >&2; exit 3`)
+	stdout, stderr, code := testkit.CapsemRun(t, "--env", "GREETING=hello", "--", "sh", "-c", `echo "$GREETING from $(hostname)"; echo to-stderr >&2; exit 3`)
 	if code != 3 {
 		t.Fatalf("exit code %d, want 3\nstdout %s\nstderr %s", code, stdout, stderr)
 	}
@@ -52,7 +30,7 @@ func TestRunStreamsAndExits(t *testing.T) {
 	if len(after) > len(before) {
 		t.Errorf("the ephemeral VM's session directory was left behind: %v", after)
 	}
-	if _, _, code := capsemRun(t, "--env", "NOEQUALS", "--", "true"); code == 0 {
+	if _, _, code := testkit.CapsemRun(t, "--env", "NOEQUALS", "--", "true"); code == 0 {
 		t.Error("a malformed --env was accepted")
 	}
 }
@@ -67,7 +45,7 @@ func TestRunAppliesPolicy(t *testing.T) {
 		`'{"jsonrpc":"2.0","id":2,"method":"tools/list"}' ` +
 		`'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"builtin__http_head","arguments":{"url":"http://127.0.0.1:9/"}}}' ` +
 		`| capsem-mcp-server`
-	stdout, stderr, code := capsemRun(t, "--config", cfg, "--", "sh", "-c", script)
+	stdout, stderr, code := testkit.CapsemRun(t, "--config", cfg, "--", "sh", "-c", script)
 	if code != 0 || !strings.Contains(stdout, `"id":3,"error":{"code":-32600`) || !strings.Contains(stdout, "tools.builtin__http_head") {
 		t.Fatalf("exit %d\nstdout %.3000s\nstderr %s", code, stdout, stderr)
 	}
@@ -83,7 +61,7 @@ func TestRunReportsAProcessThatDiesBeforeReady(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "bad.toml")
 	os.WriteFile(cfg, []byte("[mcp]\ndefault = \"perhaps\"\n"), 0o600)
 	start := time.Now()
-	_, stderr, code := capsemRun(t, "--config", cfg, "--", "true")
+	_, stderr, code := testkit.CapsemRun(t, "--config", cfg, "--", "true")
 	if code == 0 || !strings.Contains(stderr, `"perhaps" is not a decision`) {
 		t.Fatalf("exit %d, stderr %q: want a failure with the process's reason", code, stderr)
 	}
@@ -96,7 +74,7 @@ func TestRunReportsAProcessThatDiesBeforeReady(t *testing.T) {
 // present but unable to run the guest, or working), the VM runs and the log
 // says under which accelerator and why, agreeing with the host.
 func TestRunNamesTheAccelerator(t *testing.T) {
-	stdout, stderr, code := capsemRun(t, "--", "uname", "-r")
+	stdout, stderr, code := testkit.CapsemRun(t, "--", "uname", "-r")
 	if code != 0 || !strings.Contains(stdout, "amd64") {
 		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
 	}
