@@ -2,6 +2,7 @@ package run_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,21 +15,24 @@ import (
 // TestRunStreamsAndExits is the README's main command: boot, run, stream
 // stdout and stderr apart, exit with the command's code, remove the VM.
 func TestRunStreamsAndExits(t *testing.T) {
-	sessions := filepath.Join(testkit.CapsemHome(t), "run", "sessions")
-	before, _ := os.ReadDir(sessions)
-	stdout, stderr, code := testkit.CapsemRun(t, "--env", "GREETING=hello", "--", "sh", "-c", `echo "$GREETING from $(hostname)"; echo to-stderr >&2; exit 3`)
+	// Other tests' VMs come and go in the same home: this one is known by
+	// its name, which its process log carries.
+	name := fmt.Sprintf("streams-%d", time.Now().UnixNano())
+	stdout, stderr, code := testkit.CapsemRun(t, "--name", name, "--env", "GREETING=hello", "--", "sh", "-c", `echo "$GREETING from $(hostname)"; echo to-stderr >&2; exit 3`)
 	if code != 3 {
 		t.Fatalf("exit code %d, want 3\nstdout %s\nstderr %s", code, stdout, stderr)
 	}
-	if !strings.HasPrefix(stdout, "hello from ") || strings.Contains(stdout, "to-stderr") {
+	if stdout != "hello from "+name+"\n" {
 		t.Errorf("stdout %q", stdout)
 	}
 	if !strings.Contains(stderr, "to-stderr") {
 		t.Errorf("stderr %q", stderr)
 	}
-	after, _ := os.ReadDir(sessions)
-	if len(after) > len(before) {
-		t.Errorf("the ephemeral VM's session directory was left behind: %v", after)
+	logs, _ := filepath.Glob(filepath.Join(testkit.CapsemHome(t), "run", "sessions", "*", "process.log"))
+	for _, l := range logs {
+		if b, err := os.ReadFile(l); err == nil && strings.Contains(string(b), `"vm":"`+name+`"`) {
+			t.Errorf("the ephemeral VM's session directory was left behind: %s", filepath.Dir(l))
+		}
 	}
 	if _, _, code := testkit.CapsemRun(t, "--env", "NOEQUALS", "--", "true"); code == 0 {
 		t.Error("a malformed --env was accepted")
