@@ -54,12 +54,17 @@ type Check struct {
 	Group string
 	Name  string
 	Run   func(ctx context.Context, r *Reporter)
+	// Hint is the fix a warning or failure of this check gets when it
+	// names none of its own (the group's Hint when empty).
+	Hint string
 }
 
 // Group is a named set of checks, in the order they run.
 type Group struct {
 	Name   string
 	Checks []Check
+	// Hint is its checks' fallback fix (Check.Hint).
+	Hint string
 }
 
 // Reporter prints results as they come and counts them.
@@ -119,6 +124,9 @@ func (r *Reporter) report(s Status, hint, format string, a ...any) {
 	r.mu.Lock()
 	c := r.current
 	r.mu.Unlock()
+	if hint == "" {
+		hint = c.Hint
+	}
 	r.Add(Result{Group: c.Group, Name: c.Name, Status: s, Detail: fmt.Sprintf(format, a...), Hint: hint})
 }
 
@@ -176,6 +184,9 @@ func Run(ctx context.Context, r *Reporter, groups []Group) Summary {
 	for _, g := range groups {
 		for _, c := range g.Checks {
 			c.Group = g.Name
+			if c.Hint == "" {
+				c.Hint = g.Hint
+			}
 			r.mu.Lock()
 			r.current = c
 			before := r.sum.OK + r.sum.Warn + r.sum.Fail

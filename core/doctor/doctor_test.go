@@ -16,8 +16,9 @@ func sampleGroups(calls *[]string) []Group {
 			note("fine", func(r *Reporter) { r.Okf("all %s", "good") }),
 			note("meh", func(r *Reporter) { r.Warnf("do this", "not great") }),
 		}},
-		{Name: "b", Checks: []Check{
+		{Name: "b", Hint: "the group's fix", Checks: []Check{
 			note("broken", func(r *Reporter) { r.Failf("fix that", "bad\nvery bad") }),
+			note("no-hint", func(r *Reporter) { r.Failf("", "no hint of its own") }),
 			note("silent", func(r *Reporter) {}),
 			note("panics", func(r *Reporter) { panic("boom") }),
 			note("after", func(r *Reporter) { r.Okf("still ran") }),
@@ -29,7 +30,7 @@ func TestRunText(t *testing.T) {
 	var calls []string
 	var out bytes.Buffer
 	sum := Run(context.Background(), NewReporter(&out, false), sampleGroups(&calls))
-	if sum.Result != "FAIL" || sum.OK != 2 || sum.Warn != 1 || sum.Fail != 3 {
+	if sum.Result != "FAIL" || sum.OK != 2 || sum.Warn != 1 || sum.Fail != 4 {
 		t.Fatalf("summary %+v", sum)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -37,15 +38,16 @@ func TestRunText(t *testing.T) {
 		"ok    a         fine                all good",
 		"warn  a         meh                 not great  (fix: do this)",
 		"fail  b         broken              bad very bad  (fix: fix that)",
+		"fail  b         no-hint             no hint of its own  (fix: the group's fix)",
 		"fail  b         silent              the check reported nothing  (fix: this is a bug in the check)",
 		"fail  b         panics              the check panicked: boom  (fix: this is a bug in the check)",
 		"ok    b         after               still ran",
-		"RESULT: FAIL (2 ok, 1 warn, 3 fail)",
+		"RESULT: FAIL (2 ok, 1 warn, 4 fail)",
 	}
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("output:\n%s\nwant:\n%s", out.String(), strings.Join(want, "\n"))
 	}
-	if len(calls) != 6 {
+	if len(calls) != 7 {
 		t.Fatalf("ran %v", calls)
 	}
 }
@@ -67,7 +69,7 @@ func TestRunJSONRoundTrips(t *testing.T) {
 			sum = s
 		}
 	}
-	if len(rs) != 6 || sum == nil || sum.Result != "FAIL" || sum.Fail != 3 {
+	if len(rs) != 7 || sum == nil || sum.Result != "FAIL" || sum.Fail != 4 {
 		t.Fatalf("%d results, summary %+v", len(rs), sum)
 	}
 	if rs[2] != (Result{Group: "b", Name: "broken", Status: Fail, Detail: "bad\nvery bad", Hint: "fix that"}) {

@@ -111,44 +111,44 @@ func (h *host) sources() (config.Sources, error) {
 
 func (h *host) groups() []doctor.Group {
 	return []doctor.Group{
-		{Name: "accel", Checks: []doctor.Check{
+		{Name: "accel", Hint: "see the qemu group; CAPSEM_ACCEL=tcg runs VMs without KVM", Checks: []doctor.Check{
 			{Name: "kvm-device", Run: h.checkKVMDevice},
 			{Name: "kvm-proven", Run: h.checkKVMProven},
 			{Name: "tcg", Run: h.checkTCG},
 		}},
-		{Name: "qemu", Checks: []doctor.Check{
+		{Name: "qemu", Hint: "install qemu-system-x86 (apt-get install qemu-system-x86)", Checks: []doctor.Check{
 			{Name: "binary", Run: h.checkQEMUBinary},
 			{Name: "machine-q35", Run: h.checkMachine},
 			{Name: "devices", Run: h.checkDevices},
 			{Name: "firmware", Run: h.checkFirmware},
 		}},
-		{Name: "assets", Checks: []doctor.Check{
+		{Name: "assets", Hint: "remove $CAPSEM_HOME/assets and run capsem image build", Checks: []doctor.Check{
 			{Name: "present", Run: h.checkAssetsPresent},
 			{Name: "hashes", Run: h.checkAssetHashes},
 			{Name: "kernel", Run: h.checkKernel},
 			{Name: "saved-boots", Run: h.checkSavedBoots},
 		}},
-		{Name: "storage", Checks: []doctor.Check{
+		{Name: "storage", Hint: "check the permissions and free space of $CAPSEM_HOME's filesystem, or set CAPSEM_HOME elsewhere", Checks: []doctor.Check{
 			{Name: "home-writable", Run: h.checkHomeWritable},
 			{Name: "free-disk", Run: h.checkFreeDisk},
 			{Name: "mkfs.ext4", Run: h.checkMkfs},
 			{Name: "sparse-files", Run: h.checkSparse},
 		}},
-		{Name: "sandbox", Checks: []doctor.Check{
+		{Name: "sandbox", Hint: "capsem's sandboxed children need Linux 5.13+ with Landlock, seccomp filters and no_new_privs", Checks: []doctor.Check{
 			{Name: "landlock", Run: checkLandlock},
 			{Name: "seccomp", Run: checkSeccomp},
 			{Name: "no-new-privs", Run: checkNoNewPrivs},
 			{Name: "parent-death", Run: checkPdeathsig},
 		}},
-		{Name: "config", Checks: []doctor.Check{
+		{Name: "config", Hint: "fix the file named: unknown keys and bad values are refused", Checks: []doctor.Check{
 			{Name: "policy", Run: h.checkPolicy},
 			{Name: "autodetected", Run: h.checkAutodetected},
 			{Name: "registration", Run: h.checkRegistration},
 		}},
-		{Name: "gateway", Checks: []doctor.Check{
+		{Name: "gateway", Hint: "run capsem gateway --log-level debug to see the gateway's own log", Checks: []doctor.Check{
 			{Name: "gateway", Run: h.checkGateway},
 		}},
-		{Name: "vm", Checks: []doctor.Check{
+		{Name: "vm", Hint: "run capsem run -- true to see why a VM does not start", Checks: []doctor.Check{
 			{Name: "guest-doctor", Run: h.checkVM},
 		}},
 	}

@@ -34,39 +34,42 @@ const (
 	cmdlinePath  = "/proc/cmdline"
 )
 
+// vmHint is the fix of a failed guest check that names none of its own.
+const vmHint = "this VM is not as capsem makes it: run capsem doctor on the host, and report it with the VM's console log"
+
 // clockTolerance is how far the guest's clock may be from the host's.
 const clockTolerance = 5 * time.Second
 
 func checks(expectEnv map[string]string) []doctor.Group {
 	return []doctor.Group{
-		{Name: "env", Checks: []doctor.Check{
+		{Name: "env", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "hostname", Run: checkHostname},
 			{Name: "clock", Run: checkClock},
 			{Name: "injected-env", Run: func(ctx context.Context, r *doctor.Reporter) { checkInjectedEnv(r, expectEnv) }},
 			{Name: "refused-env", Run: checkRefusedEnv},
 			{Name: "path-home", Run: checkPathHome},
 		}},
-		{Name: "fs", Checks: []doctor.Check{
+		{Name: "fs", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "overlay-root", Run: checkOverlayRoot},
 			{Name: "upper-on-disk", Run: checkUpperOnDisk},
 			{Name: "workspace", Run: checkWorkspace},
 			{Name: "base-read-only", Run: checkBaseReadOnly},
 			{Name: "writable-dirs", Run: checkWritableDirs},
 		}},
-		{Name: "exec", Checks: []doctor.Check{
+		{Name: "exec", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "streams", Run: checkStreams},
 			{Name: "exit-codes", Run: checkExitCodes},
 			{Name: "group-kill", Run: checkGroupKill},
 		}},
-		{Name: "mcp", Checks: []doctor.Check{
+		{Name: "mcp", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "relay", Run: checkMCP},
 		}},
-		{Name: "net", Checks: []doctor.Check{
+		{Name: "net", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "interfaces", Run: checkInterfaces},
 			{Name: "routes", Run: checkRoutes},
 			{Name: "no-direct-egress", Run: checkNoEgress},
 		}},
-		{Name: "sandbox", Checks: []doctor.Check{
+		{Name: "sandbox", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "raw-memory", Run: checkRawMemory},
 			{Name: "no-setuid", Run: checkNoSetuid},
 			{Name: "binaries-read-only", Run: checkBinariesReadOnly},
@@ -306,7 +309,7 @@ func roundTrip(dir string) error {
 func checkWorkspace(_ context.Context, r *doctor.Reporter) {
 	tag := cmdlineValue(guestwire.CmdlineWorkspace)
 	if tag == "" {
-		r.Warnf("", "the VM has no host workspace")
+		r.Warnf("without a workspace, nothing the guest writes is visible on the host", "the VM has no host workspace")
 		return
 	}
 	ms, ok := mountTable(r)
@@ -328,7 +331,7 @@ func checkWorkspace(_ context.Context, r *doctor.Reporter) {
 
 func checkBaseReadOnly(_ context.Context, r *doctor.Reporter) {
 	if cmdlineValue(guestwire.CmdlineUpperDisk) == "" {
-		r.Warnf("", "no overlay: the root is the initramfs itself, in RAM")
+		r.Warnf("give the VM a disk (the default) to keep what is installed across stop and resume", "no overlay: the root is the initramfs itself, in RAM")
 		return
 	}
 	ms, ok := mountTable(r)

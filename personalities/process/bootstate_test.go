@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capsem/capsem/vmm"
+	"github.com/capsem/capsem/vmm/qemu"
 )
 
 // fakeQEMU is a stand-in binary whose identity keys the saved boots.
@@ -185,5 +188,29 @@ func writeMeta(t *testing.T, s *bootState, m *bootStateMeta) {
 	b, _ := json.Marshal(m)
 	if err := os.WriteFile(s.metaPath(), b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBootStateKeyedByAccelerator: a state saved under one accelerator or
+// CPU model is never resumed under another (QEMU could not load it, or the
+// guest would run on a CPU it did not boot on).
+func TestBootStateKeyedByAccelerator(t *testing.T) {
+	bin, dir := fakeQEMU(t), t.TempDir()
+	spec := vmm.Spec{Name: "a", Kernel: "/assets/abc/vmlinux", Initramfs: "/assets/abc/initramfs.cpio", Cmdline: "console=ttyS0",
+		CPUs: 2, MemoryMiB: 1024, ChannelSocket: "/s/one/channel.sock", ConsoleLog: "/s/one/console.log"}
+	keys := map[string]string{}
+	for _, a := range []qemu.Accel{{Name: vmm.AccelTCG, CPU: qemu.TCGCPU}, {Name: vmm.AccelKVM, CPU: "host"}, {Name: vmm.AccelKVM, CPU: "host,-arch-capabilities"}} {
+		args, err := qemu.Args(spec, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := newBootState(dir, append([]string{bin}, args...), "/s/one")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if other, dup := keys[s.key]; dup {
+			t.Fatalf("%s -cpu %s shares its saved boot with %s", a.Name, a.CPU, other)
+		}
+		keys[s.key] = a.Name + " -cpu " + a.CPU
 	}
 }
