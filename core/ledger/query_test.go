@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -275,8 +276,10 @@ func TestQueryAfterCloseAndDuringWrites(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	done := make(chan struct{})
+	wrote := make(chan struct{}) // closed once the first row is durable
 	go func() {
 		defer close(done)
+		var once sync.Once
 		for {
 			select {
 			case <-stop:
@@ -287,12 +290,19 @@ func TestQueryAfterCloseAndDuringWrites(t *testing.T) {
 				t.Error(err)
 				return
 			}
+			once.Do(func() { close(wrote) })
 		}
 	}()
 	for range 20 {
 		if _, _, _, err := Query(context.Background(), path, "SELECT count(*) FROM mcp_calls", 1, 5*time.Second); err != nil {
 			t.Fatalf("Query during writes: %v", err)
 		}
+	}
+	// The queries may all have run before the writer's first row: wait
+	// for it, or the count below depends on the scheduler.
+	select {
+	case <-wrote:
+	case <-done:
 	}
 	close(stop)
 	<-done
