@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -29,7 +28,7 @@ func AutoDetect(home string) ([]Detected, []string) {
 	seen := map[string]string{}
 	for _, rel := range []string{".claude.json", ".claude/settings.json", ".gemini/settings.json"} {
 		path := filepath.Join(home, rel)
-		data, err := os.ReadFile(path)
+		data, err := readBounded(path, MaxSettingsBytes)
 		if err != nil {
 			if !errors.Is(err, fs.ErrNotExist) {
 				notes = append(notes, fmt.Sprintf("auto-detect: %s: %v", path, err))
@@ -125,7 +124,7 @@ func Registrations(home string) []string {
 	var out []string
 	for _, rel := range []string{".claude.json", ".claude/settings.json", ".gemini/settings.json"} {
 		path := filepath.Join(home, rel)
-		data, err := os.ReadFile(path)
+		data, err := readBounded(path, MaxSettingsBytes)
 		if err != nil {
 			continue
 		}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -99,7 +98,7 @@ type Timeouts struct {
 
 // Load reads and validates one file.
 func Load(path string) (*File, error) {
-	data, err := os.ReadFile(path)
+	data, err := readBounded(path, MaxFileBytes)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -108,6 +107,12 @@ func Load(path string) (*File, error) {
 
 // Parse decodes and validates configuration text; name labels errors.
 func Parse(name string, data []byte) (*File, error) {
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("config %s: %d bytes; the limit is %d", name, len(data), MaxFileBytes)
+	}
+	if err := checkNesting(data, MaxNesting); err != nil {
+		return nil, fmt.Errorf("config %s: %w", name, err)
+	}
 	var f File
 	md, err := toml.Decode(string(data), &f)
 	if err != nil {
@@ -122,7 +127,12 @@ func Parse(name string, data []byte) (*File, error) {
 		unknown = append(unknown, k.String())
 	}
 	if len(unknown) > 0 {
-		return nil, fmt.Errorf("config %s: unknown key(s): %s", name, strings.Join(unknown, ", "))
+		more := ""
+		if len(unknown) > maxListedKeys {
+			more = fmt.Sprintf(" and %d more", len(unknown)-maxListedKeys)
+			unknown = unknown[:maxListedKeys]
+		}
+		return nil, fmt.Errorf("config %s: unknown key(s): %s%s", name, strings.Join(unknown, ", "), more)
 	}
 	if err := f.validate(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", name, err)

@@ -34,14 +34,21 @@ type Sources struct {
 	HomeDir string
 }
 
+// CorpConfigEnv names corp.toml in place of /etc/capsem/corp.toml.
+const CorpConfigEnv = "CAPSEM_CORP_CONFIG"
+
 // DefaultSources resolves the standard locations: corp.toml from
-// CAPSEM_CORP_CONFIG (set but empty: none) else /etc/capsem/corp.toml;
-// user.toml in capsemHome unless configPath names another file; AI CLI
-// settings in the user's home unless autodetect is false.
-func DefaultSources(lookupEnv func(string) (string, bool), capsemHome, userHome, configPath string, autodetect bool) Sources {
+// CAPSEM_CORP_CONFIG else /etc/capsem/corp.toml; user.toml in capsemHome
+// unless configPath names another file; AI CLI settings in the user's home
+// unless autodetect is false. CAPSEM_CORP_CONFIG set but empty is an error:
+// it would silently drop the corp layer (name an empty file for none).
+func DefaultSources(lookupEnv func(string) (string, bool), capsemHome, userHome, configPath string, autodetect bool) (Sources, error) {
 	s := Sources{CorpPath: "/etc/capsem/corp.toml", UserPath: filepath.Join(capsemHome, "user.toml")}
-	if v, ok := lookupEnv("CAPSEM_CORP_CONFIG"); ok {
-		s.CorpPath, s.CorpRequired = v, v != ""
+	if v, ok := lookupEnv(CorpConfigEnv); ok {
+		if v == "" {
+			return Sources{}, fmt.Errorf("%s is set but empty: name a corp.toml (an empty file for none), or unset it for /etc/capsem/corp.toml", CorpConfigEnv)
+		}
+		s.CorpPath, s.CorpRequired = v, true
 	}
 	if configPath != "" {
 		s.UserPath, s.UserRequired = configPath, true
@@ -49,7 +56,7 @@ func DefaultSources(lookupEnv func(string) (string, bool), capsemHome, userHome,
 	if autodetect {
 		s.HomeDir = userHome
 	}
-	return s
+	return s, nil
 }
 
 // Merged is the effective configuration of a hierarchy.

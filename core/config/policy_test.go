@@ -247,13 +247,24 @@ func TestLoadHierarchy(t *testing.T) {
 
 	env := map[string]string{"CAPSEM_CORP_CONFIG": corp}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	src := DefaultSources(lookup, filepath.Join(dir, "capsem"), home, "", true)
+	src, err := DefaultSources(lookup, filepath.Join(dir, "capsem"), home, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if src.UserPath != user || src.CorpPath != corp || !src.CorpRequired {
 		t.Fatalf("sources %+v", src)
 	}
 	m, err := LoadHierarchy(src)
 	if err != nil {
 		t.Fatal(err)
+	}
+	sources := func(capsemHome, configPath string, autodetect bool) Sources {
+		t.Helper()
+		s, err := DefaultSources(lookup, capsemHome, home, configPath, autodetect)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
 	got := map[string]string{}
 	for _, s := range m.File.MCP.Servers {
@@ -282,19 +293,25 @@ func TestLoadHierarchy(t *testing.T) {
 	}
 	// Explicitly named files must exist; an absent default user.toml is fine.
 	env["CAPSEM_CORP_CONFIG"] = filepath.Join(dir, "missing.toml")
-	if _, err := LoadHierarchy(DefaultSources(lookup, dir, home, "", false)); err == nil || !strings.Contains(err.Error(), "missing.toml") {
+	if _, err := LoadHierarchy(sources(dir, "", false)); err == nil || !strings.Contains(err.Error(), "missing.toml") {
 		t.Errorf("missing corp file: %v", err)
 	}
+	// Set but empty would drop the corp layer without a word: refused.
 	env["CAPSEM_CORP_CONFIG"] = ""
-	if _, err := LoadHierarchy(DefaultSources(lookup, filepath.Join(dir, "nohome"), home, "", false)); err != nil {
-		t.Errorf("no corp, no user file: %v", err)
+	if _, err := DefaultSources(lookup, dir, home, "", false); err == nil || !strings.Contains(err.Error(), "CAPSEM_CORP_CONFIG is set but empty") {
+		t.Errorf("empty CAPSEM_CORP_CONFIG: %v", err)
 	}
-	if _, err := LoadHierarchy(DefaultSources(lookup, dir, home, filepath.Join(dir, "nope.toml"), false)); err == nil {
+	// An empty corp file is how to say "no corp policy".
+	env["CAPSEM_CORP_CONFIG"] = write("empty-corp.toml", "")
+	if _, err := LoadHierarchy(sources(filepath.Join(dir, "nohome"), "", false)); err != nil {
+		t.Errorf("an empty corp file, no user file: %v", err)
+	}
+	if _, err := LoadHierarchy(sources(dir, filepath.Join(dir, "nope.toml"), false)); err == nil {
 		t.Error("a missing --config file must be an error")
 	}
 	// A broken settings file of another tool is a note, not a failure.
 	write("home/.gemini/settings.json", `{not json`)
-	m, err = LoadHierarchy(DefaultSources(lookup, dir, home, "", true))
+	m, err = LoadHierarchy(sources(dir, "", true))
 	if err != nil || !strings.Contains(strings.Join(m.Notes, "\n"), "not valid JSON") {
 		t.Errorf("broken settings: %v %v", err, m.Notes)
 	}

@@ -383,7 +383,7 @@ func SourcesFor(configPath string, autodetect bool) (config.Sources, error) {
 	if err != nil && autodetect {
 		return config.Sources{}, fmt.Errorf("locating the home directory for auto-detection: %w", err)
 	}
-	return config.DefaultSources(os.LookupEnv, home, userHome, configPath, autodetect), nil
+	return config.DefaultSources(os.LookupEnv, home, userHome, configPath, autodetect)
 }
 
 // ReloadOnSignal reloads the configuration on every SIGHUP until ctx is done.

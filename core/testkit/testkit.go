@@ -248,7 +248,7 @@ func CapsemRun(t testing.TB, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	all := append([]string{"run", "--no-autodetect", "--guest-binary", GuestBinary(t)}, args...)
 	cmd := exec.Command(CapsemBinary(t), all...)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+CapsemHome(t), "CAPSEM_CACHE_DIR="+CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+CapsemHome(t), "CAPSEM_CACHE_DIR="+CacheDir(t), NoCorpConfig(t))
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -261,4 +261,10 @@ func CapsemRun(t testing.TB, args ...string) (stdout, stderr string, code int) {
 		t.Fatalf("capsem run: %v", err)
 	}
 	return out.String(), errb.String(), code
+}
+
+// NoCorpConfig is the CAPSEM_CORP_CONFIG=... entry that gives a test no
+// corp policy (an empty file; a host's /etc/capsem/corp.toml stays out).
+func NoCorpConfig(t testing.TB) string {
+	return "CAPSEM_CORP_CONFIG=" + filepath.Join(ModuleRoot(t), "testdata", "corp-none.toml")
 }

@@ -46,7 +46,7 @@ func startGateway(t *testing.T, extraConfig string, env ...string) *gatewayProc 
 	}
 	g.cmd = exec.Command(testkit.CapsemBinary(t), "gateway", "--listen", "unix:"+g.socket, "--session-dir", g.sessionDir, "--config", cfgPath)
 	g.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+filepath.Join(dir, "home"), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t),
-		"CAPSEM_CORP_CONFIG=", "HOME="+filepath.Join(dir, "userhome"))
+		testkit.NoCorpConfig(t), "HOME="+filepath.Join(dir, "userhome"))
 	g.cmd.Env = append(g.cmd.Env, env...)
 	g.cmd.Stderr = logFile
 	if err := g.cmd.Start(); err != nil {

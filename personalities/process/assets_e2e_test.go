@@ -59,7 +59,7 @@ func TestBootRefusesCorruptedBootFiles(t *testing.T) {
 	work := t.TempDir()
 	cmd := exec.CommandContext(ctx, testkit.CapsemBinary(t), "process", "--session-dir", filepath.Join(work, "session"),
 		"--socket", filepath.Join(work, "p.sock"), "--name", "corrupt", "--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+home, "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+home, "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
 	out, err := cmd.CombinedOutput()
 	if err == nil {
 		t.Fatalf("a VM booted from a corrupted initramfs:\n%s", out)

@@ -34,7 +34,7 @@ func bootVMIn(t *testing.T, name, dir string) *vmProc {
 	}
 	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
 		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
-	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
 	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
 	if err := v.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -45,7 +45,7 @@ func startVM(t testing.TB, name string, extraArgs ...string) *vmProc {
 	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
 		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
 	v.cmd.Args = append(v.cmd.Args, extraArgs...)
-	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
 	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
 	if err := v.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -456,7 +456,7 @@ func TestBadConfigFailsBeforeBoot(t *testing.T) {
 	os.WriteFile(cfg, []byte("[mcp]\ndefault = \"perhaps\"\n"), 0o600)
 	cmd := exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", filepath.Join(dir, "s"), "--socket", filepath.Join(dir, "p.sock"),
 		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect", "--config", cfg)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "bad.toml") || !strings.Contains(string(out), `mcp.default: "perhaps" is not a decision`) {
 		t.Fatalf("want a failure naming the file and key: %v\n%s", err, out)
@@ -480,7 +480,7 @@ func TestLedgerFailureStopsTheBoot(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, testkit.CapsemBinary(t), "process", "--session-dir", session, "--socket", filepath.Join(dir, "p.sock"),
 		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), "CAPSEM_CORP_CONFIG=")
+	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil || err == nil || !strings.Contains(string(out), "opening session ledger") {
 		t.Fatalf("want a failure naming the ledger: %v\n%s", err, out)

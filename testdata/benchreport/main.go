@@ -254,7 +254,11 @@ func startGateway(capsem, dir, name, config string, profile bool) (*gateway, err
 	}
 	g := &gateway{sessionDir: filepath.Join(dir, name+"-session")}
 	g.cmd = exec.Command(capsem, "--log-level", "error", "gateway", "--listen", "unix:"+sock, "--session-dir", g.sessionDir, "--config", cfg, "--no-autodetect")
-	g.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+filepath.Join(dir, "home"), "CAPSEM_CORP_CONFIG=")
+	noCorp := filepath.Join(dir, "corp-none.toml") // no corp policy: an empty file
+	if err := os.WriteFile(noCorp, nil, 0o600); err != nil {
+		return nil, err
+	}
+	g.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+filepath.Join(dir, "home"), "CAPSEM_CORP_CONFIG="+noCorp)
 	if p := os.Getenv("CAPSEM_BENCH_GATEWAY_PROFILE"); p != "" && profile {
 		g.cmd.Env = append(g.cmd.Env, "CAPSEM_CPUPROFILE="+p)
 	}
