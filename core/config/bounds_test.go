@@ -94,14 +94,14 @@ func TestParseRefusesDeepNesting(t *testing.T) {
 
 func TestCheckNesting(t *testing.T) {
 	for in, ok := range map[string]bool{
-		`a = [[1], [2, [3]]]`:                    true,
-		`a = "]]]]" # [[[[`:                      true,
-		`a = "\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["`: true,
+		`a = [[1], [2, [3]]]`:                                  true,
+		`a = "]]]]" # [[[[`:                                    true,
+		`a = "\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["`:              true,
 		"a = \"\"\"\n[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"\"\"": true,
-		"a = '''x'''''":                          true,
+		"a = '''x'''''":                                        true,
 		`a = ` + strings.Repeat("[", MaxNesting) + strings.Repeat("]", MaxNesting): true,
-		`a = ` + strings.Repeat("[", MaxNesting+1):                               false,
-		`a = ` + strings.Repeat("{b=", MaxNesting+1):                             false,
+		`a = ` + strings.Repeat("[", MaxNesting+1):                                 false,
+		`a = ` + strings.Repeat("{b=", MaxNesting+1):                               false,
 	} {
 		if err := checkNesting([]byte(in), MaxNesting); (err == nil) != ok {
 			t.Errorf("checkNesting(%.60q) = %v, want ok %v", in, err, ok)
