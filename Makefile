@@ -100,7 +100,7 @@ fuzz:
 	done
 
 bench: deps build
-	$(GO) test -run '^$$' -bench . -benchmem ./core/mcpframe/ ./core/ledger/ ./core/policy/ ./core/endpoint/ ./personalities/aggregator/
+	$(GO) test -run '^$$' -bench . -benchmem ./core/mcpframe/ ./core/ledger/ ./core/policy/ ./core/mcpuri/ ./core/endpoint/ ./personalities/aggregator/
 	$(GO) run ./testdata/benchreport
 
 generate:

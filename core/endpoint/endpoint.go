@@ -19,6 +19,7 @@ import (
 	"github.com/capsem/capsem/core/aggwire"
 	"github.com/capsem/capsem/core/jsonrpc"
 	"github.com/capsem/capsem/core/mcpframe"
+	"github.com/capsem/capsem/core/mcpuri"
 	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/rawjson"
 )
@@ -303,6 +304,13 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 		if uri == "" {
 			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "missing resource URI"))
 		}
+		// Policy decides on, and the server gets, the canonical form:
+		// what the server will read, however the caller spelled it.
+		canon, cerr := mcpuri.CanonicalNamespaced(uri)
+		if cerr != nil {
+			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "%v", cerr))
+		}
+		uri = canon
 		server, ok := ResourceServer(uri)
 		if !ok {
 			return out.fail(jsonrpc.NewError(jsonrpc.CodeInvalidParams, "resource URI %q is not namespaced as capsem://<server>/<uri>", uri))
@@ -332,6 +340,15 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 	result, netEvents, rerr := e.dispatch(ctx, msg, req, hook)
 	out.netEvents = netEvents
 	if rerr != nil {
+		// An error carries a server's words too: what a rule keeps out
+		// of a result it keeps out of an error.
+		if v := hook.CheckError(ctx, call, rerr.Message, rerr.Data); v.Decision == policy.Block {
+			out.verdict = v
+			out.redactRes = true
+			out.decision = "denied"
+			out.err = jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "MCP response blocked by policy rule %q", v.Rule)
+			return out
+		}
 		out.decision = "error"
 		out.err = rerr
 		return out
@@ -541,7 +558,10 @@ func (e *Endpoint) dispatch(ctx context.Context, msg *jsonrpc.Message, req *aggw
 		})), nil, nil
 	case "resources/list":
 		return resourcesList(slices.DeleteFunc(resp.Resources, func(r aggwire.Resource) bool {
-			return !visible(policy.Call{Method: "resources/read", Server: r.Server, URI: r.URI})
+			// Judged as a read of it would be: canonical, and hidden
+			// when a read would be refused.
+			canon, err := mcpuri.CanonicalNamespaced(r.URI)
+			return err != nil || !visible(policy.Call{Method: "resources/read", Server: r.Server, URI: canon})
 		})), nil, nil
 	case "prompts/list":
 		return promptsList(slices.DeleteFunc(resp.Prompts, func(p aggwire.Prompt) bool {

@@ -406,6 +406,13 @@ func (blockHook) CheckRequest(_ context.Context, c *policy.Call) policy.Verdict 
 	return policy.Verdict{Rule: "default"}
 }
 
+func (blockHook) CheckError(_ context.Context, c *policy.Call, message string, data json.RawMessage) policy.Verdict {
+	if strings.Contains(message, "classified") {
+		return policy.Verdict{Decision: policy.Block, Rule: "no-classified"}
+	}
+	return policy.Verdict{Rule: "default"}
+}
+
 func (blockHook) CheckResponse(_ context.Context, c *policy.Call, result json.RawMessage) policy.Verdict {
 	if strings.Contains(string(result), "classified") {
 		return policy.Verdict{Decision: policy.Block, Rule: "no-classified"}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/capsem/capsem/core/mcpuri"
 	"github.com/capsem/capsem/core/rawjson"
 )
 
@@ -73,7 +74,8 @@ type Rule struct {
 	ReturnsMatches *regexp.Regexp
 
 	argPath, retPath  []string
-	equals, retEquals *any // decoded once; nil: no equality condition
+	equals, retEquals *any   // decoded once; nil: no equality condition
+	uriPattern        string // ResourceURI in canonical form (mcpuri), as calls are matched
 }
 
 // responsePhase reports whether the rule looks at results.
@@ -113,6 +115,12 @@ func (r *Rule) Validate() error {
 }
 
 func (r *Rule) prepare() {
+	// A pattern is canonical like the URIs it is matched against ('*' and
+	// '?' survive canonicalisation); one that cannot be stays as written.
+	r.uriPattern = r.ResourceURI
+	if c, err := mcpuri.CanonicalNamespaced(r.ResourceURI); err == nil {
+		r.uriPattern = c
+	}
 	if r.Argument != "" {
 		r.argPath = strings.Split(r.Argument, ".")
 	}
@@ -226,6 +234,33 @@ func (e *Engine) CheckResponse(_ context.Context, c *Call, result json.RawMessag
 	return Verdict{Rule: "default"}
 }
 
+// CheckError evaluates the response-phase rules on a JSON-RPC error that
+// answers the call: what a rule keeps out of a result it keeps out of an
+// error too. A rule's condition is tried on the error's message, on the
+// value at its path in the error's data, and (for a regular expression) on
+// every string in the data.
+func (e *Engine) CheckError(_ context.Context, c *Call, message string, data json.RawMessage) Verdict {
+	e.prepare()
+	msg, _ := json.Marshal(message)
+	for _, r := range e.responseRules {
+		if r.Action != Block || !r.matchesTarget(c) {
+			continue
+		}
+		hit := valueMatches(msg, r.retEquals, r.ReturnsMatches) && (r.retEquals != nil || r.ReturnsMatches != nil)
+		if !hit && len(data) > 0 {
+			if v, ok := rawjson.FindPath(data, r.retPath); ok && valueMatches(v, r.retEquals, r.ReturnsMatches) {
+				hit = true
+			} else if r.ReturnsMatches != nil {
+				hit = rawjson.EachString(data, func(s string) bool { return r.ReturnsMatches.MatchString(s) })
+			}
+		}
+		if hit {
+			return Verdict{Decision: Block, Rule: r.Name, Reason: "content rule " + r.Name + " blocks this error response" + from(r.Source)}
+		}
+	}
+	return Verdict{Rule: "default"}
+}
+
 // Visible reports whether a listed tool, prompt or resource may be shown:
 // false when policy blocks it whatever the arguments (hide and deny).
 func (e *Engine) Visible(_ context.Context, c *Call) bool {
@@ -299,22 +334,42 @@ func (e *Engine) serverVerdict(c *Call) (Verdict, bool) {
 	return Verdict{}, false
 }
 
+// matchesTarget: a Block rule matches names without regard to case (fail
+// closed: a server may look names up as loosely), an Allow rule exactly.
+// URIs are compared in the canonical form both sides are in.
 func (r *Rule) matchesTarget(c *Call) bool {
-	if r.Tool != "" && (c.Name == "" || !globMatch(r.Tool, c.Name)) {
-		return false
+	if r.Tool != "" {
+		if c.Name == "" {
+			return false
+		}
+		if r.Action == Block {
+			if !globMatch(strings.ToLower(r.Tool), strings.ToLower(c.Name)) {
+				return false
+			}
+		} else if !globMatch(r.Tool, c.Name) {
+			return false
+		}
 	}
-	if r.ResourceURI != "" && (c.URI == "" || !globMatch(r.ResourceURI, c.URI)) {
+	if r.ResourceURI != "" && (c.URI == "" || !globMatch(r.uriPattern, c.URI)) {
 		return false
 	}
 	return true
 }
 
+// matchesRequest: a Block rule's argument path matches keys without regard
+// to case, and any of the values so found may match (a Go server decoding
+// with encoding/json takes {"TEXT": ...} for text, and others may too); an
+// Allow rule's path matches keys exactly, so that it relaxes no more than
+// it names.
 func (r *Rule) matchesRequest(c *Call, args []byte) bool {
 	if !r.matchesTarget(c) {
 		return false
 	}
 	if r.argPath == nil {
 		return true // Validate guarantees a tool or resource condition
+	}
+	if r.Action == Block {
+		return rawjson.FindPathFold(args, r.argPath, func(v []byte) bool { return valueMatches(v, r.equals, r.Matches) })
 	}
 	v, ok := rawjson.FindPath(args, r.argPath)
 	return ok && valueMatches(v, r.equals, r.Matches)

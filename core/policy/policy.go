@@ -49,10 +49,12 @@ type Verdict struct {
 }
 
 // Hook is called on every request before it is dispatched and on every
-// successful response before it is returned.
+// response before it is returned: CheckResponse on a result, CheckError on
+// a JSON-RPC error that answers a call.
 type Hook interface {
 	CheckRequest(ctx context.Context, call *Call) Verdict
 	CheckResponse(ctx context.Context, call *Call, result json.RawMessage) Verdict
+	CheckError(ctx context.Context, call *Call, message string, data json.RawMessage) Verdict
 }
 
 // Lister is implemented by hooks that hide list entries: a tool, prompt or
@@ -68,6 +70,9 @@ type AllowAll struct{}
 
 func (AllowAll) CheckRequest(context.Context, *Call) Verdict { return Verdict{Rule: "default"} }
 func (AllowAll) CheckResponse(context.Context, *Call, json.RawMessage) Verdict {
+	return Verdict{Rule: "default"}
+}
+func (AllowAll) CheckError(context.Context, *Call, string, json.RawMessage) Verdict {
 	return Verdict{Rule: "default"}
 }
 

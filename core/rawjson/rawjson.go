@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -270,4 +271,94 @@ func trimSpace(b []byte) []byte {
 		b = b[:len(b)-1]
 	}
 	return b
+}
+
+// FindPathFold is FindPath with object keys compared without regard to
+// case (strings.EqualFold, the folding encoding/json uses to match a key
+// to a field): every value the path reaches by any matching key is passed
+// to fn, until fn returns true, which FindPathFold then returns. Each part
+// of the document is visited at most once per path segment, so the work is
+// linear in the document's size whatever its repeated keys.
+func FindPathFold(doc []byte, path []string, fn func(value []byte) bool) bool {
+	cur := trimSpace(doc)
+	if len(path) == 0 {
+		return len(cur) > 0 && fn(cur)
+	}
+	if len(cur) == 0 {
+		return false
+	}
+	if cur[0] == '"' {
+		var s string
+		if json.Unmarshal(cur, &s) != nil {
+			return false
+		}
+		cur = trimSpace([]byte(s))
+		if len(cur) == 0 || (cur[0] != '{' && cur[0] != '[') || !json.Valid(cur) {
+			return false
+		}
+	}
+	part, rest := path[0], path[1:]
+	switch cur[0] {
+	case '{':
+		var matches [][]byte
+		if !EachMember(cur, func(quotedKey, value []byte) {
+			if keyFolds(quotedKey, part) {
+				matches = append(matches, value)
+			}
+		}) {
+			return false // not an object after all
+		}
+		for _, v := range matches {
+			if FindPathFold(v, rest, fn) {
+				return true
+			}
+		}
+		return false
+	case '[':
+		v, ok := elementOf(cur, part)
+		return ok && FindPathFold(v, rest, fn)
+	}
+	return false
+}
+
+// keyFolds compares a quoted JSON key with a path segment without regard
+// to case.
+func keyFolds(quoted []byte, key string) bool {
+	inner := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+		return strings.EqualFold(string(inner), key)
+	}
+	var s string
+	return json.Unmarshal(quoted, &s) == nil && strings.EqualFold(s, key)
+}
+
+// EachString reports whether fn returns true for any string in a JSON
+// value (keys excepted). It decodes the value whole: it is for small
+// documents (an error's data), not for results.
+func EachString(doc []byte, fn func(string) bool) bool {
+	var v any
+	if json.Unmarshal(doc, &v) != nil {
+		return false
+	}
+	return eachString(v, fn)
+}
+
+func eachString(v any, fn func(string) bool) bool {
+	switch t := v.(type) {
+	case string:
+		return fn(t)
+	case []any:
+		for _, e := range t {
+			if eachString(e, fn) {
+				return true
+			}
+		}
+	case map[string]any:
+		for _, e := range t {
+			if eachString(e, fn) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -86,6 +86,13 @@ action = "block"
 tool = "echo__echo"
 returns = "content.0.text"
 returns_matches = "password-[0-9a-f]+"
+
+[[mcp.rules]]
+name = "no-password-in-errors"
+action = "block"
+tool = "echo__fail"
+returns = "content.0.text"
+returns_matches = "password-[0-9a-f]+"
 %s
 %s
 [[mcp.servers]]
@@ -170,10 +177,42 @@ func TestPolicyMatrix(t *testing.T) {
 	// padding, through the relay's frames.
 	needle := secret("needle-")
 	blocked("echo__echo", map[string]any{"text": needle, "pad": strings.Repeat("p", 900<<10), "deep": map[string]any{"needle": map[string]any{"n": 7, "kind": "needle"}}}, "deep-needle", needle)
-	// Resource URI rule.
-	if _, err := s.ReadResource(ctx, &mcp.ReadResourceParams{URI: "capsem://everything/demo://resource/static/document/architecture.md"}); err == nil || !strings.Contains(err.Error(), "no-static-docs") {
-		t.Fatalf("resource rule: %v", err)
+	// Resource URI rule, and the spellings of the same URI the server
+	// reads as that resource: each is blocked by the rule, or refused.
+	const doc = "capsem://everything/demo://resource/static/document/architecture.md"
+	for _, uri := range []string{doc,
+		"capsem://everything/DEMO://resource/static/document/architecture.md",
+		"capsem://everything/demo://RESOURCE/static/document/architecture.md",
+		"capsem://everything/demo://resource/x/../static/document/architecture.md",
+		"capsem://everything/demo://resource/./static/document/architecture.md",
+		"capsem://everything/demo://resource/%73tatic/document/architecture.md",
+		"capsem://everything/demo://resource/x/%2e%2e/static/document/architecture.md",
+	} {
+		if _, err := s.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri}); err == nil || !strings.Contains(err.Error(), "no-static-docs") {
+			t.Errorf("resource rule, read as %s: %v", uri, err)
+		}
 	}
+	for _, uri := range []string{
+		"capsem://everything/demo://resource/static/document/architecture.md\n",
+		"capsem://everything/demo://resource/static/document/\tarchitecture.md",
+		"capsem://everything/ demo://resource/static/document/architecture.md",
+		"capsem://everything/demo://resource/static/document/architecture.md ",
+	} {
+		if _, err := s.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri}); err == nil || !strings.Contains(err.Error(), "white space or a control character") {
+			t.Errorf("resource URI %q: %v, want a refusal", uri, err)
+		}
+	}
+	// Argument rules that block match keys whatever their case, as a Go
+	// server decoding with encoding/json reads them.
+	var caseSecrets []string
+	for _, key := range []string{"TEXT", "Text", "tExT"} {
+		forbidden := secret("FORBIDDEN-")
+		caseSecrets = append(caseSecrets, forbidden)
+		blocked("echo__echo", map[string]any{key: "say " + forbidden}, "no-forbidden-text", forbidden)
+	}
+	// A return rule sees a JSON-RPC error's message as it sees a result.
+	errPassword := secret("password-")
+	blocked("echo__fail", map[string]any{"text": reverse("the " + errPassword), "reverse": true}, "no-password-in-errors", errPassword)
 	// Return-value rules: structuredContent and text content.
 	if res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "everything__get-structured-content", Arguments: map[string]any{"location": "New York"}}); err != nil {
 		t.Fatalf("structured content without rain: %v %+v", err, res)
@@ -198,7 +237,7 @@ func TestPolicyMatrix(t *testing.T) {
 	if !strings.Contains(string(serverLog), "plain-hello") || !strings.Contains(string(serverLog), reverse(password)) {
 		t.Fatalf("the echo server log misses calls that reached it:\n%.2000s", serverLog)
 	}
-	for _, sec := range []string{tokenSecret, forbidden, needle} {
+	for _, sec := range append([]string{tokenSecret, forbidden, needle}, caseSecrets...) {
 		if strings.Contains(string(serverLog), sec) {
 			t.Errorf("a blocked request reached the server (%s found in its log)", sec[:4])
 		}
@@ -210,9 +249,10 @@ func TestPolicyMatrix(t *testing.T) {
 	// The ledger: denied rows name their rule; blocked requests keep only a
 	// hash; no secret is anywhere in the database files.
 	db := g.db(t)
-	for _, rule := range []string{"tools.everything__get-env", "no-token-argument", "no-forbidden-text", "deep-needle", "no-static-docs", "no-rain", "no-password-out"} {
-		if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE decision='denied' AND policy_action='block' AND policy_rule=?`, rule); n != 1 {
-			t.Errorf("rule %s: %d denied rows, want 1", rule, n)
+	for rule, want := range map[string]int{"tools.everything__get-env": 1, "no-token-argument": 1, "no-forbidden-text": 4, "deep-needle": 1,
+		"no-static-docs": 7, "no-rain": 1, "no-password-out": 1, "no-password-in-errors": 1} {
+		if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE decision='denied' AND policy_action='block' AND policy_rule=?`, rule); n != want {
+			t.Errorf("rule %s: %d denied rows, want %d", rule, n, want)
 		}
 	}
 	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE decision='denied' AND policy_rule='no-token-argument' AND request_preview LIKE '{"redacted_by_policy":true,"sha256":"%'`); n != 1 {
@@ -235,7 +275,7 @@ func TestPolicyMatrix(t *testing.T) {
 			}
 			t.Fatal(err)
 		}
-		for _, sec := range []string{tokenSecret, forbidden, needle, password, "drizzle"} {
+		for _, sec := range append([]string{tokenSecret, forbidden, needle, password, errPassword, "drizzle"}, caseSecrets...) {
 			if strings.Contains(string(data), sec) {
 				t.Errorf("session.db%s contains blocked data (%.8s…)", suffix, sec)
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/mcpgw"
+	"github.com/capsem/capsem/core/mcpuri"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/reloadctl"
@@ -189,15 +190,26 @@ func (c *ExplainCmd) Run(ctx context.Context) error {
 	case c.Prompt != "":
 		call.Method, call.Name, call.Arguments = "prompts/get", namespaced(c.Prompt), json.RawMessage(c.Args)
 	case c.Resource != "":
-		call.Method, call.URI = "resources/read", c.Resource
-		if !strings.HasPrefix(c.Resource, "capsem://") {
-			call.URI = "capsem://" + c.Server + "/" + c.Resource
+		uri, err := resourceURI(c.Server, c.Resource)
+		if err != nil {
+			return err
 		}
+		call.Method, call.URI = "resources/read", uri
 	default:
 		return fmt.Errorf("name one of --tool, --prompt or --resource")
 	}
 	Explain(ctx, os.Stdout, m.Policy, call, c.Result)
 	return nil
+}
+
+// resourceURI is a resource as the gateway judges a read of it: namespaced
+// (under server unless it already is) and canonical, or refused.
+func resourceURI(server, resource string) (string, error) {
+	uri := resource
+	if !strings.HasPrefix(strings.ToLower(uri), mcpuri.Prefix) {
+		uri = mcpuri.Prefix + server + "/" + uri
+	}
+	return mcpuri.CanonicalNamespaced(uri)
 }
 
 // Explain prints what the engine decides for call.

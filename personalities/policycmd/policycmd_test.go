@@ -72,3 +72,20 @@ func TestExplain(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainResourceIsCanonical: explain judges a resource as the gateway
+// does, in canonical form, and refuses what the gateway refuses.
+func TestExplainResourceIsCanonical(t *testing.T) {
+	for in, want := range map[string]string{
+		"DEMO://resource/x/../static/1":                "capsem://everything/demo://resource/static/1",
+		"capsem://everything/demo://resource/./s/1":    "capsem://everything/demo://resource/s/1",
+		"CAPSEM://everything/demo://Resource/%73tatic": "capsem://everything/demo://resource/static",
+	} {
+		if got, err := resourceURI("everything", in); err != nil || got != want {
+			t.Errorf("resourceURI(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := resourceURI("everything", "demo://resource/static/1\t"); err == nil {
+		t.Error("a URI with a tab was not refused")
+	}
+}

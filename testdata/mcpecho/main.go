@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/procs"
@@ -56,6 +57,18 @@ func main() {
 				text = string(r)
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
+		})
+	// fail answers with a JSON-RPC error whose message is the text (a server
+	// can put anything in an error).
+	mcp.AddTool(s, &mcp.Tool{Name: "fail", Description: "Answer with a JSON-RPC error carrying the text."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, a echoArgs) (*mcp.CallToolResult, any, error) {
+			text := a.Text
+			if a.Reverse {
+				r := []rune(text)
+				slices.Reverse(r)
+				text = string(r)
+			}
+			return nil, nil, &jsonrpc.Error{Code: -32001, Message: text}
 		})
 	s.AddTool(&mcp.Tool{Name: "raw", Description: "Return the call's arguments exactly as they arrived.", InputSchema: json.RawMessage(`{"type":"object"}`)},
 		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
