@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/capsem/capsem/core/jsonrpc"
 	"github.com/capsem/capsem/core/mcpframe"
+	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/procs"
 )
 
@@ -153,9 +155,11 @@ func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 			c.invalidFrame(ctx, body, err)
 			continue
 		}
-		name := f.Name
-		if name == "" {
-			name = c.metaName
+		// A frame's name is the guest's word, as the metadata line is:
+		// sanitised the same way before anything records it.
+		name := c.metaName
+		if f.Name != "" {
+			name = mcpframe.SanitizeName(f.Name)
 		}
 		if name == "" {
 			name = "unknown"
@@ -334,6 +338,10 @@ func (c *conn) notification(ctx context.Context, name string, payload []byte) {
 		rec.Method = msg.Method
 		rec.RequestID = jsonrpc.IDText(msg.ID)
 		rec.Decision, rec.ErrorCode, rec.ErrorMessage = "error", jsonrpc.CodeInvalidRequest, "notification frame carries a JSON-RPC id; dropped"
+	case !strings.HasPrefix(msg.Method, "notifications/"):
+		// A call sent without an id is never served: refused, not allowed.
+		rec.Method = msg.Method
+		rec.Decision, rec.ErrorCode, rec.ErrorMessage = "error", jsonrpc.CodeInvalidRequest, "a "+msg.Method+" request sent as a notification is not served; dropped"
 	default:
 		rec.Method = msg.Method
 		if msg.Method == "notifications/cancelled" {
@@ -363,9 +371,17 @@ func (c *conn) cancelRequest(params json.RawMessage) {
 }
 
 // recordLocal writes a row for a message the endpoint answered itself.
+// Such a message never reached policy: its text is stored only as policy
+// would let it through (vetPreview on the whole message).
 func (e *Endpoint) recordLocal(ctx context.Context, r *Record) {
 	if r.Time.IsZero() {
 		r.Time = time.Now().UTC()
+	}
+	if r.Request != "" {
+		msg, perr, _ := jsonrpc.ParseRequest([]byte(r.Request))
+		if perr != nil || msg == nil || e.vetPreview(ctx, msg.Method, msg.Params) != string(msg.Params) {
+			r.Request = policy.Redact([]byte(r.Request))
+		}
 	}
 	r.PolicyMode = "enforce"
 	if err := e.cfg.Recorder.Record(context.WithoutCancel(ctx), r); err != nil {

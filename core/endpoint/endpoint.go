@@ -162,6 +162,7 @@ type outcome struct {
 	verdict   policy.Verdict
 	redactReq bool
 	redactRes bool
+	checked   bool // policy judged the request (CheckRequest ran)
 	server    string
 	tool      string
 	netEvents []aggwire.NetEvent
@@ -230,9 +231,14 @@ func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, 
 		PolicyReason:  out.verdict.Reason,
 		NetEvents:     out.netEvents,
 	}
-	if out.redactReq {
+	switch {
+	case out.redactReq:
 		r.Request = policy.Redact(msg.Params)
-	} else {
+	case !out.checked:
+		// Refused before policy ran (bad params): stored only as policy
+		// would let it through.
+		r.Request = e.vetPreview(context.Background(), msg.Method, msg.Params)
+	default:
 		r.Request = string(msg.Params)
 	}
 	switch {
@@ -324,6 +330,7 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 
 	hook := e.hook()
 	out.verdict = hook.CheckRequest(ctx, call)
+	out.checked = true
 	switch out.verdict.Decision {
 	case policy.Block:
 		out.redactReq = true
@@ -376,6 +383,41 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 	}
 	out.result = result
 	return out
+}
+
+// vetPreview is the preview of a request's params that policy did not
+// judge on its way (the endpoint refused the message first): the params as
+// they are when policy would let the call through, else Redact's marker.
+// The call is read from the params as loosely as a hostile sender could
+// mean it: no namespace, a bad URI or unreadable params count as blocked.
+func (e *Endpoint) vetPreview(ctx context.Context, method string, params json.RawMessage) string {
+	if len(params) == 0 {
+		return ""
+	}
+	if !isCallMethod(method) {
+		return string(params)
+	}
+	call := &policy.Call{Method: method}
+	name, _ := stringParam(params, "name")
+	call.Server, _, _ = strings.Cut(name, "__")
+	call.Name = name
+	call.Arguments, _, _ = rawjson.Member(params, "arguments")
+	if uri, err := stringParam(params, "uri"); err == nil && uri != "" {
+		if canon, cerr := mcpuri.CanonicalNamespaced(uri); cerr == nil {
+			call.URI = canon
+			call.Server, _ = ResourceServer(canon)
+		} else {
+			return policy.Redact(params)
+		}
+	}
+	if !json.Valid(params) || e.hook().CheckRequest(ctx, call).Decision == policy.Block {
+		return policy.Redact(params)
+	}
+	return string(params)
+}
+
+func isCallMethod(method string) bool {
+	return method == "tools/call" || method == "prompts/get" || method == "resources/read"
 }
 
 // Keys of the stateless protocol revision (SEP-2575).

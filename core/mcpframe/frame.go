@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -214,13 +215,15 @@ func (r *Reader) Read() (Frame, error) {
 	return DecodeBody(body)
 }
 
-// SanitizeName makes a process name safe for a frame: control characters and
-// spaces become '_', invalid UTF-8 becomes U+FFFD, and the result is cut to at
+// SanitizeName makes a process name safe for a frame and for the people who
+// read it: control and format characters and spaces become '_', invalid UTF-8 becomes U+FFFD, and the result is cut to at
 // most MaxNameLen bytes on a rune boundary (the reference panicked here).
 func SanitizeName(name string) string {
 	out := make([]byte, 0, len(name))
 	for _, r := range name {
-		if r < 0x20 || r == 0x7f || r == ' ' || (r >= 0x80 && r < 0xa0) {
+		// Format characters (U+202E reverses the text around it, U+200B
+		// hides) and line separators too: the name is shown to people.
+		if r < 0x20 || r == 0x7f || r == ' ' || (r >= 0x80 && r < 0xa0) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Zs) {
 			r = '_'
 		}
 		var enc [utf8.UTFMax]byte
