@@ -198,7 +198,7 @@ func TestSanitizeName(t *testing.T) {
 		{strings.Repeat("é", 70), strings.Repeat("é", 64)},
 		{"bad\xffutf8", "bad\uFFFDutf8"},
 		{"ev\x1b[31mil\u202etxt.exe", "ev_[31mil_txt.exe"}, // ESC and RIGHT-TO-LEFT OVERRIDE
-		{"a\u200bb\u2028c\u00a0d\ufeffe", "a_b_c_d_e"},        // zero-width space, line separator, NBSP, BOM
+		{"a\u200bb\u2028c\u00a0d\ufeffe", "a_b_c_d_e"},     // zero-width space, line separator, NBSP, BOM
 	}
 	for _, tc := range cases {
 		got := SanitizeName(tc.in)
