@@ -18,6 +18,7 @@ import (
 
 	"github.com/capsem/capsem/core/aggwire"
 	"github.com/capsem/capsem/core/jsonrpc"
+	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/mcpframe"
 	"github.com/capsem/capsem/core/mcpuri"
 	"github.com/capsem/capsem/core/policy"
@@ -33,6 +34,10 @@ type Upstream interface {
 // Record is one ledger row for one MCP message, plus the HTTP attempts the
 // builtin server made while serving it.
 type Record struct {
+	// EventID, when set, names the row: a pending record and the record
+	// that completes it share one.
+	EventID       string
+	Pending       bool // recorded before the call is dispatched; its answer completes the row
 	Time          time.Time
 	Transport     string // "frame" or "host"
 	StreamID      uint32
@@ -162,7 +167,8 @@ type outcome struct {
 	verdict   policy.Verdict
 	redactReq bool
 	redactRes bool
-	checked   bool // policy judged the request (CheckRequest ran)
+	checked   bool   // policy judged the request (CheckRequest ran)
+	eventID   string // set when a pending row was written: the answer completes it
 	server    string
 	tool      string
 	netEvents []aggwire.NetEvent
@@ -176,7 +182,15 @@ var errRecordFailed = jsonrpc.NewError(jsonrpc.CodeInternalError, "audit ledger 
 // host-initiated path (no framing).
 func (e *Endpoint) Handle(ctx context.Context, meta CallMeta, msg *jsonrpc.Message) []byte {
 	start := time.Now()
-	out := e.handle(ctx, msg)
+	out := e.handle(ctx, msg, func(out *outcome) error {
+		// A tool call that is about to reach a server is on the record
+		// first: if the gateway dies before the answer, the row remains,
+		// pending. The answer's row completes it (same event id).
+		out.eventID = ledger.NewEventID()
+		rec := e.record(start, meta, msg, out, 0)
+		rec.Pending = true
+		return e.cfg.Recorder.Record(context.WithoutCancel(ctx), rec)
+	})
 	resp := e.render(msg.ID, out, meta.MaxResponse)
 	rec := e.record(start, meta, msg, out, len(resp))
 	if err := e.cfg.Recorder.Record(context.WithoutCancel(ctx), rec); err != nil {
@@ -213,6 +227,7 @@ func (e *Endpoint) render(id json.RawMessage, out *outcome, max int) []byte {
 
 func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, out *outcome, respLen int) *Record {
 	r := &Record{
+		EventID:       out.eventID,
 		Time:          start.UTC(),
 		Transport:     meta.Transport,
 		StreamID:      meta.StreamID,
@@ -257,7 +272,9 @@ func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, 
 	return r
 }
 
-func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
+// handle runs one request; beforeCall, when a tools/call has passed policy,
+// runs before it is dispatched, and its error stops the call.
+func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message, beforeCall func(*outcome) error) *outcome {
 	out := &outcome{decision: "allowed", server: "gateway"}
 	call := &policy.Call{Method: msg.Method}
 	var req *aggwire.Request
@@ -344,6 +361,14 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message) *outcome {
 
 	ctx, cancel := context.WithTimeout(ctx, e.timeoutFor(msg.Method, call.Name))
 	defer cancel()
+	if msg.Method == "tools/call" && beforeCall != nil {
+		if err := beforeCall(out); err != nil {
+			e.log.Error("ledger write failed; the call is not dispatched", "method", msg.Method, "target", out.tool, "err", err)
+			out.decision = "error"
+			out.err = errRecordFailed
+			return out
+		}
+	}
 	result, netEvents, rerr := e.dispatch(ctx, msg, req, hook)
 	out.netEvents = netEvents
 	if rerr != nil {

@@ -15,6 +15,8 @@ type LedgerRecorder struct{ Ledger *ledger.Ledger }
 func (l LedgerRecorder) Record(ctx context.Context, r *Record) error {
 	rows := make([]ledger.Row, 0, 1+len(r.NetEvents))
 	call := &ledger.MCPCall{
+		EventID:         r.EventID,
+		Pending:         r.Pending,
 		Timestamp:       r.Time,
 		ServerName:      r.ServerName,
 		Method:          r.Method,

@@ -76,3 +76,49 @@ func BenchmarkEnqueueMCPCall(b *testing.B) {
 	}
 	reportRows(b, l)
 }
+
+// BenchmarkMCPCallRecordedTwice is a tool call's cost in the ledger: one
+// row written once (the baseline: the answer's row only) beside a pending
+// row before the call and the answer completing it, for one caller and
+// for many.
+func BenchmarkMCPCallRecordedTwice(b *testing.B) {
+	ctx := context.Background()
+	once := func(l *Ledger) error { return l.Write(ctx, benchRow()) }
+	twice := func(l *Ledger) error {
+		r := benchRow()
+		r.Pending = true
+		if err := l.Write(ctx, r); err != nil {
+			return err
+		}
+		done := *r
+		done.Pending = false
+		return l.Write(ctx, &done)
+	}
+	for _, c := range []struct {
+		name  string
+		write func(*Ledger) error
+	}{{"answer-row-only", once}, {"pending-then-answer", twice}} {
+		b.Run(c.name+"/c=1", func(b *testing.B) {
+			l := openLedger(b, tempDB(b), Options{})
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.write(l); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(c.name+"/c=64", func(b *testing.B) {
+			l := openLedger(b, tempDB(b), Options{})
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := c.write(l); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}

@@ -224,11 +224,68 @@ func TestOpenMigratesVersion1(t *testing.T) {
 		idx = append(idx, r[0].(string))
 	}
 	want := []string{
+		"idx_mcp_calls_event_id: CREATE UNIQUE INDEX idx_mcp_calls_event_id ON mcp_calls(event_id)",
 		"idx_mcp_calls_timestamp: CREATE INDEX idx_mcp_calls_timestamp ON mcp_calls(timestamp)",
 		"idx_mcp_calls_trace_id: CREATE INDEX idx_mcp_calls_trace_id ON mcp_calls(trace_id) WHERE trace_id IS NOT NULL",
 	}
 	if !slices.Equal(idx, want) {
 		t.Errorf("mcp_calls indexes after the migration:\n%s\nwant\n%s", strings.Join(idx, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestOpenMigratesVersion2: a version-2 file (no pending column, event_id
+// not unique) gets both, its rows kept and not pending.
+func TestOpenMigratesVersion2(t *testing.T) {
+	path := tempDB(t)
+	l := openLedger(t, path, Options{})
+	if err := l.Write(context.Background(), mcp(DecisionAllowed), mcp(DecisionDenied)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	execClosed(t, path,
+		"DROP INDEX idx_mcp_calls_event_id",
+		"ALTER TABLE mcp_calls DROP COLUMN pending",
+		"PRAGMA user_version = 2",
+	)
+	l = openLedger(t, path, Options{})
+	if err := l.Write(context.Background(), mcp(DecisionAllowed)); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryAll(t, path, "SELECT COUNT(*), SUM(pending) FROM mcp_calls")[0]; got[0] != int64(3) || got[1] != int64(0) {
+		t.Errorf("rows, pending after the migration: %v", got)
+	}
+	if got := queryAll(t, path, "SELECT COUNT(*) FROM sqlite_schema WHERE name = 'idx_mcp_calls_event_id'")[0][0]; got != int64(1) {
+		t.Error("no unique event_id index after the migration")
+	}
+}
+
+// TestPendingRowIsCompleted: a call recorded pending and then answered is
+// one row, completed; one never answered stays pending.
+func TestPendingRowIsCompleted(t *testing.T) {
+	path := tempDB(t)
+	l := openLedger(t, path, Options{})
+	ctx := context.Background()
+	answered := mcp(DecisionAllowed)
+	answered.Pending, answered.ResponsePreview = true, ""
+	crashed := mcp(DecisionAllowed)
+	crashed.Pending, crashed.ToolName = true, "srv__crashes"
+	if err := l.Write(ctx, answered, crashed); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryAll(t, path, "SELECT COUNT(*), SUM(pending) FROM mcp_calls")[0]; got[0] != int64(2) || got[1] != int64(2) {
+		t.Fatalf("before the answers: %v", got)
+	}
+	done := *answered
+	done.Pending, done.ResponsePreview, done.DurationMS, done.Decision = false, `{"content":[]}`, 42, DecisionError
+	if err := l.Write(ctx, &done); err != nil {
+		t.Fatal(err)
+	}
+	rows := queryAll(t, path, "SELECT event_id, pending, response_preview, duration_ms, decision FROM mcp_calls ORDER BY id")
+	if len(rows) != 2 || rows[0][0] != answered.EventID || rows[0][1] != int64(0) || rows[0][2] != `{"content":[]}` ||
+		rows[0][3] != int64(42) || rows[0][4] != "error" || rows[1][1] != int64(1) {
+		t.Fatalf("rows %v", rows)
 	}
 }
 

@@ -153,6 +153,10 @@ type MCPCall struct {
 	PolicyReason    string
 	StreamID        *int64
 	Transport       string
+	// Pending marks a call recorded before it is dispatched: its answer
+	// writes the same EventID again, completing the row. A row still
+	// pending is a call whose answer never came (the gateway died).
+	Pending bool
 }
 
 func (*MCPCall) table() tableID { return tableMCPCalls }
@@ -193,6 +197,7 @@ func (c *MCPCall) fields() []field {
 		{"policy_reason", optText(c.PolicyReason)},
 		{"stream_id", optInt(c.StreamID)},
 		{"transport", optText(c.Transport)},
+		{"pending", boolInt(c.Pending)},
 	}
 }
 

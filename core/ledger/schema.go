@@ -10,8 +10,10 @@ import (
 // SchemaVersion is stored in PRAGMA user_version. Open refuses a file with a
 // larger value: an older binary must not write rows into tables whose meaning
 // it does not know. Version 2 indexes mcp_calls on time and set trace ids
-// only (see mcpCallsV1Indexes).
-const SchemaVersion = 2
+// only (see mcpCallsV1Indexes). Version 3 adds mcp_calls.pending and makes
+// event_id unique: a call is recorded pending before it is dispatched and
+// completed in the same row by its answer (MCPCall.Pending).
+const SchemaVersion = 3
 
 // mcpCallsV1Indexes are the version-1 mcp_calls indexes that version 2 drops
 // (the trace id index comes back partial). Every MCP answer waits for its
@@ -73,9 +75,11 @@ var tables = [numTables]tableDef{
 	policy_rule TEXT,
 	policy_reason TEXT,
 	stream_id INTEGER,
-	transport TEXT
+	transport TEXT,
+	pending INTEGER NOT NULL DEFAULT 0
 )`,
 		indexes: []string{
+			`CREATE UNIQUE INDEX IF NOT EXISTS idx_mcp_calls_event_id ON mcp_calls(event_id)`,
 			`CREATE INDEX IF NOT EXISTS idx_mcp_calls_timestamp ON mcp_calls(timestamp)`,
 			`CREATE INDEX IF NOT EXISTS idx_mcp_calls_trace_id ON mcp_calls(trace_id) WHERE trace_id IS NOT NULL`,
 		},
@@ -199,12 +203,22 @@ var insertSQL = [numTables]string{
 func buildInsert(t tableID, fs []field) string {
 	names := make([]string, len(fs))
 	marks := make([]string, len(fs))
+	var sets []string
 	for i, f := range fs {
 		names[i] = f.name
 		marks[i] = "?"
+		if f.name != "event_id" {
+			sets = append(sets, f.name+" = excluded."+f.name)
+		}
 	}
-	return fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s)",
+	insert := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s)",
 		tables[t].name, strings.Join(names, ", "), strings.Join(marks, ", "))
+	if t == tableMCPCalls {
+		// A call's answer completes the row its pending record started
+		// (same event_id): one row per call, whatever happened between.
+		insert += " ON CONFLICT(event_id) DO UPDATE SET " + strings.Join(sets, ", ")
+	}
+	return insert
 }
 
 // migrate creates the schema, or brings a version-1 file to this version.
@@ -224,6 +238,17 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 		return fmt.Errorf("ledger: begin schema transaction on %s: %w", path, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if version >= 1 && version < 3 {
+		var has int
+		if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM pragma_table_info('mcp_calls') WHERE name = 'pending'").Scan(&has); err != nil {
+			return fmt.Errorf("ledger: read the columns of mcp_calls in %s: %w", path, err)
+		}
+		if has == 0 {
+			if _, err := tx.ExecContext(ctx, "ALTER TABLE mcp_calls ADD COLUMN pending INTEGER NOT NULL DEFAULT 0"); err != nil {
+				return fmt.Errorf("ledger: add mcp_calls.pending in %s: %w", path, err)
+			}
+		}
+	}
 	if version == 1 {
 		for _, idx := range mcpCallsV1Indexes {
 			if _, err := tx.ExecContext(ctx, "DROP INDEX IF EXISTS "+idx); err != nil {
