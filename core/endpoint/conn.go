@@ -378,10 +378,19 @@ func (e *Endpoint) recordLocal(ctx context.Context, r *Record) {
 		r.Time = time.Now().UTC()
 	}
 	if r.Request != "" {
-		msg, perr, _ := jsonrpc.ParseRequest([]byte(r.Request))
-		if perr != nil || msg == nil || e.vetPreview(ctx, msg.Method, msg.Params) != string(msg.Params) {
-			r.Request = policy.Redact([]byte(r.Request))
+		raw := []byte(r.Request)
+		msg, perr, _ := jsonrpc.ParseRequest(raw)
+		withheld := perr != nil || msg == nil
+		if !withheld {
+			_, withheld = e.vetPreview(ctx, msg.Method, msg.Params)
 		}
+		r.RequestDigest = e.digest(raw, withheld)
+		if withheld {
+			r.Request = policy.Redact(e.digestKey, raw)
+		}
+	}
+	if r.Response != "" {
+		r.ResponseDigest = e.digest([]byte(r.Response), false)
 	}
 	r.PolicyMode = "enforce"
 	if err := e.cfg.Recorder.Record(context.WithoutCancel(ctx), r); err != nil {

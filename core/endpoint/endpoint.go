@@ -7,6 +7,9 @@ package endpoint
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -36,29 +39,34 @@ type Upstream interface {
 type Record struct {
 	// EventID, when set, names the row: a pending record and the record
 	// that completes it share one.
-	EventID       string
-	Pending       bool // recorded before the call is dispatched; its answer completes the row
-	Time          time.Time
-	Transport     string // "frame" or "host"
-	StreamID      uint32
-	ProcessName   string
-	ServerName    string
-	Method        string
-	ToolName      string
-	RequestID     string
-	Request       string // preview (the ledger caps it)
-	Response      string
-	Decision      string // allowed | warned | denied | error
-	DurationMS    int64
-	ErrorCode     int64
-	ErrorMessage  string
-	BytesSent     int64
-	BytesReceived int64
-	PolicyMode    string
-	PolicyAction  string
-	PolicyRule    string
-	PolicyReason  string
-	NetEvents     []aggwire.NetEvent
+	EventID string
+	Pending bool // recorded before the call is dispatched; its answer completes the row
+	// RequestDigest and ResponseDigest identify the whole messages (see
+	// ledger.MCPCall): "sha256:<hex>", or "hmac-sha256:<hex>" for what
+	// policy withheld.
+	RequestDigest  string
+	ResponseDigest string
+	Time           time.Time
+	Transport      string // "frame" or "host"
+	StreamID       uint32
+	ProcessName    string
+	ServerName     string
+	Method         string
+	ToolName       string
+	RequestID      string
+	Request        string // preview (the ledger caps it)
+	Response       string
+	Decision       string // allowed | warned | denied | error
+	DurationMS     int64
+	ErrorCode      int64
+	ErrorMessage   string
+	BytesSent      int64
+	BytesReceived  int64
+	PolicyMode     string
+	PolicyAction   string
+	PolicyRule     string
+	PolicyReason   string
+	NetEvents      []aggwire.NetEvent
 }
 
 // Recorder persists records; Record returns only after the row is durable
@@ -92,6 +100,9 @@ type Endpoint struct {
 	// onlyInfoMeta is the _meta of a stateless result that had none:
 	// the gateway's identity alone, encoded once.
 	onlyInfoMeta []byte
+	// digestKey keys the digests of what policy withheld; it lives in
+	// this process only, so the ledger cannot confirm a guessed secret.
+	digestKey []byte
 }
 
 // Timeouts are the endpoint's deadlines; zero fields take the defaults.
@@ -120,7 +131,8 @@ func New(cfg Config) *Endpoint {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	e := &Endpoint{cfg: cfg, sem: make(chan struct{}, cfg.InFlight), log: cfg.Logger}
+	e := &Endpoint{cfg: cfg, sem: make(chan struct{}, cfg.InFlight), log: cfg.Logger, digestKey: make([]byte, 32)}
+	rand.Read(e.digestKey) // the session's secret for keyed digests; never stored
 	e.onlyInfoMeta, _ = json.Marshal(map[string]any{metaServerInfo: e.serverInfo()})
 	e.SetPolicy(cfg.Policy)
 	e.SetTimeouts(Timeouts{Default: cfg.DefaultTimeout, Tool: cfg.ToolTimeout, PerTool: cfg.ToolTimeouts})
@@ -169,6 +181,7 @@ type outcome struct {
 	redactRes bool
 	checked   bool   // policy judged the request (CheckRequest ran)
 	eventID   string // set when a pending row was written: the answer completes it
+	withheld  []byte // what policy kept from the caller (a blocked or replaced answer), for its keyed digest
 	server    string
 	tool      string
 	netEvents []aggwire.NetEvent
@@ -187,12 +200,12 @@ func (e *Endpoint) Handle(ctx context.Context, meta CallMeta, msg *jsonrpc.Messa
 		// first: if the gateway dies before the answer, the row remains,
 		// pending. The answer's row completes it (same event id).
 		out.eventID = ledger.NewEventID()
-		rec := e.record(start, meta, msg, out, 0)
+		rec := e.record(start, meta, msg, out, nil)
 		rec.Pending = true
 		return e.cfg.Recorder.Record(context.WithoutCancel(ctx), rec)
 	})
 	resp := e.render(msg.ID, out, meta.MaxResponse)
-	rec := e.record(start, meta, msg, out, len(resp))
+	rec := e.record(start, meta, msg, out, resp)
 	if err := e.cfg.Recorder.Record(context.WithoutCancel(ctx), rec); err != nil {
 		e.log.Error("ledger write failed", "method", msg.Method, "err", err)
 		resp = jsonrpc.ErrorResponse(msg.ID, errRecordFailed)
@@ -225,7 +238,7 @@ func (e *Endpoint) render(id json.RawMessage, out *outcome, max int) []byte {
 	return resp
 }
 
-func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, out *outcome, respLen int) *Record {
+func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, out *outcome, resp []byte) *Record {
 	r := &Record{
 		EventID:       out.eventID,
 		Time:          start.UTC(),
@@ -239,22 +252,29 @@ func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, 
 		Decision:      out.decision,
 		DurationMS:    time.Since(start).Milliseconds(),
 		BytesSent:     int64(meta.BytesIn),
-		BytesReceived: int64(respLen),
+		BytesReceived: int64(len(resp)),
 		PolicyMode:    policy.Mode,
 		PolicyAction:  out.verdict.Decision.String(),
 		PolicyRule:    out.verdict.Rule,
 		PolicyReason:  out.verdict.Reason,
 		NetEvents:     out.netEvents,
 	}
+	withheldReq := out.redactReq
 	switch {
 	case out.redactReq:
-		r.Request = policy.Redact(msg.Params)
+		r.Request = policy.Redact(e.digestKey, msg.Params)
 	case !out.checked:
 		// Refused before policy ran (bad params): stored only as policy
 		// would let it through.
-		r.Request = e.vetPreview(context.Background(), msg.Method, msg.Params)
+		r.Request, withheldReq = e.vetPreview(context.Background(), msg.Method, msg.Params)
 	default:
 		r.Request = string(msg.Params)
+	}
+	r.RequestDigest = e.digest(msg.Params, withheldReq)
+	if out.redactRes {
+		r.ResponseDigest = e.digest(out.withheld, true)
+	} else if resp != nil {
+		r.ResponseDigest = e.digest(resp, false)
 	}
 	switch {
 	case out.redactRes:
@@ -377,6 +397,7 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message, beforeCall 
 		if v := hook.CheckError(ctx, call, rerr.Message, rerr.Data); v.Decision == policy.Block {
 			out.verdict = v
 			out.redactRes = true
+			out.withheld, _ = json.Marshal(rerr)
 			out.decision = "denied"
 			out.err = jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "MCP response blocked by policy rule %q", v.Rule)
 			return out
@@ -390,6 +411,7 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message, beforeCall 
 	case policy.Block:
 		out.verdict = respVerdict
 		out.redactRes = true
+		out.withheld = result
 		out.decision = "denied"
 		out.err = jsonrpc.NewError(jsonrpc.CodeInvalidRequest, "MCP response blocked by policy rule %q", respVerdict.Rule)
 		return out
@@ -401,6 +423,7 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message, beforeCall 
 	if respVerdict.Replace != nil {
 		out.verdict = respVerdict
 		out.redactRes = true
+		out.withheld = result
 		result = respVerdict.Replace
 	}
 	if statelessRequest(msg.Params) {
@@ -412,15 +435,13 @@ func (e *Endpoint) handle(ctx context.Context, msg *jsonrpc.Message, beforeCall 
 
 // vetPreview is the preview of a request's params that policy did not
 // judge on its way (the endpoint refused the message first): the params as
-// they are when policy would let the call through, else Redact's marker.
-// The call is read from the params as loosely as a hostile sender could
-// mean it: no namespace, a bad URI or unreadable params count as blocked.
-func (e *Endpoint) vetPreview(ctx context.Context, method string, params json.RawMessage) string {
-	if len(params) == 0 {
-		return ""
-	}
-	if !isCallMethod(method) {
-		return string(params)
+// they are when policy would let the call through, else Redact's marker
+// (withheld true). The call is read from the params as loosely as a hostile
+// sender could mean it: no namespace, a bad URI or unreadable params count
+// as blocked.
+func (e *Endpoint) vetPreview(ctx context.Context, method string, params json.RawMessage) (preview string, withheld bool) {
+	if len(params) == 0 || !isCallMethod(method) {
+		return string(params), false
 	}
 	call := &policy.Call{Method: method}
 	name, _ := stringParam(params, "name")
@@ -428,17 +449,28 @@ func (e *Endpoint) vetPreview(ctx context.Context, method string, params json.Ra
 	call.Name = name
 	call.Arguments, _, _ = rawjson.Member(params, "arguments")
 	if uri, err := stringParam(params, "uri"); err == nil && uri != "" {
-		if canon, cerr := mcpuri.CanonicalNamespaced(uri); cerr == nil {
-			call.URI = canon
-			call.Server, _ = ResourceServer(canon)
-		} else {
-			return policy.Redact(params)
+		canon, cerr := mcpuri.CanonicalNamespaced(uri)
+		if cerr != nil {
+			return policy.Redact(e.digestKey, params), true
 		}
+		call.URI = canon
+		call.Server, _ = ResourceServer(canon)
 	}
 	if !json.Valid(params) || e.hook().CheckRequest(ctx, call).Decision == policy.Block {
-		return policy.Redact(params)
+		return policy.Redact(e.digestKey, params), true
 	}
-	return string(params)
+	return string(params), false
+}
+
+// digest identifies data in a ledger row: its SHA-256, or for what policy
+// withheld an HMAC under the session's key (a digest of a blocked secret
+// must not confirm a guess of it).
+func (e *Endpoint) digest(data []byte, withheld bool) string {
+	if withheld {
+		return "hmac-sha256:" + policy.KeyedDigest(e.digestKey, data)
+	}
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 func isCallMethod(method string) bool {

@@ -17,6 +17,8 @@ func (l LedgerRecorder) Record(ctx context.Context, r *Record) error {
 	call := &ledger.MCPCall{
 		EventID:         r.EventID,
 		Pending:         r.Pending,
+		RequestDigest:   r.RequestDigest,
+		ResponseDigest:  r.ResponseDigest,
 		Timestamp:       r.Time,
 		ServerName:      r.ServerName,
 		Method:          r.Method,

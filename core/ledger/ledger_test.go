@@ -247,14 +247,16 @@ func TestOpenMigratesVersion2(t *testing.T) {
 	execClosed(t, path,
 		"DROP INDEX idx_mcp_calls_event_id",
 		"ALTER TABLE mcp_calls DROP COLUMN pending",
+		"ALTER TABLE mcp_calls DROP COLUMN request_digest",
+		"ALTER TABLE mcp_calls DROP COLUMN response_digest",
 		"PRAGMA user_version = 2",
 	)
 	l = openLedger(t, path, Options{})
 	if err := l.Write(context.Background(), mcp(DecisionAllowed)); err != nil {
 		t.Fatal(err)
 	}
-	if got := queryAll(t, path, "SELECT COUNT(*), SUM(pending) FROM mcp_calls")[0]; got[0] != int64(3) || got[1] != int64(0) {
-		t.Errorf("rows, pending after the migration: %v", got)
+	if got := queryAll(t, path, "SELECT COUNT(*), SUM(pending), COUNT(request_digest) FROM mcp_calls")[0]; got[0] != int64(3) || got[1] != int64(0) || got[2] != int64(0) {
+		t.Errorf("rows, pending, digests after the migration: %v", got)
 	}
 	if got := queryAll(t, path, "SELECT COUNT(*) FROM sqlite_schema WHERE name = 'idx_mcp_calls_event_id'")[0][0]; got != int64(1) {
 		t.Error("no unique event_id index after the migration")

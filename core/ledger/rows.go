@@ -157,6 +157,12 @@ type MCPCall struct {
 	// writes the same EventID again, completing the row. A row still
 	// pending is a call whose answer never came (the gateway died).
 	Pending bool
+	// RequestDigest and ResponseDigest identify the whole request and
+	// response, however much of them the previews keep: "sha256:<hex>",
+	// or "hmac-sha256:<hex>" (keyed by a secret of the session) for what
+	// policy withheld, so that a guess cannot be confirmed.
+	RequestDigest  string
+	ResponseDigest string
 }
 
 func (*MCPCall) table() tableID { return tableMCPCalls }
@@ -198,6 +204,8 @@ func (c *MCPCall) fields() []field {
 		{"stream_id", optInt(c.StreamID)},
 		{"transport", optText(c.Transport)},
 		{"pending", boolInt(c.Pending)},
+		{"request_digest", optText(c.RequestDigest)},
+		{"response_digest", optText(c.ResponseDigest)},
 	}
 }
 

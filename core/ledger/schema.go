@@ -11,8 +11,9 @@ import (
 // larger value: an older binary must not write rows into tables whose meaning
 // it does not know. Version 2 indexes mcp_calls on time and set trace ids
 // only (see mcpCallsV1Indexes). Version 3 adds mcp_calls.pending and makes
-// event_id unique: a call is recorded pending before it is dispatched and
-// completed in the same row by its answer (MCPCall.Pending).
+// event_id unique (a call is recorded pending before it is dispatched and
+// completed in the same row by its answer: MCPCall.Pending), and adds the
+// whole request's and response's digests.
 const SchemaVersion = 3
 
 // mcpCallsV1Indexes are the version-1 mcp_calls indexes that version 2 drops
@@ -25,6 +26,10 @@ const SchemaVersion = 3
 // or tool scans it quickly, and a lookup by trace id (trace_id = ?) uses the
 // partial index.
 var mcpCallsV1Indexes = []string{"idx_mcp_calls_server_name", "idx_mcp_calls_tool_name", "idx_mcp_calls_trace_id"}
+
+// mcpCallsV3Columns are the mcp_calls columns version 3 adds to older
+// files, as their DDL.
+var mcpCallsV3Columns = []string{"pending INTEGER NOT NULL DEFAULT 0", "request_digest TEXT", "response_digest TEXT"}
 
 // tableID indexes the per-table prepared statements.
 type tableID int
@@ -76,7 +81,9 @@ var tables = [numTables]tableDef{
 	policy_reason TEXT,
 	stream_id INTEGER,
 	transport TEXT,
-	pending INTEGER NOT NULL DEFAULT 0
+	pending INTEGER NOT NULL DEFAULT 0,
+	request_digest TEXT,
+	response_digest TEXT
 )`,
 		indexes: []string{
 			`CREATE UNIQUE INDEX IF NOT EXISTS idx_mcp_calls_event_id ON mcp_calls(event_id)`,
@@ -239,13 +246,17 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	if version >= 1 && version < 3 {
-		var has int
-		if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM pragma_table_info('mcp_calls') WHERE name = 'pending'").Scan(&has); err != nil {
-			return fmt.Errorf("ledger: read the columns of mcp_calls in %s: %w", path, err)
-		}
-		if has == 0 {
-			if _, err := tx.ExecContext(ctx, "ALTER TABLE mcp_calls ADD COLUMN pending INTEGER NOT NULL DEFAULT 0"); err != nil {
-				return fmt.Errorf("ledger: add mcp_calls.pending in %s: %w", path, err)
+		for _, col := range mcpCallsV3Columns {
+			name, _, _ := strings.Cut(col, " ")
+			var has int
+			if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM pragma_table_info('mcp_calls') WHERE name = ?", name).Scan(&has); err != nil {
+				return fmt.Errorf("ledger: read the columns of mcp_calls in %s: %w", path, err)
+			}
+			if has > 0 {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, "ALTER TABLE mcp_calls ADD COLUMN "+col); err != nil {
+				return fmt.Errorf("ledger: add mcp_calls.%s in %s: %w", name, path, err)
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package policy
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -401,11 +402,19 @@ func valueMatches(raw []byte, equals *any, re *regexp.Regexp) bool {
 	return true
 }
 
-// Redact is the ledger marker for a blocked request's arguments: it proves
-// what was sent (by hash) without storing it.
-func Redact(params []byte) string {
-	sum := sha256.Sum256(params)
-	return fmt.Sprintf(`{"redacted_by_policy":true,"sha256":%q}`, hex.EncodeToString(sum[:]))
+// Redact is the ledger marker for a blocked request's arguments: it tells
+// what was sent apart (by a digest) without storing it. The digest is an
+// HMAC under key, a secret of the session never written anywhere, so that
+// a guessable secret cannot be confirmed from the ledger by hashing guesses.
+func Redact(key, params []byte) string {
+	return fmt.Sprintf(`{"redacted_by_policy":true,"hmac_sha256":%q}`, KeyedDigest(key, params))
+}
+
+// KeyedDigest is HMAC-SHA256 of data under key, in hex.
+func KeyedDigest(key, data []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write(data)
+	return hex.EncodeToString(m.Sum(nil))
 }
 
 // globMatch matches s against a pattern where '*' is any run of characters

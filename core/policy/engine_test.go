@@ -2,6 +2,8 @@ package policy
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"regexp"
 	"strings"
@@ -223,12 +225,23 @@ func TestEngineResponseRules(t *testing.T) {
 }
 
 func TestRedactHidesTheData(t *testing.T) {
-	r := Redact([]byte(`{"arguments":{"token":"sk-live-123"}}`))
+	key := []byte("the session's key")
+	secret := []byte(`{"arguments":{"token":"sk-live-123"}}`)
+	r := Redact(key, secret)
 	if strings.Contains(r, "sk-live") || !strings.Contains(r, `"redacted_by_policy":true`) || !json.Valid([]byte(r)) {
 		t.Fatalf("redaction %s", r)
 	}
-	if Redact([]byte("a")) == Redact([]byte("b")) {
-		t.Fatal("different data must hash differently")
+	if Redact(key, []byte("a")) == Redact(key, []byte("b")) {
+		t.Fatal("different data must digest differently")
+	}
+	// Keyed: the plain SHA-256 of a guess does not confirm it, and
+	// another session's key gives another digest.
+	plain := sha256.Sum256(secret)
+	if strings.Contains(r, hex.EncodeToString(plain[:])) {
+		t.Fatal("the marker carries the plain SHA-256: a guess can be confirmed")
+	}
+	if Redact([]byte("another session"), secret) == r {
+		t.Fatal("the digest does not depend on the key")
 	}
 }
 

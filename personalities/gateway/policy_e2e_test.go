@@ -255,7 +255,7 @@ func TestPolicyMatrix(t *testing.T) {
 			t.Errorf("rule %s: %d denied rows, want %d", rule, n, want)
 		}
 	}
-	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE decision='denied' AND policy_rule='no-token-argument' AND request_preview LIKE '{"redacted_by_policy":true,"sha256":"%'`); n != 1 {
+	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE decision='denied' AND policy_rule='no-token-argument' AND request_preview LIKE '{"redacted_by_policy":true,"hmac_sha256":"%' AND request_digest LIKE 'hmac-sha256:%'`); n != 1 {
 		t.Error("blocked request row is not redacted to a hash")
 	}
 	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE decision='denied' AND policy_rule='no-rain' AND response_preview='{"redacted_by_policy":true}'`); n != 1 {
