@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/capsem/capsem/core/privsep"
 )
 
 // Detected is the servers found in one AI CLI settings file.
@@ -84,6 +86,10 @@ func parseMCPServers(path string, data []byte, seen map[string]string) ([]Server
 			skip(name, "it is capsem itself")
 			continue
 		}
+		if bad := badEnv(e.Env); bad != nil {
+			skip(name, "env: "+bad.Error())
+			continue
+		}
 		s := Server{Name: name}
 		switch {
 		case e.Command != "" && e.URL == "":
@@ -141,4 +147,14 @@ func Registrations(home string) []string {
 		}
 	}
 	return out
+}
+
+// badEnv is the first variable of env a sandboxed server may not be given.
+func badEnv(env map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if err := privsep.CheckEnv(k, env[k]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

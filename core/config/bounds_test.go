@@ -137,3 +137,24 @@ func FuzzCheckNesting(f *testing.F) {
 		}
 	})
 }
+
+// TestServerEnvChecked: a server's env goes through the sandbox's name
+// checks (LD_* and the like would run code before the server does), in a
+// config file as an error naming the server and the variable, and in AI
+// CLI settings as a skipped entry.
+func TestServerEnvChecked(t *testing.T) {
+	for _, env := range []string{`LD_PRELOAD = "/tmp/x.so"`, `BASH_ENV = "/tmp/rc"`, `"BASH_FUNC_x%%" = "() { id; }"`, `CAPSEM_SANDBOX = "1"`} {
+		_, err := Parse("user.toml", []byte("[[mcp.servers]]\nname = \"s\"\ncommand = \"/bin/true\"\nenv = { "+env+" }\n"))
+		name, _, _ := strings.Cut(env, " ")
+		if err == nil || !strings.Contains(err.Error(), "env") || !strings.Contains(err.Error(), strings.Trim(name, `"`)) {
+			t.Errorf("env %s: %v", env, err)
+		}
+	}
+	if _, err := Parse("user.toml", []byte("[[mcp.servers]]\nname = \"s\"\ncommand = \"/bin/true\"\nenv = { GITHUB_TOKEN = \"x\" }\n")); err != nil {
+		t.Errorf("an ordinary variable: %v", err)
+	}
+	servers, notes := parseMCPServers("settings.json", []byte(`{"mcpServers":{"evil":{"command":"x","env":{"LD_PRELOAD":"/tmp/x.so"}},"ok":{"command":"y"}}}`), map[string]string{})
+	if len(servers) != 1 || servers[0].Name != "ok" || len(notes) != 1 || !strings.Contains(notes[0], `"evil" skipped: env`) {
+		t.Errorf("servers %+v, notes %q", servers, notes)
+	}
+}

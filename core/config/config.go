@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/capsem/capsem/core/aggwire"
 	"github.com/capsem/capsem/core/policy"
+	"github.com/capsem/capsem/core/privsep"
 )
 
 // File is one configuration file.
@@ -167,6 +169,11 @@ func (f *File) validate() error {
 		}
 		if s.Command == "" && (len(s.Args) > 0 || len(s.Env) > 0) {
 			errs = append(errs, fmt.Errorf("%s: args/env: only valid with command", where))
+		}
+		for _, k := range slices.Sorted(maps.Keys(s.Env)) {
+			if err := privsep.CheckEnv(k, s.Env[k]); err != nil {
+				errs = append(errs, fmt.Errorf("%s: env: %w", where, err))
+			}
 		}
 		if s.ConnectTimeoutSecs < 0 {
 			errs = append(errs, fmt.Errorf("%s: connect_timeout_secs: must not be negative", where))

@@ -63,6 +63,12 @@ func dangerous(name string) bool {
 		strings.HasPrefix(name, "BASH_FUNC_")
 }
 
+// CheckEnv reports why a variable may not be given to a sandboxed child
+// (an MCP server's configured env included): empty or malformed names,
+// the sandbox's own, those that run code before the program does (LD_*,
+// BASH_ENV, ENV, BASH_FUNC_*), oversized or NUL-bearing values.
+func CheckEnv(name, value string) error { return checkEnvEntry(name, value) }
+
 // checkEnvEntry validates one caller-supplied name and value.
 func checkEnvEntry(name, value string) error {
 	switch {

@@ -25,6 +25,7 @@ import (
 	"github.com/capsem/capsem/core/aggwire"
 	"github.com/capsem/capsem/core/builtintools"
 	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/procs"
 	"github.com/capsem/capsem/core/version"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -36,6 +37,9 @@ type Cmd struct{}
 
 // Run serves stdin/stdout until EOF or a shutdown request.
 func (c *Cmd) Run(ctx context.Context) error {
+	if err := procs.NotDumpable(); err != nil {
+		return fmt.Errorf("aggregator: making the process not dumpable: %w", err)
+	}
 	procs.TuneGC()
 	procs.Limit(procs.Helper())
 	in, out, restore := procs.PollableStdio()
@@ -309,9 +313,20 @@ func (a *Aggregator) transport(ctx context.Context, def aggwire.ServerDef) (mcp.
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
+		// Checked at configuration too; here again, since a definition
+		// also arrives from auto-detected AI CLI settings.
+		if err := privsep.CheckEnv(k, def.Env[k]); err != nil {
+			return nil, fmt.Errorf("server %s: env: %w", def.Name, err)
+		}
 		cmd.Env = append(cmd.Env, k+"="+def.Env[k])
 	}
-	cmd.Stderr = os.Stderr
+	// A server's stderr reaches the log only through the aggregator, each
+	// line bounded and named after its server: never the log file itself,
+	// which a server could truncate or fill with entries of its own.
+	cmd.Stderr = newStderrLog(a.log, def.Name)
+	// The copy from that pipe must not hold up the server's reaping when
+	// a grandchild keeps the pipe open.
+	cmd.WaitDelay = 2 * time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return &commandTransport{cmd: cmd, terminate: 2 * time.Second}, nil
 }

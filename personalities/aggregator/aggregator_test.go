@@ -102,7 +102,7 @@ func TestNamespacingCallsAndErrors(t *testing.T) {
 	for _, tool := range tools {
 		names[tool.Name] = tool
 	}
-	if len(names) != 5 || names["echo__echo"].OriginalName != "echo" || names["echo__echo"].Server != "echo" {
+	if len(names) != 6 || names["echo__echo"].OriginalName != "echo" || names["echo__echo"].Server != "echo" {
 		t.Fatalf("tools: %v", names)
 	}
 	// Annotation defaults for hints a server leaves out.
@@ -176,12 +176,12 @@ func TestOneDeadServerNeverStallsOthers(t *testing.T) {
 	}
 	// Listing waits for the bounded connects and then reports the rest.
 	tools := c.do(&aggwire.Request{Method: aggwire.MethodListTools}).Tools
-	if len(tools) != 5 {
+	if len(tools) != 6 {
 		t.Fatalf("%d tools", len(tools))
 	}
 	st := c.do(&aggwire.Request{Method: aggwire.MethodListServers}).Servers
 	for _, s := range st {
-		if s.Name == "echo" && (!s.Connected || s.ToolCount != 5) {
+		if s.Name == "echo" && (!s.Connected || s.ToolCount != 6) {
 			t.Errorf("echo status %+v", s)
 		}
 		if s.Name != "echo" && (s.Connected || s.Error == "") {

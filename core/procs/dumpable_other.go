@@ -1,0 +1,6 @@
+//go:build !linux
+
+package procs
+
+// NotDumpable does nothing outside Linux.
+func NotDumpable() error { return nil }
