@@ -224,8 +224,18 @@ func TestStartStopWithFakeQEMU(t *testing.T) {
 	if fi, err := os.Stat(spec.ConsoleLog); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("console log: %v %v, want mode 0600", fi, err)
 	}
-	// The channel works through the backend's socket.
-	c, err := m.Channel().Dial(context.Background(), guestchan.PortTerminal)
+	// The channel works through the backend's socket. The fake guest
+	// listens on its port only after it connected: until then a dial is
+	// answered "no listener", as a real guest's would be.
+	var c net.Conn
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err = m.Channel().Dial(context.Background(), guestchan.PortTerminal)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
