@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -42,9 +43,16 @@ func (e *Endpoint) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
+		if n := e.conns.Add(1); n > int64(e.cfg.Limits.MaxConns) {
+			e.conns.Add(-1)
+			e.log.Warn("MCP connection refused: too many open", "open", n-1, "max", e.cfg.Limits.MaxConns)
+			c.Close()
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer e.conns.Add(-1)
 			if err := e.ServeConn(ctx, c); err != nil {
 				e.log.Warn("MCP connection closed with error", "err", err)
 			}
@@ -67,6 +75,19 @@ type conn struct {
 	inflight map[uint32]struct{}
 	highest  uint32
 	cancels  map[string]context.CancelFunc // JSON-RPC id text → cancel
+
+	// unanswered caps this connection's calls not yet answered (running
+	// or waiting for the client to read the answer); the shared slot is
+	// held only while a call runs.
+	unanswered chan struct{}
+	deadlines  deadliner // nil when the connection has none
+}
+
+// deadliner is what a connection with deadlines has (net.Conn, a channel
+// stream); a connection without them is served without the time limits.
+type deadliner interface {
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
 }
 
 // ServeConn serves one framed connection until EOF, a fatal framing error or
@@ -78,13 +99,15 @@ func (e *Endpoint) ServeConn(ctx context.Context, rwc io.ReadWriteCloser) error 
 	stop := context.AfterFunc(ctx, func() { rwc.Close() })
 	defer stop()
 	c := &conn{
-		e:        e,
-		c:        rwc,
-		r:        procs.RawReader(rwc),
-		w:        procs.NewGroupWriter(procs.RawWriter(rwc)),
-		inflight: map[uint32]struct{}{},
-		cancels:  map[string]context.CancelFunc{},
+		e:          e,
+		c:          rwc,
+		r:          procs.RawReader(rwc),
+		w:          procs.NewGroupWriter(procs.RawWriter(rwc)),
+		inflight:   map[uint32]struct{}{},
+		cancels:    map[string]context.CancelFunc{},
+		unanswered: make(chan struct{}, e.cfg.InFlight),
 	}
+	c.deadlines, _ = rwc.(deadliner)
 
 	var handlers sync.WaitGroup
 	err := c.readLoop(ctx, &handlers)
@@ -125,7 +148,14 @@ func (c *conn) send(streamID uint32, name string, payload []byte) {
 	}
 	frame, err := mcpframe.Append(nil, &mcpframe.Frame{StreamID: streamID, Name: name, Payload: payload})
 	if err == nil {
+		if c.deadlines != nil {
+			// A client that does not read its answers is cut off.
+			c.deadlines.SetWriteDeadline(time.Now().Add(c.e.cfg.Limits.WriteTimeout))
+		}
 		_, err = c.w.Write(frame)
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			c.e.log.Warn("MCP client does not read its answers: disconnected", "timeout", c.e.cfg.Limits.WriteTimeout)
+		}
 	}
 	if err != nil {
 		c.wmu.Lock()
@@ -139,19 +169,46 @@ func (c *conn) send(streamID uint32, name string, payload []byte) {
 
 func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 	br := bufio.NewReaderSize(c.r, 64<<10)
+	if err := c.begun(br); err != nil {
+		return err
+	}
 	if err := c.readMeta(br); err != nil {
 		return err
 	}
+	c.done()
 	fr := mcpframe.NewReader(br)
 	workers := &handlerPool{jobs: make(chan func()), wg: handlers}
 	defer workers.close()
+	var reserved int
+	release := func() {
+		c.e.buffered.Add(-int64(reserved))
+		reserved = 0
+	}
+	defer release()
+	reserve := func(n int) error {
+		if total := c.e.buffered.Add(int64(n)); total > c.e.cfg.Limits.MaxBuffered {
+			c.e.buffered.Add(-int64(n))
+			c.e.log.Warn("MCP connection closed: frames being read pass the gateway's bound", "frame_bytes", n, "bound_bytes", c.e.cfg.Limits.MaxBuffered)
+			return fmt.Errorf("a %d-byte frame would pass the %d bytes all connections may buffer", n, c.e.cfg.Limits.MaxBuffered)
+		}
+		reserved = n
+		return nil
+	}
 	for {
-		body, err := fr.ReadBody()
+		if err := c.begun(br); err != nil {
+			return err
+		}
+		body, err := fr.ReadBodyBudget(reserve)
+		c.done()
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				c.e.log.Warn("MCP connection closed: a frame was not completed in time", "timeout", c.e.cfg.Limits.FrameTimeout)
+			}
 			return err
 		}
 		f, err := mcpframe.DecodeBody(body)
 		if err != nil {
+			release()
 			c.invalidFrame(ctx, body, err)
 			continue
 		}
@@ -165,6 +222,7 @@ func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 			name = "unknown"
 		}
 		payload := bytes.Clone(f.Payload)
+		release()
 		if f.IsNotification() {
 			c.notification(ctx, name, payload)
 			continue
@@ -182,11 +240,20 @@ func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 			c.end(f.StreamID)
 			continue
 		}
-		// Acquire the shared in-flight slot here, in the reader, so a full cap
-		// stops reading instead of queueing unbounded work.
+		// Acquire the slots here, in the reader, so a full cap stops
+		// reading instead of queueing unbounded work: first this
+		// connection's (a client that does not read its answers stops
+		// only itself), then the shared one.
+		select {
+		case c.unanswered <- struct{}{}:
+		case <-ctx.Done():
+			c.end(f.StreamID)
+			return ctx.Err()
+		}
 		select {
 		case c.e.sem <- struct{}{}:
 		case <-ctx.Done():
+			<-c.unanswered
 			c.end(f.StreamID)
 			return ctx.Err()
 		}
@@ -197,9 +264,10 @@ func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 		c.mu.Unlock()
 		streamID := f.StreamID
 		workers.run(func() {
-			defer func() { <-c.e.sem }()
+			defer func() { <-c.unanswered }()
 			meta := CallMeta{Transport: "frame", StreamID: streamID, ProcessName: name, BytesIn: len(payload), MaxResponse: MaxFramedResponse(name)}
 			resp := c.e.Handle(callCtx, meta, msg)
+			<-c.e.sem // the call is done: writing its answer holds no shared slot
 			callCancel(nil)
 			c.mu.Lock()
 			delete(c.cancels, idText)
@@ -207,6 +275,27 @@ func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 			c.end(streamID)
 			c.send(streamID, name, resp)
 		})
+	}
+}
+
+// begun waits, with no limit, for the next frame (or the metadata line)
+// to begin, then gives the rest of it FrameTimeout to arrive: a sender that
+// starts a frame and stalls holds its buffer no longer than that.
+func (c *conn) begun(br *bufio.Reader) error {
+	if c.deadlines == nil {
+		return nil
+	}
+	if _, err := br.Peek(1); err != nil {
+		return err
+	}
+	c.deadlines.SetReadDeadline(time.Now().Add(c.e.cfg.Limits.FrameTimeout))
+	return nil
+}
+
+// done lifts the frame's deadline once it is read.
+func (c *conn) done() {
+	if c.deadlines != nil {
+		c.deadlines.SetReadDeadline(time.Time{})
 	}
 }
 

@@ -81,13 +81,60 @@ type Config struct {
 	Recorder Recorder
 	Policy   policy.Hook // nil: allow all
 	// InFlight caps concurrently dispatched requests across all connections;
-	// a full cap stops reading frames (back-pressure).
-	InFlight       int
+	// a full cap stops reading frames (back-pressure). A slot is held while
+	// a call runs, not while its answer waits for a client to read it: a
+	// connection's unanswered calls are capped per connection (the same
+	// number), so a client that stops reading stalls only itself.
+	InFlight int
+	// Limits on what clients may hold (zero: the defaults, see Limits).
+	Limits         Limits
 	DefaultTimeout time.Duration            // non-tools/call methods
 	ToolTimeout    time.Duration            // tools/call without an override
 	ToolTimeouts   map[string]time.Duration // namespaced tool → timeout
 	Version        string
 	Logger         *slog.Logger
+}
+
+// Limits bound what a client can hold of the endpoint, so that no client
+// can stall or starve another.
+type Limits struct {
+	// WriteTimeout bounds writing one answer: a client that does not read
+	// its answers for that long is disconnected (its calls keep their
+	// rows, written before the answers).
+	WriteTimeout time.Duration
+	// FrameTimeout bounds reading a frame (or the metadata line) once its
+	// first byte has arrived; an idle connection may wait for ever.
+	FrameTimeout time.Duration
+	// MaxConns bounds open connections; one more is refused (closed at
+	// once, logged).
+	MaxConns int
+	// MaxBuffered bounds the bytes of all frames being read at once; a
+	// frame that would pass it closes its connection (logged).
+	MaxBuffered int64
+}
+
+// Default limits.
+const (
+	DefaultWriteTimeout = 30 * time.Second
+	DefaultFrameTimeout = 30 * time.Second
+	DefaultMaxConns     = 256
+	DefaultMaxBuffered  = 64 << 20
+)
+
+func (l Limits) withDefaults() Limits {
+	if l.WriteTimeout <= 0 {
+		l.WriteTimeout = DefaultWriteTimeout
+	}
+	if l.FrameTimeout <= 0 {
+		l.FrameTimeout = DefaultFrameTimeout
+	}
+	if l.MaxConns <= 0 {
+		l.MaxConns = DefaultMaxConns
+	}
+	if l.MaxBuffered <= 0 {
+		l.MaxBuffered = DefaultMaxBuffered
+	}
+	return l
 }
 
 // Endpoint serves MCP for one session.
@@ -103,6 +150,9 @@ type Endpoint struct {
 	// digestKey keys the digests of what policy withheld; it lives in
 	// this process only, so the ledger cannot confirm a guessed secret.
 	digestKey []byte
+
+	conns    atomic.Int64 // open connections (Serve)
+	buffered atomic.Int64 // bytes of frames being read, all connections
 }
 
 // Timeouts are the endpoint's deadlines; zero fields take the defaults.
@@ -131,6 +181,7 @@ func New(cfg Config) *Endpoint {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.Limits = cfg.Limits.withDefaults()
 	e := &Endpoint{cfg: cfg, sem: make(chan struct{}, cfg.InFlight), log: cfg.Logger, digestKey: make([]byte, 32)}
 	rand.Read(e.digestKey) // the session's secret for keyed digests; never stored
 	e.onlyInfoMeta, _ = json.Marshal(map[string]any{metaServerInfo: e.serverInfo()})

@@ -63,6 +63,8 @@ func (f *fakeUpstream) Do(ctx context.Context, req *aggwire.Request) (*aggwire.R
 				f.mu.Unlock()
 				return nil, ctx.Err()
 			}
+		case "srv__200k":
+			return &aggwire.Response{Result: []byte(`{"content":[{"type":"text","text":"` + strings.Repeat("y", 200<<10) + `"}]}`)}, nil
 		case "srv__big":
 			return &aggwire.Response{Result: []byte(`{"content":[{"type":"text","text":"` + strings.Repeat("x", mcpframe.MaxBodyLen) + `"}]}`)}, nil
 		case "srv__fail":

@@ -181,7 +181,16 @@ func NewReader(r io.Reader) *Reader { return &Reader{r: r} }
 // end before a frame, ErrLength when total_len is out of range (the stream is
 // then out of sync and must be closed) and io.ErrUnexpectedEOF on a short
 // body. The slice is valid until the next call.
-func (r *Reader) ReadBody() ([]byte, error) {
+func (r *Reader) ReadBody() ([]byte, error) { return r.ReadBodyBudget(nil) }
+
+// keepBufMax is the largest body buffer a Reader keeps between frames: a
+// connection idle after one big frame should not hold its megabyte.
+const keepBufMax = 64 << 10
+
+// ReadBodyBudget is ReadBody that, once the length prefix is read and
+// before any of the body is, calls reserve with the body's length; an error
+// from reserve ends the read (the stream is then out of sync).
+func (r *Reader) ReadBodyBudget(reserve func(n int) error) ([]byte, error) {
 	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, fmt.Errorf("mcp frame: short length prefix: %w", err)
@@ -192,10 +201,21 @@ func (r *Reader) ReadBody() ([]byte, error) {
 	if n < HeaderLen || n > MaxBodyLen {
 		return nil, fmt.Errorf("%w: %d not in [%d, %d]", ErrLength, n, HeaderLen, MaxBodyLen)
 	}
-	if cap(r.buf) < int(n) {
-		r.buf = make([]byte, n)
+	if reserve != nil {
+		if err := reserve(int(n)); err != nil {
+			return nil, err
+		}
 	}
-	body := r.buf[:n]
+	var body []byte
+	switch {
+	case int(n) > keepBufMax:
+		body = make([]byte, n) // not kept: see keepBufMax
+	case cap(r.buf) < int(n):
+		r.buf = make([]byte, keepBufMax)
+		body = r.buf[:n]
+	default:
+		body = r.buf[:n]
+	}
 	if _, err := io.ReadFull(r.r, body); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
