@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -105,7 +106,18 @@ func benchServeConn(b *testing.B, inFlight int) {
 	if err := <-served; err != nil {
 		b.Fatal(err)
 	}
-	if st := led.Stats(); st.Rows != uint64(b.N) {
-		b.Fatalf("%d ledger rows for %d calls", st.Rows, b.N)
+	// Each call is written twice (pending before dispatch, then its
+	// answer) and leaves one complete row.
+	if st := led.Stats(); st.Rows != 2*uint64(b.N) {
+		b.Fatalf("%d ledger row writes for %d calls, want two each", st.Rows, b.N)
+	}
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "session.db")+"?mode=ro")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	var rows, pending int
+	if err := db.QueryRow(`SELECT COUNT(*), COALESCE(SUM(pending), 0) FROM mcp_calls`).Scan(&rows, &pending); err != nil || rows != b.N || pending != 0 {
+		b.Fatalf("%d rows (%d pending) for %d calls: %v", rows, pending, b.N, err)
 	}
 }
