@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,13 +34,32 @@ func shortDir(t *testing.T) string {
 }
 
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	w := &tWriter{t: t}
+	t.Cleanup(w.end)
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-type tWriter struct{ t testing.TB }
+// tWriter logs through the test until it ends: a machine's goroutines (the
+// channel noticing QEMU is gone) may still speak after the test returned,
+// and testing panics on a Log after the end.
+type tWriter struct {
+	t     testing.TB
+	mu    sync.Mutex
+	ended bool
+}
 
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(bytes.TrimRight(p, "\n")))
+func (w *tWriter) end() {
+	w.mu.Lock()
+	w.ended = true
+	w.mu.Unlock()
+}
+
+func (w *tWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.ended {
+		w.t.Log(string(bytes.TrimRight(p, "\n")))
+	}
 	return len(p), nil
 }
 

@@ -346,12 +346,13 @@ func (m *Machine) spawn() error {
 		}
 		m.mu.Lock()
 		m.waitErr = err
-		stopping := m.stopping
+		// Logged before done closes: whoever waits on done (a Stop, a
+		// test that then ends) must not race the machine's last words.
+		m.log.Info("qemu exited", "pid", cmd.Process.Pid, "status", cmd.ProcessState.String(), "stopped", m.stopping)
 		// Closed under the lock so Stop's "already gone?" check and the
 		// stopping flag Wait reads agree.
 		close(m.done)
 		m.mu.Unlock()
-		m.log.Info("qemu exited", "pid", cmd.Process.Pid, "status", cmd.ProcessState.String(), "stopped", stopping)
 	}()
 	if err := <-started; err != nil {
 		if m.monitorConn != nil {
