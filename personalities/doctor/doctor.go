@@ -36,12 +36,6 @@ type Cmd struct {
 	GuestBin     string   `name:"guest-binary" type:"path" hidden:"" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 }
 
-// ExitError carries the exit status (1 when a check failed).
-type ExitError struct{ Code int }
-
-func (e ExitError) Error() string        { return fmt.Sprintf("exit status %d", e.Code) }
-func (e ExitError) CommandExitCode() int { return e.Code }
-
 // Run runs the selected groups.
 func (c *Cmd) Run(ctx context.Context) error {
 	h, err := c.host()
@@ -53,7 +47,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return err
 	}
 	if doctor.Run(ctx, doctor.NewReporter(os.Stdout, c.JSON), groups).Result != "PASS" {
-		return ExitError{Code: 1}
+		return doctor.ExitError{Code: 1}
 	}
 	return nil
 }

@@ -21,12 +21,6 @@ type Cmd struct {
 	ExpectEnv []string `name:"expect-env" help:"K=V that must be in this process's environment (as injected by the host), repeatable."`
 }
 
-// ExitError carries the doctor's exit status (1 when a check failed).
-type ExitError struct{ Code int }
-
-func (e ExitError) Error() string        { return fmt.Sprintf("exit status %d", e.Code) }
-func (e ExitError) CommandExitCode() int { return e.Code }
-
 // Run runs the selected groups.
 func (c *Cmd) Run(ctx context.Context) error {
 	expect := map[string]string{}
@@ -42,7 +36,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return err
 	}
 	if doctor.Run(ctx, doctor.NewReporter(os.Stdout, c.JSON), groups).Result != "PASS" {
-		return ExitError{Code: 1}
+		return doctor.ExitError{Code: 1}
 	}
 	return nil
 }

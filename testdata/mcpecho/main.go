@@ -46,29 +46,27 @@ type probeResult struct {
 	PID     int               `json:"pid"`
 }
 
+// text is the text to answer with: reversed when asked.
+func (a echoArgs) text() string {
+	if !a.Reverse {
+		return a.Text
+	}
+	r := []rune(a.Text)
+	slices.Reverse(r)
+	return string(r)
+}
+
 func main() {
 	s := mcp.NewServer(&mcp.Implementation{Name: "mcpecho", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Echo the text back."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, a echoArgs) (*mcp.CallToolResult, any, error) {
-			text := a.Text
-			if a.Reverse {
-				r := []rune(text)
-				slices.Reverse(r)
-				text = string(r)
-			}
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.text()}}}, nil, nil
 		})
 	// fail answers with a JSON-RPC error whose message is the text (a server
 	// can put anything in an error).
 	mcp.AddTool(s, &mcp.Tool{Name: "fail", Description: "Answer with a JSON-RPC error carrying the text."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, a echoArgs) (*mcp.CallToolResult, any, error) {
-			text := a.Text
-			if a.Reverse {
-				r := []rune(text)
-				slices.Reverse(r)
-				text = string(r)
-			}
-			return nil, nil, &jsonrpc.Error{Code: -32001, Message: text}
+			return nil, nil, &jsonrpc.Error{Code: -32001, Message: a.text()}
 		})
 	s.AddTool(&mcp.Tool{Name: "raw", Description: "Return the call's arguments exactly as they arrived.", InputSchema: json.RawMessage(`{"type":"object"}`)},
 		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
