@@ -83,7 +83,16 @@ func TestUnreadAnswersStallOnlyTheirClient(t *testing.T) {
 	for i := uint32(1); i <= 40; i++ {
 		sendFrame(t, greedy, i, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"srv__200k","arguments":{}}}`, i))
 	}
-	time.Sleep(200 * time.Millisecond) // the greedy calls are in flight, their answers unread
+	// Wait until the greedy client has filled the in-flight cap with calls
+	// whose answers it does not read: their rows are committed before the
+	// answers are written.
+	h := &harness{t: t, db: db}
+	for deadline := time.Now().Add(30 * time.Second); h.rows(`SELECT COUNT(*) FROM mcp_calls WHERE tool_name = 'srv__200k' AND pending = 0`)[0][0].(int64) < 8; {
+		if time.Now().After(deadline) {
+			t.Fatal("the greedy calls never completed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	other := dialFramed(t, addr)
 	sendFrame(t, other, 1, `{"jsonrpc":"2.0","id":1,"method":"ping"}`)
 	other.SetReadDeadline(time.Now().Add(1500 * time.Millisecond)) // less than the write timeout
@@ -96,7 +105,6 @@ func TestUnreadAnswersStallOnlyTheirClient(t *testing.T) {
 	if !closedByServer(greedy, 10*time.Second) {
 		t.Fatal("the client that does not read was not disconnected")
 	}
-	h := &harness{t: t, db: db}
 	rows := h.rows(`SELECT COUNT(*), COALESCE(SUM(pending), 0) FROM mcp_calls WHERE tool_name = 'srv__200k'`)[0]
 	if rows[0].(int64) < 8 || rows[1].(int64) != 0 {
 		t.Fatalf("rows of the greedy client's calls: %v, want at least the 8 it got served, none pending", rows)
