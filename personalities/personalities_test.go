@@ -73,3 +73,24 @@ func TestGuestBuildWithoutCgo(t *testing.T) {
 		}
 	}
 }
+
+// TestPersonalitiesStandAlone: no personality imports another (what two
+// share belongs in core/); only this package lists them all.
+func TestPersonalitiesStandAlone(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	const prefix = "github.com/capsem/capsem/personalities/"
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || !strings.HasPrefix(fields[0], prefix) {
+			continue
+		}
+		for _, imp := range fields[1:] {
+			if strings.HasPrefix(imp, prefix) {
+				t.Errorf("%s imports %s", fields[0], imp)
+			}
+		}
+	}
+}

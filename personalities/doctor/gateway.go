@@ -15,8 +15,8 @@ import (
 
 	"github.com/capsem/capsem/core/aggwire"
 	"github.com/capsem/capsem/core/doctor"
+	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/mcpgw"
-	"github.com/capsem/capsem/personalities/relay"
 )
 
 // gatewayTimeout bounds the whole gateway check: every configured server
@@ -59,7 +59,7 @@ func (h *host) checkGateway(ctx context.Context, r *doctor.Reporter) {
 	go gw.Serve(ctx, ln)
 
 	relayCmd := exec.Command(h.self, "mcp-server")
-	relayCmd.Env = append(os.Environ(), relay.EndpointEnv+"=unix:"+sock)
+	relayCmd.Env = append(os.Environ(), guestwire.RelayEndpointEnv+"=unix:"+sock)
 	client := mcp.NewClient(&mcp.Implementation{Name: "capsem-doctor", Version: "1"}, nil)
 	s, err := client.Connect(ctx, &mcp.CommandTransport{Command: relayCmd, TerminateDuration: 5 * time.Second}, nil)
 	if err != nil {

@@ -510,7 +510,7 @@ func (s *mcpSession) answer(id int) (map[string]json.RawMessage, error) {
 func relayEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CAPSEM_MCP_ENDPOINT=") {
+		if !strings.HasPrefix(kv, guestwire.RelayEndpointEnv+"=") {
 			env = append(env, kv)
 		}
 	}

@@ -19,13 +19,14 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/jsonrpc"
 	"github.com/capsem/capsem/core/mcpframe"
 	"github.com/capsem/capsem/core/procs"
 )
 
 // EndpointEnv overrides where the relay connects: "unix:PATH".
-const EndpointEnv = "CAPSEM_MCP_ENDPOINT"
+const EndpointEnv = guestwire.RelayEndpointEnv
 
 // CodeTransport is the local error for a call the transport could not finish.
 const CodeTransport = -32001
