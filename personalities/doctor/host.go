@@ -11,6 +11,7 @@ import (
 
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/doctor"
+	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/privsep"
 )
 
@@ -147,7 +148,7 @@ func (h *host) checkPolicy(_ context.Context, r *doctor.Reporter) {
 	}
 	var files []string
 	for _, l := range m.Layers {
-		if !strings.HasSuffix(l.Path, ".json") {
+		if l.Rank != policy.RankAuto { // auto-detected settings: the next check's
 			files = append(files, l.Path)
 		}
 	}
