@@ -79,6 +79,11 @@ func Canonical(uri string) (string, error) {
 	}
 	if strings.HasPrefix(path, "/") {
 		path = removeDotSegments(path)
+		// Without an authority a path may not start with "//", which would
+		// read as one: "/0/..//a" must not become "//a" (RFC 3986, 5.2.4).
+		if !hasAuthority && strings.HasPrefix(path, "//") {
+			path = "/." + path
+		}
 	}
 	var b strings.Builder
 	if scheme != "" {

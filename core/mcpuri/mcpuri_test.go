@@ -29,6 +29,9 @@ func TestCanonical(t *testing.T) {
 		"relative/../path":                                "relative/../path",
 		"demo://resource/dir/.":                           "demo://resource/dir/",
 		"demo://résource/ünï":                             "demo://résource/ünï",
+		"/0/..//a":                                        "/.//a", // not an authority
+		"x:/b/..//host/p":                                 "x:/.//host/p",
+		"demo://h/a/..//b":                                "demo://h//b",
 	} {
 		got, err := Canonical(in)
 		if err != nil || got != want {
