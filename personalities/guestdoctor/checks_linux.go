@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -143,13 +144,7 @@ func checkInjectedEnv(r *doctor.Reporter, expect map[string]string) {
 			found = append(found, k)
 		}
 	}
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range expect {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(expect)) {
 		if v, ok := os.LookupEnv(k); !ok || v != expect[k] {
 			missing = append(missing, fmt.Sprintf("%s=%q (got %q)", k, expect[k], v))
 		} else {

@@ -191,3 +191,31 @@ func TestArgsRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkerBootArgsGolden pins the probe's and the bare boot's argv (a
+// pure function, like Args) for both accelerators.
+func TestMarkerBootArgsGolden(t *testing.T) {
+	files := BootFiles{Kernel: "/assets/vmlinux", Initramfs: "/assets/initramfs.cpio", Firmware: FastFirmware}
+	for name, accel := range map[string]Accel{
+		"marker-kvm": {Name: vmm.AccelKVM, CPU: "host"},
+		"marker-tcg": tcg("test", false),
+	} {
+		t.Run(name, func(t *testing.T) {
+			args := MarkerBoot{Files: files, Accel: accel, CPUs: 2, MemoryMiB: 1024}.Args()
+			got := strings.Join(args, "\n") + "\n"
+			path := filepath.Join(testkit.ModuleRoot(t), "testdata", "qemu", name+".args")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./vmm/qemu -run TestMarkerBootArgsGolden -args -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("argv differs from %s:\n got: %q", path, args)
+			}
+		})
+	}
+}
