@@ -47,6 +47,11 @@ type ServerDef struct {
 	Builtin bool `msg:"builtin,omitempty"`
 	// ConnectTimeoutMS bounds connect + initialize + catalog listing.
 	ConnectTimeoutMS int64 `msg:"connect_timeout_ms,omitempty"`
+	// ReadPaths (read and execute) and WritePaths (read, write, create)
+	// are what a stdio server's own sandbox grants beyond the defaults; no
+	// other server is granted them.
+	ReadPaths  []string `msg:"read_paths,omitempty"`
+	WritePaths []string `msg:"write_paths,omitempty"`
 }
 
 // ServerStatus reports one server's connection state.

@@ -2529,6 +2529,44 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "ConnectTimeoutMS")
 				return
 			}
+		case "read_paths":
+			var zb0005 uint32
+			zb0005, err = dc.ReadArrayHeader()
+			if err != nil {
+				err = msgp.WrapError(err, "ReadPaths")
+				return
+			}
+			if cap(z.ReadPaths) >= int(zb0005) {
+				z.ReadPaths = (z.ReadPaths)[:zb0005]
+			} else {
+				z.ReadPaths = make([]string, zb0005)
+			}
+			for za0006 := range z.ReadPaths {
+				z.ReadPaths[za0006], err = dc.ReadString()
+				if err != nil {
+					err = msgp.WrapError(err, "ReadPaths", za0006)
+					return
+				}
+			}
+		case "write_paths":
+			var zb0006 uint32
+			zb0006, err = dc.ReadArrayHeader()
+			if err != nil {
+				err = msgp.WrapError(err, "WritePaths")
+				return
+			}
+			if cap(z.WritePaths) >= int(zb0006) {
+				z.WritePaths = (z.WritePaths)[:zb0006]
+			} else {
+				z.WritePaths = make([]string, zb0006)
+			}
+			for za0007 := range z.WritePaths {
+				z.WritePaths[za0007], err = dc.ReadString()
+				if err != nil {
+					err = msgp.WrapError(err, "WritePaths", za0007)
+					return
+				}
+			}
 		default:
 			err = dc.Skip()
 			if err != nil {
@@ -2543,8 +2581,8 @@ func (z *ServerDef) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *ServerDef) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(9)
-	var zb0001Mask uint16 /* 9 bits */
+	zb0001Len := uint32(11)
+	var zb0001Mask uint16 /* 11 bits */
 	_ = zb0001Mask
 	if z.Command == "" {
 		zb0001Len--
@@ -2573,6 +2611,14 @@ func (z *ServerDef) EncodeMsg(en *msgp.Writer) (err error) {
 	if z.ConnectTimeoutMS == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x100
+	}
+	if z.ReadPaths == nil {
+		zb0001Len--
+		zb0001Mask |= 0x200
+	}
+	if z.WritePaths == nil {
+		zb0001Len--
+		zb0001Mask |= 0x400
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -2717,6 +2763,44 @@ func (z *ServerDef) EncodeMsg(en *msgp.Writer) (err error) {
 				return
 			}
 		}
+		if (zb0001Mask & 0x200) == 0 { // if not omitted
+			// write "read_paths"
+			err = en.Append(0xaa, 0x72, 0x65, 0x61, 0x64, 0x5f, 0x70, 0x61, 0x74, 0x68, 0x73)
+			if err != nil {
+				return
+			}
+			err = en.WriteArrayHeader(uint32(len(z.ReadPaths)))
+			if err != nil {
+				err = msgp.WrapError(err, "ReadPaths")
+				return
+			}
+			for za0006 := range z.ReadPaths {
+				err = en.WriteString(z.ReadPaths[za0006])
+				if err != nil {
+					err = msgp.WrapError(err, "ReadPaths", za0006)
+					return
+				}
+			}
+		}
+		if (zb0001Mask & 0x400) == 0 { // if not omitted
+			// write "write_paths"
+			err = en.Append(0xab, 0x77, 0x72, 0x69, 0x74, 0x65, 0x5f, 0x70, 0x61, 0x74, 0x68, 0x73)
+			if err != nil {
+				return
+			}
+			err = en.WriteArrayHeader(uint32(len(z.WritePaths)))
+			if err != nil {
+				err = msgp.WrapError(err, "WritePaths")
+				return
+			}
+			for za0007 := range z.WritePaths {
+				err = en.WriteString(z.WritePaths[za0007])
+				if err != nil {
+					err = msgp.WrapError(err, "WritePaths", za0007)
+					return
+				}
+			}
+		}
 	}
 	return
 }
@@ -2725,8 +2809,8 @@ func (z *ServerDef) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *ServerDef) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(9)
-	var zb0001Mask uint16 /* 9 bits */
+	zb0001Len := uint32(11)
+	var zb0001Mask uint16 /* 11 bits */
 	_ = zb0001Mask
 	if z.Command == "" {
 		zb0001Len--
@@ -2755,6 +2839,14 @@ func (z *ServerDef) MarshalMsg(b []byte) (o []byte, err error) {
 	if z.ConnectTimeoutMS == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x100
+	}
+	if z.ReadPaths == nil {
+		zb0001Len--
+		zb0001Mask |= 0x200
+	}
+	if z.WritePaths == nil {
+		zb0001Len--
+		zb0001Mask |= 0x400
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -2812,6 +2904,22 @@ func (z *ServerDef) MarshalMsg(b []byte) (o []byte, err error) {
 			// string "connect_timeout_ms"
 			o = append(o, 0xb2, 0x63, 0x6f, 0x6e, 0x6e, 0x65, 0x63, 0x74, 0x5f, 0x74, 0x69, 0x6d, 0x65, 0x6f, 0x75, 0x74, 0x5f, 0x6d, 0x73)
 			o = msgp.AppendInt64(o, z.ConnectTimeoutMS)
+		}
+		if (zb0001Mask & 0x200) == 0 { // if not omitted
+			// string "read_paths"
+			o = append(o, 0xaa, 0x72, 0x65, 0x61, 0x64, 0x5f, 0x70, 0x61, 0x74, 0x68, 0x73)
+			o = msgp.AppendArrayHeader(o, uint32(len(z.ReadPaths)))
+			for za0006 := range z.ReadPaths {
+				o = msgp.AppendString(o, z.ReadPaths[za0006])
+			}
+		}
+		if (zb0001Mask & 0x400) == 0 { // if not omitted
+			// string "write_paths"
+			o = append(o, 0xab, 0x77, 0x72, 0x69, 0x74, 0x65, 0x5f, 0x70, 0x61, 0x74, 0x68, 0x73)
+			o = msgp.AppendArrayHeader(o, uint32(len(z.WritePaths)))
+			for za0007 := range z.WritePaths {
+				o = msgp.AppendString(o, z.WritePaths[za0007])
+			}
 		}
 	}
 	return
@@ -2946,6 +3054,44 @@ func (z *ServerDef) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "ConnectTimeoutMS")
 				return
 			}
+		case "read_paths":
+			var zb0005 uint32
+			zb0005, bts, err = msgp.ReadArrayHeaderBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "ReadPaths")
+				return
+			}
+			if cap(z.ReadPaths) >= int(zb0005) {
+				z.ReadPaths = (z.ReadPaths)[:zb0005]
+			} else {
+				z.ReadPaths = make([]string, zb0005)
+			}
+			for za0006 := range z.ReadPaths {
+				z.ReadPaths[za0006], bts, err = msgp.ReadStringBytes(bts)
+				if err != nil {
+					err = msgp.WrapError(err, "ReadPaths", za0006)
+					return
+				}
+			}
+		case "write_paths":
+			var zb0006 uint32
+			zb0006, bts, err = msgp.ReadArrayHeaderBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "WritePaths")
+				return
+			}
+			if cap(z.WritePaths) >= int(zb0006) {
+				z.WritePaths = (z.WritePaths)[:zb0006]
+			} else {
+				z.WritePaths = make([]string, zb0006)
+			}
+			for za0007 := range z.WritePaths {
+				z.WritePaths[za0007], bts, err = msgp.ReadStringBytes(bts)
+				if err != nil {
+					err = msgp.WrapError(err, "WritePaths", za0007)
+					return
+				}
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -2978,7 +3124,14 @@ func (z *ServerDef) Msgsize() (s int) {
 			s += msgp.StringPrefixSize + len(za0004) + msgp.StringPrefixSize + len(za0005)
 		}
 	}
-	s += 8 + msgp.BoolSize + 8 + msgp.BoolSize + 19 + msgp.Int64Size
+	s += 8 + msgp.BoolSize + 8 + msgp.BoolSize + 19 + msgp.Int64Size + 11 + msgp.ArrayHeaderSize
+	for za0006 := range z.ReadPaths {
+		s += msgp.StringPrefixSize + len(z.ReadPaths[za0006])
+	}
+	s += 12 + msgp.ArrayHeaderSize
+	for za0007 := range z.WritePaths {
+		s += msgp.StringPrefixSize + len(z.WritePaths[za0007])
+	}
 	return
 }
 

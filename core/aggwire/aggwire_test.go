@@ -18,7 +18,8 @@ var update = flag.Bool("update", false, "rewrite golden files")
 
 func sampleRequest() *Request {
 	return &Request{ID: 7, Method: MethodInit, Version: ProtocolVersion, Servers: []ServerDef{
-		{Name: "everything", Command: "npx", Args: []string{"-y", "@modelcontextprotocol/server-everything"}, Env: map[string]string{"A": "1"}, Enabled: true, ConnectTimeoutMS: 30000},
+		{Name: "everything", Command: "npx", Args: []string{"-y", "@modelcontextprotocol/server-everything"}, Env: map[string]string{"A": "1"}, Enabled: true, ConnectTimeoutMS: 30000,
+			ReadPaths: []string{"/opt/tools"}, WritePaths: []string{"/tmp/work"}},
 		{Name: "remote", URL: "http://127.0.0.1:9/mcp", Headers: map[string]string{"X-Key": "v"}, Enabled: true},
 	}}
 }

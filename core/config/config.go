@@ -364,7 +364,8 @@ func (f *File) ServerDefs() []aggwire.ServerDef {
 		// A server policy blocks is never started: a blocked request must
 		// not reach it, and its command must not run at all.
 		def := aggwire.ServerDef{Name: s.Name, Command: s.Command, Args: s.Args, Env: s.Env, URL: s.URL, Headers: s.Headers,
-			Enabled: (s.Enabled == nil || *s.Enabled) && f.permitsServer(s.Name), ConnectTimeoutMS: int64(s.ConnectTimeoutSecs) * 1000}
+			Enabled: (s.Enabled == nil || *s.Enabled) && f.permitsServer(s.Name), ConnectTimeoutMS: int64(s.ConnectTimeoutSecs) * 1000,
+			ReadPaths: s.ReadPaths, WritePaths: s.WritePaths}
 		defs = append(defs, def)
 	}
 	return defs

@@ -73,24 +73,6 @@ func Command(ctx context.Context, spec Spec) (*exec.Cmd, error) {
 	return cmd, nil
 }
 
-// ChildCommand builds the command for a process that an already sandboxed
-// process starts (mcp-builtin, an external stdio server), with env from
-// [ChildEnv]. It gets the same process-group and parent-death treatment as
-// [Command]; Landlock, no_new_privs, the seccomp filter and the empty
-// capability sets come from the kernel by inheritance. name is looked up in
-// this process's PATH when it has no slash. A nil env means an empty
-// environment, never the caller's.
-func ChildCommand(ctx context.Context, env []string, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, name, args...)
-	if env == nil {
-		env = []string{}
-	}
-	cmd.Env = env
-	cmd.SysProcAttr = childSysProcAttr()
-	cmd.Cancel = killGroup(cmd)
-	return cmd
-}
-
 func childSysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }

@@ -27,6 +27,22 @@
 // Without the marker [Enter] does nothing, so it is safe to call in every
 // personality.
 //
+// # Nesting
+//
+// A sandboxed process starts its own children with [Command] too, and each
+// child gets a Landlock domain of its own nested below its parent's: the
+// kernel intersects the two, so a child never gains what its parent lacks.
+// Spec.Run names a program that is not capsem (an external stdio MCP
+// server); the first stage, still the capsem executable, applies the
+// restrictions and then execs it. Siblings in separate domains are walled
+// off from each other and from their parent: Landlock lets a process
+// ptrace-access (read /proc/<pid>/environ, mem, fd) only processes in its
+// own domain or one nested below it, and with ABI 6 it scopes signals and
+// abstract Unix sockets the same way. Each child also has its own scratch
+// directory (its HOME), which no sibling's rules grant. What every process
+// can read of another, /proc/<pid>/cmdline and stat, stays readable, so
+// secrets belong in the environment, never in arguments.
+//
 // # Environment
 //
 // The child's environment is built from nothing. In order of precedence

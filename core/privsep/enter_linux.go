@@ -21,7 +21,7 @@ const selfExe = "/proc/self/exe"
 // before anything that opens files or starts goroutines of its own.
 //
 // In the first stage it does not return on success: it execs the same
-// executable with the same argv. On error the caller must exit non-zero at
+// executable with the same argv, or Spec.Run when the parent set it. On error the caller must exit non-zero at
 // once and never carry on, because the process is not (fully) restricted;
 // [ErrParentGone] means the parent exited first, and exiting quietly is
 // fine.
@@ -95,6 +95,10 @@ func enterSandbox(stage string) error {
 	// ruleset was built, before this thread's signal was armed.
 	if err := checkParent(want); err != nil {
 		return err
+	}
+	if len(pol.Run) > 0 {
+		err = syscall.Exec(pol.Run[0], pol.Run, env)
+		return fmt.Errorf("execute %s: %w", pol.Run[0], err)
 	}
 	err = syscall.Exec(selfExe, os.Args, env)
 	return fmt.Errorf("re-execute %s: %w", selfExe, err)

@@ -46,9 +46,6 @@ func DefaultPassEnv() []string {
 	return []string{"USER", "LOGNAME", "LANG", "LANGUAGE", "LC_*", "TZ"}
 }
 
-// fixedNames are always set by [Command] and copied by [InheritedEnv].
-var fixedNames = []string{"PATH", "HOME", "TMPDIR", "XDG_CACHE_HOME", "npm_config_cache", EnvSandbox}
-
 // reserved reports names that only this package may set.
 func reserved(name string) bool {
 	return name == envStage || name == envPolicy || name == EnvParentPID || name == EnvSandbox
@@ -167,50 +164,4 @@ func envList(env map[string]string) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// InheritedEnv returns the allowlisted part of environ (normally
-// os.Environ() of an already sandboxed process): the fixed names ([SafePath]
-// PATH, HOME, TMPDIR, the cache variables, [EnvSandbox]) and
-// [DefaultPassEnv]. Everything else, including pass-through variables meant
-// for capsem itself such as CAPSEM_MCP_*, is dropped, so an external server
-// sees only what its own configuration adds through [ChildEnv].
-func InheritedEnv(environ []string) map[string]string {
-	patterns := append(DefaultPassEnv(), fixedNames...)
-	env := make(map[string]string)
-	for _, kv := range environ {
-		name, value, ok := strings.Cut(kv, "=")
-		if !ok || name == "" || (reserved(name) && name != EnvSandbox) || dangerous(name) {
-			continue
-		}
-		if slices.ContainsFunc(patterns, func(p string) bool { return matchPattern(p, name) }) {
-			env[name] = value
-		}
-	}
-	return env
-}
-
-// ChildEnv builds the environment for a process that an already sandboxed
-// process starts (the aggregator starting mcp-builtin or an external stdio
-// server): base (normally [InheritedEnv]) overlaid with extra (the server's
-// configured env). extra is validated like Spec.Env; the private stage
-// variables are never passed on. Landlock, no_new_privs, the seccomp filter
-// and the empty capability sets are inherited by the kernel; only the
-// environment needs this discipline.
-func ChildEnv(base, extra map[string]string) ([]string, error) {
-	env := make(map[string]string, len(base)+len(extra))
-	for name, value := range base {
-		if name == "" || strings.ContainsAny(name, "=\x00") || strings.ContainsRune(value, 0) ||
-			(reserved(name) && name != EnvSandbox) || dangerous(name) {
-			continue
-		}
-		env[name] = value
-	}
-	for name, value := range extra {
-		if err := checkEnvEntry(name, value); err != nil {
-			return nil, fmt.Errorf("child environment: %w", err)
-		}
-		env[name] = value
-	}
-	return envList(env), nil
 }

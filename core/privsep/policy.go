@@ -22,6 +22,13 @@ type Spec struct {
 	Executable string
 	// Args are argv[1:]; argv[0] is Executable.
 	Args []string
+	// Run, when set, is the program the sandboxed child becomes: the first
+	// stage (Executable, which must call [Enter]) applies the restrictions
+	// and then execs Run instead of re-executing itself. Run[0] is an
+	// absolute path; it is granted read+execute. This is how a sandboxed
+	// process starts a program that is not capsem (an external stdio MCP
+	// server) in a sandbox of its own, nested in the caller's.
+	Run []string
 	// Env holds extra variables, e.g. a server's configured env. It wins
 	// over everything else; see the package documentation for what it may
 	// not contain.
@@ -87,6 +94,8 @@ type policy struct {
 	Version    int    `json:"v"`
 	Rules      []rule `json:"rules"`
 	BestEffort bool   `json:"best_effort,omitempty"`
+	// Run is Spec.Run: what the first stage execs (empty: itself).
+	Run []string `json:"run,omitempty"`
 }
 
 const (
@@ -96,6 +105,7 @@ const (
 	maxEncodedPolicy = 64 << 10
 	maxRules         = 512
 	maxPathLen       = 4096
+	maxRunArgs       = 1024
 )
 
 var policyEncoding = base64.RawURLEncoding.Strict()
@@ -154,6 +164,15 @@ func buildPolicy(spec Spec) (policy, error) {
 	if err := add("executable", []string{spec.Executable}, accessReadExec); err != nil {
 		return policy{}, err
 	}
+	if len(spec.Run) > 0 {
+		if err := checkRun(spec.Run); err != nil {
+			return policy{}, err
+		}
+		if err := add("program", spec.Run[:1], accessReadExec); err != nil {
+			return policy{}, err
+		}
+		p.Run = spec.Run
+	}
 	if err := add("scratch directory", []string{spec.Scratch}, accessReadWrite); err != nil {
 		return policy{}, err
 	}
@@ -178,6 +197,22 @@ func buildPolicy(spec Spec) (policy, error) {
 		return policy{}, err
 	}
 	return p, nil
+}
+
+// checkRun validates the argv the first stage execs.
+func checkRun(argv []string) error {
+	if len(argv) > maxRunArgs {
+		return fmt.Errorf("program has %d arguments, more than %d", len(argv), maxRunArgs)
+	}
+	if err := checkPath(argv[0]); err != nil {
+		return fmt.Errorf("program: %w", err)
+	}
+	for i, a := range argv {
+		if strings.ContainsRune(a, 0) {
+			return fmt.Errorf("program argument %d contains NUL", i)
+		}
+	}
+	return nil
 }
 
 // checkPath validates a path before it goes into a policy.
@@ -287,6 +322,11 @@ func decodePolicy(s string) (policy, error) {
 		}
 		if !r.Access.valid() {
 			return policy{}, fmt.Errorf("sandbox policy rule %d: unknown access %q", i, r.Access)
+		}
+	}
+	if len(p.Run) > 0 {
+		if err := checkRun(p.Run); err != nil {
+			return policy{}, fmt.Errorf("sandbox policy: %w", err)
 		}
 	}
 	return p, nil

@@ -220,18 +220,32 @@ func runProbe(arg string) int {
 		r.Threads = append(r.Threads, st)
 	}
 
-	env, err := ChildEnv(InheritedEnv(os.Environ()), map[string]string{"GRANDCHILD_EXTRA": "1"})
+	// The grandchild is a shell, as an external server would be, in a
+	// sandbox nested in this one.
+	self, err := os.Executable()
 	if err != nil {
 		r.GrandErr = err.Error()
 	} else {
-		script := `cat "$1"; echo "cat_rc=$?"; grep -E '^(NoNewPrivs|CapEff|CapBnd|Seccomp):' /proc/self/status; echo "pgid=$(cut -d' ' -f5 /proc/self/stat)"; env`
+		script := `cat "$1"; echo "cat_rc=$?"; grep -E '^(NoNewPrivs|CapEff|CapBnd|Seccomp):' /proc/self/status; echo "pgid=$(cut -d' ' -f5 /proc/self/stat)"; ` +
+			`cat /proc/$PPID/environ >/dev/null 2>&1; echo "parent_environ_rc=$?"; kill -0 $PPID 2>/dev/null; echo "signal_parent_rc=$?"; ` +
+			`ls "$2" >/dev/null 2>&1; echo "list_parent_scratch_rc=$?"; echo mine >"$HOME/f" && echo "write_home_rc=0"; env`
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		out, err := ChildCommand(ctx, env, "/bin/sh", "-c", script, "sh", p.DeniedFile).CombinedOutput()
-		cancel()
-		r.Grandchild = string(out)
+		cmd, err := Command(ctx, Spec{
+			Executable: self,
+			Run:        []string{"/bin/sh", "-c", script, "sh", p.DeniedFile, p.Scratch},
+			Env:        map[string]string{"GRANDCHILD_EXTRA": "1"},
+			Scratch:    filepath.Join(p.Scratch, "grandchild"),
+		})
 		if err != nil {
 			r.GrandErr = err.Error()
+		} else {
+			out, err := cmd.CombinedOutput()
+			r.Grandchild = string(out)
+			if err != nil {
+				r.GrandErr = err.Error()
+			}
 		}
+		cancel()
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
 		fmt.Fprintln(os.Stderr, "probe report:", err)
@@ -424,9 +438,21 @@ func TestSandboxFromChildView(t *testing.T) {
 		t.Errorf("child planted a file in the denied directory")
 	}
 
-	// The grandchild (a shell, as an external server would be) inherits it all.
+	// The grandchild (a shell, as an external server would be) is in a
+	// sandbox nested in the child's: it keeps every restriction, and it
+	// cannot reach its parent's /proc entries, signal it or list its
+	// scratch directory.
 	g := r.Grandchild
-	for _, s := range []string{"Permission denied", "cat_rc=1", "NoNewPrivs:\t1", "CapEff:\t" + zero, "Seccomp:\t2", "GRANDCHILD_EXTRA=1", "CAPSEM_SANDBOX=" + wantSandbox} {
+	if r.GrandErr != "" {
+		t.Errorf("grandchild: %s\n%s", r.GrandErr, g)
+	}
+	wantGrand := []string{"Permission denied", "cat_rc=1", "NoNewPrivs:\t1", "CapEff:\t" + zero, "Seccomp:\t2", "GRANDCHILD_EXTRA=1",
+		"CAPSEM_SANDBOX=" + wantSandbox, "parent_environ_rc=1", "list_parent_scratch_rc=2", "write_home_rc=0",
+		"HOME=" + filepath.Join(scratch, "grandchild")}
+	if abi >= 6 {
+		wantGrand = append(wantGrand, "signal_parent_rc=1")
+	}
+	for _, s := range wantGrand {
 		if !strings.Contains(g, s) {
 			t.Errorf("grandchild output lacks %q:\n%s", s, g)
 		}

@@ -17,16 +17,6 @@ func Command(ctx context.Context, spec Spec) (*exec.Cmd, error) {
 	return nil, fmt.Errorf("privsep: sandboxed children need Linux: %w", errors.ErrUnsupported)
 }
 
-// ChildCommand builds a command with exactly env (nil means empty).
-func ChildCommand(ctx context.Context, env []string, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, name, args...)
-	if env == nil {
-		env = []string{}
-	}
-	cmd.Env = env
-	return cmd
-}
-
 // Enter fails when a sandbox stage is requested, since none can be applied
 // here, and does nothing otherwise.
 func Enter() error {

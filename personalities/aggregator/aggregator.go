@@ -16,10 +16,9 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"sort"
+	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/capsem/capsem/core/aggwire"
@@ -45,6 +44,8 @@ func (c *Cmd) Run(ctx context.Context) error {
 	in, out, restore := procs.PollableStdio()
 	defer restore()
 	a := New(slog.Default())
+	// The privsep sandbox names the shared package cache this way.
+	a.cacheDir = os.Getenv("XDG_CACHE_HOME")
 	return a.Serve(ctx, procs.RawReader(in), procs.RawWriter(out))
 }
 
@@ -73,6 +74,12 @@ type Aggregator struct {
 	servers  map[string]*server
 	order    []string
 	inflight map[uint64]context.CancelFunc
+
+	// serversDir holds one home directory per stdio server; Serve creates
+	// it and removes it at the end.
+	serversDir string
+	// cacheDir is the package cache the servers share (npx, uvx), when set.
+	cacheDir string
 }
 
 type server struct {
@@ -103,11 +110,19 @@ func (a *Aggregator) Serve(ctx context.Context, r io.Reader, w io.Writer) error 
 	a.ctx = ctx
 	a.w = aggwire.NewWriter(w)
 	rd := aggwire.NewReader(r)
+	dir, err := os.MkdirTemp("", "servers-")
+	if err != nil {
+		return fmt.Errorf("creating the servers' home directory: %w", err)
+	}
+	a.serversDir = dir
 	var wg sync.WaitGroup
 	defer func() {
 		cancel()
 		wg.Wait()
 		a.closeAll()
+		if err := os.RemoveAll(dir); err != nil {
+			a.log.Warn("removing the servers' home directory", "err", err)
+		}
 	}()
 	for {
 		var req aggwire.Request
@@ -295,30 +310,9 @@ func (a *Aggregator) transport(ctx context.Context, def aggwire.ServerDef) (mcp.
 	if def.URL != "" {
 		return &mcp.StreamableClientTransport{Endpoint: def.URL, HTTPClient: &http.Client{Transport: headerTransport{def.Headers, http.DefaultTransport}}}, nil
 	}
-	command, args := def.Command, def.Args
-	if def.Builtin {
-		self, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("locating the capsem executable: %w", err)
-		}
-		command, args = self, []string{"mcp-builtin"}
-	}
-	cmd := exec.CommandContext(ctx, command, args...)
-	// The aggregator's own environment is already the privsep allowlist; a
-	// server adds only what its definition names.
-	cmd.Env = os.Environ()
-	keys := make([]string, 0, len(def.Env))
-	for k := range def.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		// Checked at configuration too; here again, since a definition
-		// also arrives from auto-detected AI CLI settings.
-		if err := privsep.CheckEnv(k, def.Env[k]); err != nil {
-			return nil, fmt.Errorf("server %s: env: %w", def.Name, err)
-		}
-		cmd.Env = append(cmd.Env, k+"="+def.Env[k])
+	cmd, err := a.serverCommand(ctx, def)
+	if err != nil {
+		return nil, fmt.Errorf("server %s: %w", def.Name, err)
 	}
 	// A server's stderr reaches the log only through the aggregator, each
 	// line bounded and named after its server: never the log file itself,
@@ -327,8 +321,94 @@ func (a *Aggregator) transport(ctx context.Context, def aggwire.ServerDef) (mcp.
 	// The copy from that pipe must not hold up the server's reaping when
 	// a grandchild keeps the pipe open.
 	cmd.WaitDelay = 2 * time.Second
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return &commandTransport{cmd: cmd, terminate: 2 * time.Second}, nil
+}
+
+// serverCommand builds a stdio server's command. Every server, the builtin
+// one included, runs in a sandbox of its own nested in the aggregator's
+// (see the privsep package): its own Landlock domain, so that no server can
+// read another's /proc entries (environment, memory, descriptors), signal
+// it or reach its abstract sockets; its own process group; its own home
+// directory, which no other server's rules grant; and only its own
+// read_paths and write_paths. Its environment is built from nothing: the
+// privsep allowlist plus what its definition names, checked like privsep's
+// (definitions also arrive from auto-detected AI CLI settings).
+func (a *Aggregator) serverCommand(ctx context.Context, def aggwire.ServerDef) (*exec.Cmd, error) {
+	self, err := os.Executable()
+	if err == nil {
+		self, err = filepath.EvalSymlinks(self)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("locating the capsem executable: %w", err)
+	}
+	if a.serversDir == "" {
+		return nil, errors.New("no directory for the servers' homes (the aggregator is not serving)")
+	}
+	spec := privsep.Spec{
+		Executable: self,
+		Env:        def.Env,
+		Scratch:    filepath.Join(a.serversDir, def.Name),
+		CacheDir:   a.cacheDir,
+	}
+	if def.Builtin {
+		spec.Args = []string{"mcp-builtin"}
+		spec.PassEnv = []string{"CAPSEM_LOG_LEVEL"}
+	} else {
+		path := privsep.SafePath
+		if p, ok := def.Env["PATH"]; ok {
+			path = p
+		}
+		program, err := lookPath(def.Command, path)
+		if err != nil {
+			return nil, err
+		}
+		spec.Run = append([]string{program}, def.Args...)
+		spec.Exec = a.existing(def.Name, def.ReadPaths)
+		spec.ReadWrite = a.existing(def.Name, def.WritePaths)
+	}
+	cmd, err := privsep.Command(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxing: %w", err)
+	}
+	return cmd, nil
+}
+
+// existing drops grants of paths that do not exist, as the endpoint does
+// for the aggregator's own: the server then fails alone if it needs one.
+func (a *Aggregator) existing(server string, paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			a.log.Warn("sandbox grant skipped", "server", server, "path", p, "err", err)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// lookPath finds name as exec.LookPath would, but in the given PATH (the
+// server's), and only in its absolute directories.
+func lookPath(name, path string) (string, error) {
+	if name == "" {
+		return "", errors.New("empty command")
+	}
+	if strings.Contains(name, "/") {
+		if !filepath.IsAbs(name) {
+			return "", fmt.Errorf("command %q is relative; give an absolute path or a name found in PATH", name)
+		}
+		return name, nil
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("command %q not found in PATH %s", name, path)
 }
 
 type headerTransport struct {

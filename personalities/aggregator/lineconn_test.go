@@ -20,6 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/aggwire"
+	"github.com/capsem/capsem/core/privsep"
 )
 
 // The test binary doubles as a scripted stdio MCP server (scriptedServer)
@@ -28,6 +29,12 @@ import (
 const scriptEnv = "AGGREGATOR_TEST_SCRIPT"
 
 func TestMain(m *testing.M) {
+	// Servers run in their own sandbox, entered through this binary, as
+	// capsem's main does.
+	if err := privsep.Enter(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(126)
+	}
 	if os.Getenv(scriptEnv) != "" {
 		scriptedServer()
 		return
