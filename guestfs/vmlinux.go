@@ -20,8 +20,8 @@ var elfMagic = []byte("\x7fELF")
 
 // ExtractVmlinux returns the uncompressed ELF kernel inside an x86 bzImage
 // whose payload is XZ-compressed (Debian's). Booting the ELF skips the
-// in-guest decompression, which is slow under TCG (DESIGN §2: 2.7 s vs
-// 5.7 s). The payload is found through the setup header's payload_offset
+// in-guest decompression, which is slow under TCG (make bench prints the
+// boot times). The payload is found through the setup header's payload_offset
 // when present, else by scanning for the XZ magic.
 func ExtractVmlinux(bzImage []byte) ([]byte, error) {
 	var firstErr error

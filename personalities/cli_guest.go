@@ -18,7 +18,7 @@ type CLI struct {
 	LogLevel string `name:"log-level" env:"CAPSEM_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`
 
 	Version     VersionCmd      `cmd:"" help:"Print the version."`
-	MCPServer   relay.Cmd       `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
+	MCPRelay    relay.Cmd       `cmd:"" name:"mcp-relay" help:"The stdio MCP relay to the gateway (also installed as capsem-mcp-server)."`
 	GuestDoctor guestdoctor.Cmd `cmd:"" name:"guest-doctor" help:"Check this VM's health (also installed as capsem-doctor)."`
 	Agent       agent.Cmd       `cmd:"" hidden:"" help:"Internal: the guest agent (PID 1 in the VM, installed as /init)."`
 }

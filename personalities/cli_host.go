@@ -26,7 +26,7 @@ type CLI struct {
 	Image         image.Cmd       `cmd:"" help:"Build the guest boot assets."`
 	Doctor        doctor.Cmd      `cmd:"" help:"Check whether capsem works on this host, and how to fix what does not."`
 	Gateway       gateway.Cmd     `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
-	MCPServer     relay.Cmd       `cmd:"" name:"mcp-server" help:"The stdio MCP relay (also installed as capsem-mcp-server)."`
+	MCPRelay      relay.Cmd       `cmd:"" name:"mcp-relay" help:"The stdio MCP relay to the gateway (also installed as capsem-mcp-server)."`
 	Policy        policycmd.Cmd   `cmd:"" help:"Inspect, explain and reload the MCP policy."`
 	MCPAggregator aggregator.Cmd  `cmd:"" name:"mcp-aggregator" hidden:"" help:"Internal: the sandboxed MCP aggregator."`
 	MCPBuiltin    builtin.Cmd     `cmd:"" name:"mcp-builtin" hidden:"" help:"Internal: the builtin MCP tool server."`

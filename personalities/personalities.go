@@ -4,7 +4,6 @@ package personalities
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/version"
@@ -30,7 +30,7 @@ func (VersionCmd) Run(context.Context) error {
 
 // aliases maps symlink names to the subcommand they run.
 var aliases = map[string]string{
-	"capsem-mcp-server": "mcp-server",
+	"capsem-mcp-server": "mcp-relay",
 	"capsem-doctor":     "guest-doctor",
 	"init":              "agent", // /init in the guest initramfs
 }
@@ -91,10 +91,9 @@ func Main(args []string) int {
 	}
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(); err != nil {
-		// api.ExitError and the like: a command's own exit status.
-		var exit interface{ CommandExitCode() int }
-		if errors.As(err, &exit) {
-			return exit.CommandExitCode()
+		// A command's own exit status, not a failure to report.
+		if code, ok := exitcode.Of(err); ok {
+			return code
 		}
 		fmt.Fprintln(os.Stderr, "capsem:", err)
 		return 1

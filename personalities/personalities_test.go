@@ -10,8 +10,8 @@ import (
 
 func TestRewriteArgs(t *testing.T) {
 	cases := []struct{ in, want []string }{
-		{[]string{"/usr/bin/capsem-mcp-server"}, []string{"/usr/bin/capsem-mcp-server", "mcp-server"}},
-		{[]string{"capsem-mcp-server", "--log-level", "debug"}, []string{"capsem-mcp-server", "mcp-server", "--log-level", "debug"}},
+		{[]string{"/usr/bin/capsem-mcp-server"}, []string{"/usr/bin/capsem-mcp-server", "mcp-relay"}},
+		{[]string{"capsem-mcp-server", "--log-level", "debug"}, []string{"capsem-mcp-server", "mcp-relay", "--log-level", "debug"}},
 		{[]string{"capsem", "version"}, []string{"capsem", "version"}},
 		{nil, []string{"capsem"}},
 		{[]string{"/init", "splash", "foo"}, []string{"/init", "agent"}},
@@ -62,7 +62,7 @@ func TestGuestBuildWithoutCgo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("capsem-guest --help: %v\n%s", err, out)
 	}
-	for _, want := range []string{"\n  version", "\n  mcp-server"} {
+	for _, want := range []string{"\n  version", "\n  mcp-relay"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the guest build lacks %s:\n%s", want, out)
 		}

@@ -39,12 +39,6 @@ type Result struct {
 	Hint   string `json:"hint,omitempty"`
 }
 
-// ExitError is a doctor command's exit status (1 when a check failed).
-type ExitError struct{ Code int }
-
-func (e ExitError) Error() string        { return fmt.Sprintf("exit status %d", e.Code) }
-func (e ExitError) CommandExitCode() int { return e.Code }
-
 // Summary is the last JSON line.
 type Summary struct {
 	Result string `json:"result"` // PASS or FAIL

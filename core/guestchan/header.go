@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// Logical ports (DESIGN §2). The guest dials the host on all of them unless
+// Logical ports, one per service on the channel. The guest dials the host on all of them unless
 // a caller says otherwise; the numbers are the same on vsock and on the
 // multiplexed serial channel so nothing above this package cares which one
 // carries them.

@@ -1,5 +1,5 @@
 // Package ledger writes and reads session.db, the per-session SQLite audit
-// ledger (DESIGN.md §5): one row per MCP message in mcp_calls, plus
+// ledger: one row per MCP message in mcp_calls, plus
 // net_events, exec_events, fs_events and model_calls.
 //
 // A Ledger owns the file's only writer: one goroutine that drains every

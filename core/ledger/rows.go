@@ -125,8 +125,7 @@ type field struct {
 	value any
 }
 
-// MCPCall is one MCP message in mcp_calls (spec §6.7, the per-message
-// ledger). RequestID holds string ids verbatim and numbers as their JSON
+// MCPCall is one MCP message in mcp_calls (the per-message ledger). RequestID holds string ids verbatim and numbers as their JSON
 // text; see RequestIDText. StreamID is the frame stream of the guest
 // transport; Transport says which path carried the call (e.g. "frame",
 // "host").

@@ -89,7 +89,7 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 	g.current.Store(merged)
 	cfg := merged.File
 	if g.Ledger == nil {
-		led, err := ledger.Open(ctx, filepath.Join(sessionDir, "session.db"), ledger.Options{})
+		led, err := ledger.Open(ctx, paths.Session{Dir: sessionDir}.DB(), ledger.Options{})
 		if err != nil {
 			return nil, fmt.Errorf("opening session ledger: %w", err)
 		}
@@ -104,11 +104,11 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 	}()
 	g.grants = &grants{}
 	g.grants.set(cfg)
-	home, err := paths.Home()
+	endpoints, err := paths.EndpointsDir()
 	if err != nil {
 		return nil, err
 	}
-	protect := append([]string{reloadctl.Dir(home)}, opts.Protect...)
+	protect := append([]string{endpoints}, opts.Protect...)
 	spawn, scratch, err := AggregatorSpawner(sessionDir, protect, g.grants.get)
 	if err != nil {
 		return nil, err
@@ -129,7 +129,7 @@ func Start(ctx context.Context, opts Options) (*Gateway, error) {
 	if opts.Kind != "" {
 		// Without the control socket (a path too long for a Unix socket, an
 		// unwritable home) the gateway still serves; SIGHUP still reloads.
-		if g.unregister, err = reloadctl.Register(ctx, home, opts.Kind, opts.Name, g.ReloadConfig, log); err != nil {
+		if g.unregister, err = reloadctl.Register(ctx, endpoints, opts.Kind, opts.Name, g.ReloadConfig, log); err != nil {
 			log.Warn("`capsem policy reload` cannot reach this gateway; SIGHUP still reloads it", "err", err)
 		}
 	}
@@ -337,11 +337,12 @@ func AggregatorSpawner(sessionDir string, protectPaths []string, grantsFn func()
 	if err != nil {
 		return nil, "", err
 	}
-	protect := append([]string{sessionDir, filepath.Join(sessionDir, "session.db")}, protectPaths...)
-	if home, err := paths.Home(); err == nil {
-		protect = append(protect, filepath.Join(home, "run", "service.sock"))
+	session := paths.Session{Dir: sessionDir}
+	protect := append([]string{sessionDir, session.DB()}, protectPaths...)
+	if sock, err := paths.ServiceSocket(); err == nil {
+		protect = append(protect, sock)
 	}
-	logPath := filepath.Join(sessionDir, "mcp-aggregator.log")
+	logPath := session.AggregatorLog()
 	spawn := func(ctx context.Context) (*exec.Cmd, error) {
 		read, write := grantsFn()
 		cmd, err := privsep.Command(ctx, privsep.Spec{

@@ -1,4 +1,19 @@
-// Package paths resolves Capsem's directories on the host.
+// Package paths is the one place that names Capsem's files on the host:
+// the layout of $CAPSEM_HOME and of one VM's session directory. Every other
+// package asks it instead of joining names of its own.
+//
+//	$CAPSEM_HOME (default ~/.capsem)
+//	├── user.toml          the user's configuration
+//	├── assets/            guest kernel and initramfs (boot-states/ beside them)
+//	├── cache/             package cache of sandboxed MCP servers ($CAPSEM_CACHE_DIR)
+//	└── run/               runtime state, 0700 ($CAPSEM_RUN_DIR)
+//	    ├── service.sock   the service's API ($CAPSEM_UDS_PATH)
+//	    ├── service.log    the service's log
+//	    ├── accel.json     the accelerator verdict
+//	    ├── scratch/       sandboxed children's homes
+//	    ├── endpoints/     policy-reload sockets, one per MCP endpoint
+//	    ├── vms/           the service's VM registry
+//	    └── sessions/<id>/ one VM's session directory (see Session)
 package paths
 
 import (
@@ -19,34 +34,105 @@ func Home() (string, error) {
 	return filepath.Join(u, ".capsem"), nil
 }
 
+// homeJoin joins elem to Home.
+func homeJoin(elem ...string) (string, error) {
+	h, err := Home()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(append([]string{h}, elem...)...), nil
+}
+
 // CacheDir is the package cache shared by sandboxed MCP servers:
 // $CAPSEM_CACHE_DIR, else $CAPSEM_HOME/cache.
 func CacheDir() (string, error) {
 	if c := os.Getenv("CAPSEM_CACHE_DIR"); c != "" {
 		return filepath.Abs(c)
 	}
-	h, err := Home()
+	return homeJoin("cache")
+}
+
+// AssetsDir holds the guest kernel and initramfs.
+func AssetsDir() (string, error) { return homeJoin("assets") }
+
+// UserConfig is the user's configuration file.
+func UserConfig() (string, error) { return homeJoin("user.toml") }
+
+// RunDir holds runtime state: $CAPSEM_RUN_DIR, else $CAPSEM_HOME/run.
+func RunDir() (string, error) {
+	if d := os.Getenv("CAPSEM_RUN_DIR"); d != "" {
+		return filepath.Abs(d)
+	}
+	return homeJoin("run")
+}
+
+func runJoin(elem ...string) (string, error) {
+	d, err := RunDir()
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(h, "cache"), nil
+	return filepath.Join(append([]string{d}, elem...)...), nil
 }
+
+// ServiceSocket is the service's API socket: $CAPSEM_UDS_PATH, else
+// service.sock in RunDir.
+func ServiceSocket() (string, error) {
+	if p := os.Getenv("CAPSEM_UDS_PATH"); p != "" {
+		return filepath.Abs(p)
+	}
+	return runJoin("service.sock")
+}
+
+// ServiceLog is the service's log (JSON lines).
+func ServiceLog() (string, error) { return runJoin("service.log") }
 
 // ScratchRoot holds per-child scratch directories (HOME, TMPDIR).
-func ScratchRoot() (string, error) {
-	h, err := Home()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(h, "run", "scratch"), nil
-}
+func ScratchRoot() (string, error) { return runJoin("scratch") }
 
 // AccelVerdict is the cached proof of whether KVM runs the guest on this
-// host (vmm/qemu.Verdict), under $CAPSEM_HOME/run.
-func AccelVerdict() (string, error) {
-	h, err := Home()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(h, "run", "accel.json"), nil
-}
+// host (vmm/qemu.Verdict).
+func AccelVerdict() (string, error) { return runJoin("accel.json") }
+
+// EndpointsDir is where MCP endpoints register for policy reload.
+func EndpointsDir() (string, error) { return runJoin("endpoints") }
+
+// SessionsDir holds the session directories of VMs.
+func SessionsDir() (string, error) { return runJoin("sessions") }
+
+// RegistryDir holds the service's VM records.
+func RegistryDir() (string, error) { return runJoin("vms") }
+
+// Session is one VM's session directory and the files in it.
+type Session struct{ Dir string }
+
+// Names of the files in a session directory.
+const (
+	sessionDB     = "session.db"
+	consoleLog    = "console.log"
+	channelSocket = "channel.sock"
+	apiSocket     = "process.sock"
+	processLog    = "process.log"
+	aggregatorLog = "mcp-aggregator.log"
+	diskImage     = "disk.img"
+)
+
+// DB is the session's ledger.
+func (s Session) DB() string { return filepath.Join(s.Dir, sessionDB) }
+
+// ConsoleLog is the guest's serial console.
+func (s Session) ConsoleLog() string { return filepath.Join(s.Dir, consoleLog) }
+
+// ChannelSocket is QEMU's end of the guest channel.
+func (s Session) ChannelSocket() string { return filepath.Join(s.Dir, channelSocket) }
+
+// APISocket is the per-VM process's API.
+func (s Session) APISocket() string { return filepath.Join(s.Dir, apiSocket) }
+
+// ProcessLog is the per-VM process's log (JSON lines).
+func (s Session) ProcessLog() string { return filepath.Join(s.Dir, processLog) }
+
+// AggregatorLog is the MCP aggregator's log.
+func (s Session) AggregatorLog() string { return filepath.Join(s.Dir, aggregatorLog) }
+
+// Disk is the VM's disk image.
+func (s Session) Disk() string { return filepath.Join(s.Dir, diskImage) }

@@ -1,6 +1,7 @@
 // Package reloadctl lets `capsem policy reload` reach every running MCP
 // endpoint (each `capsem gateway` and each per-VM process). Each registers a
-// 0600 Unix socket named after its pid under $CAPSEM_HOME/run/endpoints and
+// 0600 Unix socket named after its pid in the endpoints directory
+// (paths.EndpointsDir) and
 // answers POST /reload there with the outcome, so the caller learns whether
 // the new policy took effect or why the old one stays in force.
 package reloadctl
@@ -21,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // Result is one endpoint's answer to a reload.
@@ -33,29 +36,20 @@ type Result struct {
 	Detail string `json:"detail,omitempty"` // what is in force now
 }
 
-// Dir is where endpoints register.
-func Dir(capsemHome string) string { return filepath.Join(capsemHome, "run", "endpoints") }
-
 // ReloadFunc reloads configuration and policy; the string describes what is
 // in force afterwards.
 type ReloadFunc func(ctx context.Context) (string, error)
 
-// Register serves reload requests for this process until ctx is done or the
-// returned function is called.
-func Register(ctx context.Context, capsemHome, kind, name string, reload ReloadFunc, log *slog.Logger) (func(), error) {
-	dir := Dir(capsemHome)
+// Register serves reload requests for this process, on a socket in dir,
+// until ctx is done or the returned function is called.
+func Register(ctx context.Context, dir, kind, name string, reload ReloadFunc, log *slog.Logger) (func(), error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating endpoint registry: %w", err)
 	}
 	path := filepath.Join(dir, strconv.Itoa(os.Getpid())+".sock")
-	_ = os.Remove(path)
-	ln, err := net.Listen("unix", path)
+	ln, err := unixsock.Listen(path)
 	if err != nil {
 		return nil, fmt.Errorf("registering for policy reload: %w", err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("securing %s: %w", path, err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, r *http.Request) {
@@ -97,8 +91,7 @@ func Register(ctx context.Context, capsemHome, kind, name string, reload ReloadF
 
 // ReloadAll asks every registered endpoint to reload and returns their
 // answers in pid order. Sockets whose owner is gone are removed.
-func ReloadAll(ctx context.Context, capsemHome string) ([]Result, error) {
-	dir := Dir(capsemHome)
+func ReloadAll(ctx context.Context, dir string) ([]Result, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil

@@ -13,12 +13,12 @@ import (
 )
 
 func TestReloadAll(t *testing.T) {
-	home := t.TempDir()
+	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	calls := 0
 	fail := false
-	stop, err := Register(ctx, home, "gateway", "/tmp/gw.sock", func(context.Context) (string, error) {
+	stop, err := Register(ctx, dir, "gateway", "/tmp/gw.sock", func(context.Context) (string, error) {
 		calls++
 		if fail {
 			return "old policy", errors.New("config user.toml: bad value")
@@ -28,12 +28,12 @@ func TestReloadAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(Dir(home), strconv.Itoa(os.Getpid())+".sock")
+	sock := filepath.Join(dir, strconv.Itoa(os.Getpid())+".sock")
 	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("control socket %v %v", fi, err)
 	}
 	// A stale socket of a dead process is cleaned up, not reported.
-	stale := filepath.Join(Dir(home), "999999999.sock")
+	stale := filepath.Join(dir, "999999999.sock")
 	ln, err := net.Listen("unix", stale)
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +41,7 @@ func TestReloadAll(t *testing.T) {
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	ln.Close()
 
-	res, err := ReloadAll(ctx, home)
+	res, err := ReloadAll(ctx, dir)
 	if err != nil || len(res) != 1 || !res[0].OK || res[0].Detail != "new policy" || res[0].Kind != "gateway" || res[0].PID != os.Getpid() {
 		t.Fatalf("reload: %+v %v", res, err)
 	}
@@ -49,7 +49,7 @@ func TestReloadAll(t *testing.T) {
 		t.Errorf("stale socket left behind: %v", err)
 	}
 	fail = true
-	res, err = ReloadAll(ctx, home)
+	res, err = ReloadAll(ctx, dir)
 	if err != nil || len(res) != 1 || res[0].OK || !strings.Contains(res[0].Error, "bad value") || res[0].Detail != "old policy" {
 		t.Fatalf("failed reload: %+v %v", res, err)
 	}
@@ -60,7 +60,7 @@ func TestReloadAll(t *testing.T) {
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket not removed on stop")
 	}
-	if res, err := ReloadAll(ctx, home); err != nil || len(res) != 0 {
+	if res, err := ReloadAll(ctx, dir); err != nil || len(res) != 0 {
 		t.Errorf("after stop: %+v %v", res, err)
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/doctor"
+	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/guestfs"
@@ -47,7 +48,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return err
 	}
 	if doctor.Run(ctx, doctor.NewReporter(os.Stdout, c.JSON), groups).Result != "PASS" {
-		return doctor.ExitError{Code: 1}
+		return exitcode.Error{Code: 1}
 	}
 	return nil
 }

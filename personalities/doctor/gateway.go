@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/capsem/capsem/core/doctor"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/mcpgw"
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // gatewayTimeout bounds the whole gateway check: every configured server
@@ -50,15 +50,15 @@ func (h *host) checkGateway(ctx context.Context, r *doctor.Reporter) {
 		return
 	}
 	defer gw.Close()
-	ln, err := net.Listen("unix", sock)
+	ln, err := unixsock.Listen(sock)
 	if err != nil {
-		r.Failf("", "listening on %s: %v", sock, err)
+		r.Failf("", "%v", err)
 		return
 	}
 	defer ln.Close()
 	go gw.Serve(ctx, ln)
 
-	relayCmd := exec.Command(h.self, "mcp-server")
+	relayCmd := exec.Command(h.self, "mcp-relay")
 	relayCmd.Env = append(os.Environ(), guestwire.RelayEndpointEnv+"=unix:"+sock)
 	client := mcp.NewClient(&mcp.Implementation{Name: "capsem-doctor", Version: "1"}, nil)
 	s, err := client.Connect(ctx, &mcp.CommandTransport{Command: relayCmd, TerminateDuration: 5 * time.Second}, nil)

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/procs"
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // Cmd is `capsem gateway`.
@@ -52,16 +52,10 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer gw.Close()
-	_ = os.Remove(sockPath)
-	ln, err := net.Listen("unix", sockPath)
+	ln, err := unixsock.Listen(sockPath)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", sockPath, err)
+		return err
 	}
-	if err := os.Chmod(sockPath, 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("securing socket: %w", err)
-	}
-	defer os.Remove(sockPath)
 	gw.ReloadOnSignal(ctx)
 	slog.Info("MCP gateway listening", "socket", sockPath, "session_dir", c.SessionDir, "config", mcpgw.Describe(gw.Config()))
 	return gw.Serve(ctx, ln)

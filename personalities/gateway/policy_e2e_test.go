@@ -34,7 +34,7 @@ func secret(prefix string) string {
 }
 
 // policyConfig puts the real server-everything and our echo server (which
-// logs every message it receives) behind the seed's policy matrix.
+// logs every message it receives) behind the README's policy matrix.
 func policyConfig(t *testing.T, echoLog string, extra string) string {
 	return fmt.Sprintf(`
 [mcp]
@@ -103,7 +103,7 @@ write_paths = [%q]
 `, extra, everythingServer(t), testkit.EchoServer(t), echoLog, filepath.Dir(echoLog))
 }
 
-// TestPolicyMatrix runs the seed's policy matrix through real frames, the
+// TestPolicyMatrix runs the policy matrix through real frames, the
 // relay and real servers, and proves that nothing blocked leaks: not to the
 // server, not to the caller, not into session.db.
 func TestPolicyMatrix(t *testing.T) {

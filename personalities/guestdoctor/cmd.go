@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/capsem/capsem/core/doctor"
+	"github.com/capsem/capsem/core/exitcode"
 )
 
 // Cmd is `capsem-doctor` (the guest-doctor subcommand).
@@ -36,7 +37,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return err
 	}
 	if doctor.Run(ctx, doctor.NewReporter(os.Stdout, c.JSON), groups).Result != "PASS" {
-		return doctor.ExitError{Code: 1}
+		return exitcode.Error{Code: 1}
 	}
 	return nil
 }

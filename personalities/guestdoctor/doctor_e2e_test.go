@@ -32,7 +32,7 @@ func results(t *testing.T, out string) ([]doctor.Result, *doctor.Summary) {
 	return rs, sum
 }
 
-// TestGuestDoctorPassesInARealVM is the seed's one-shot health check:
+// TestGuestDoctorPassesInARealVM is the one-shot health check:
 // every group passes on a VM as capsem makes it, and the text and JSON
 // forms say the same.
 func TestGuestDoctorPassesInARealVM(t *testing.T) {

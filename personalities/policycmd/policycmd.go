@@ -13,8 +13,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/mcpuri"
 	"github.com/capsem/capsem/core/paths"
@@ -238,11 +238,11 @@ type ReloadCmd struct{}
 // Run asks every running endpoint to reload and reports each answer; the
 // exit status is 1 when any of them kept its previous policy.
 func (ReloadCmd) Run(ctx context.Context) error {
-	home, err := paths.Home()
+	endpoints, err := paths.EndpointsDir()
 	if err != nil {
 		return err
 	}
-	results, err := reloadctl.ReloadAll(ctx, home)
+	results, err := reloadctl.ReloadAll(ctx, endpoints)
 	if err != nil {
 		return err
 	}
@@ -260,7 +260,7 @@ func (ReloadCmd) Run(ctx context.Context) error {
 		fmt.Printf("FAILED   %s %s (pid %d): %s\n", r.Kind, r.Name, r.PID, r.Error)
 	}
 	if failed > 0 {
-		return api.ExitError{Code: 1}
+		return exitcode.Error{Code: 1}
 	}
 	return nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/unixsock"
 	"github.com/capsem/capsem/guestfs"
 	"github.com/capsem/capsem/vmm"
 	"github.com/capsem/capsem/vmm/qemu"
@@ -610,16 +611,10 @@ func (v *VM) teardown(ctx context.Context) {
 // QEMU exits, or ctx is done; then it stops the VM. listening runs once the
 // socket accepts connections.
 func (v *VM) ServeAPI(ctx context.Context, sock string, listening func()) error {
-	_ = os.Remove(sock)
-	ln, err := net.Listen("unix", sock)
+	ln, err := unixsock.Listen(sock)
 	if err != nil {
 		v.Stop(context.WithoutCancel(ctx))
-		return fmt.Errorf("listening on %s: %w", sock, err)
-	}
-	if err := os.Chmod(sock, 0o600); err != nil {
-		ln.Close()
-		v.Stop(context.WithoutCancel(ctx))
-		return fmt.Errorf("securing %s: %w", sock, err)
+		return err
 	}
 	srv := &http.Server{Handler: v.routes(), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)

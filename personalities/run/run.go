@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/paths"
 )
 
@@ -152,10 +153,10 @@ func (c *Cmd) Run(ctx context.Context) error {
 	}
 	if ev.TimedOut {
 		fmt.Fprintf(os.Stderr, "capsem: command timed out after %s\n", c.Timeout)
-		return api.ExitError{Code: 124}
+		return exitcode.Error{Code: 124}
 	}
 	if ev.ExitCode != 0 {
-		return api.ExitError{Code: ev.ExitCode}
+		return exitcode.Error{Code: ev.ExitCode}
 	}
 	return nil
 }
