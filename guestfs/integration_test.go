@@ -292,18 +292,18 @@ func TestRealAssets(t *testing.T) {
 func bootCheck(t *testing.T, ctx context.Context, qemuBin, kernel, initrd string, modules int) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	accel, err := (&qemu.Backend{Binary: qemuBin, VerdictPath: sharedAccelVerdict(t)}).ChooseAccel(ctx, "",
+	accel, err := (&qemu.Backend{Binary: qemuBin, VerdictPath: sharedAccelVerdict(t)}).ChooseAccelFor(ctx, "",
 		qemu.BootFiles{Kernel: kernel, Initramfs: initrd})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("accelerator %s -cpu %s: %s", accel.Name, accel.CPU, accel.Reason)
 	start := time.Now()
-	args := append([]string{"-machine", "q35"}, accel.QEMUArgs()...)
+	args := append([]string{"-machine", "q35"}, qemu.AccelArgs(accel)...)
 	args = append(args, "-m", "512", "-smp", "2",
 		"-nodefaults", "-display", "none", "-serial", "stdio", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd,
-		"-append", strings.TrimSpace("console=ttyS0 quiet panic=-1 "+accel.KernelParams()),
+		"-append", strings.TrimSpace("console=ttyS0 quiet panic=-1 "+qemu.AccelKernelParams(accel)),
 		"-device", "virtio-serial-pci",
 		"-device", "virtserialport,name=org.capsem.channel,chardev=ch0",
 		"-chardev", "null,id=ch0",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -95,6 +96,57 @@ type Backend interface {
 	// Start.
 	Create(ctx context.Context, spec Spec) (Machine, error)
 }
+
+// Accel is the accelerator a VM runs with, the CPU model that goes with it,
+// and why it was chosen.
+type Accel struct {
+	Name   string `json:"name"` // AccelKVM or AccelTCG
+	CPU    string `json:"cpu"`  // the backend's CPU model
+	Reason string `json:"reason"`
+	// Forced: the spec or the environment asked for it; a failed start is
+	// not retried under the other accelerator.
+	Forced bool `json:"forced"`
+}
+
+// AccelBackend is a Backend that decides a VM's accelerator once, so that
+// the machines started one after another for one VM (a boot that is saved,
+// then its resume) run alike, and that learns when a decision failed.
+type AccelBackend interface {
+	Backend
+	// ChooseAccel decides the accelerator for spec (spec.Accel, when set,
+	// forces one).
+	ChooseAccel(ctx context.Context, spec Spec) (Accel, error)
+	// CreateWithAccel is Create under a decided accelerator.
+	CreateWithAccel(spec Spec, accel Accel) (Machine, error)
+	// DemoteAccel records that a VM of spec did not start under the
+	// accelerator it was given (why says how), so later VMs avoid it.
+	DemoteAccel(ctx context.Context, spec Spec, why error) error
+}
+
+// ErrNotResumed is wrapped by a StateSaver's error when the VM could not
+// be resumed after the save: it stays paused, and is of no use any more.
+var ErrNotResumed = errors.New("the VM could not be resumed after saving it")
+
+// The optional capabilities of a Machine, which a caller asks for with a
+// type assertion (a backend without one simply lacks the feature).
+type (
+	// StateSaver saves the running VM's whole state to a file that a
+	// Spec's RestoreFrom resumes, and lets the VM run on.
+	StateSaver interface {
+		SaveState(ctx context.Context, path string) error
+	}
+	// ChannelHooker runs fn, set before Start, on the guest channel's raw
+	// connection before the multiplexer starts on it.
+	ChannelHooker interface {
+		SetBeforeChannel(fn func(ctx context.Context, raw net.Conn) error)
+	}
+	// StateKeyer names the configuration a saved state depends on (for
+	// QEMU, its whole command line): a state resumes only in a machine of
+	// the same key.
+	StateKeyer interface {
+		StateKey() []string
+	}
+)
 
 // Machine is one VM.
 type Machine interface {

@@ -114,6 +114,7 @@ const (
 	processLog    = "process.log"
 	aggregatorLog = "mcp-aggregator.log"
 	diskImage     = "disk.img"
+	workspace     = "workspace"
 )
 
 // DB is the session's ledger.
@@ -134,5 +135,8 @@ func (s Session) ProcessLog() string { return filepath.Join(s.Dir, processLog) }
 // AggregatorLog is the MCP aggregator's log.
 func (s Session) AggregatorLog() string { return filepath.Join(s.Dir, aggregatorLog) }
 
-// Disk is the VM's disk image.
+// Disk is the VM's disk image: ext4 with the root overlay's upper layer.
 func (s Session) Disk() string { return filepath.Join(s.Dir, diskImage) }
+
+// Workspace is the host side of the guest's /root/workspace.
+func (s Session) Workspace() string { return filepath.Join(s.Dir, workspace) }

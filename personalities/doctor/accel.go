@@ -48,7 +48,7 @@ func (h *host) checkKVMProven(ctx context.Context, r *doctor.Reporter) {
 		return
 	}
 	t := time.Now()
-	accel, err := b.ChooseAccel(ctx, "", qemu.BootFiles{Kernel: a.Kernel, Initramfs: a.Initramfs, Firmware: qemu.PreferredFirmware()})
+	accel, err := b.ChooseAccelFor(ctx, "", qemu.BootFiles{Kernel: a.Kernel, Initramfs: a.Initramfs, Firmware: qemu.PreferredFirmware()})
 	took := time.Since(t).Round(time.Millisecond)
 	switch {
 	case err != nil:

@@ -3,13 +3,12 @@
 package run
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/vmhost"
 )
 
 // Cmd is `capsem run [--name N] [--env K=V]... -- CMD...`.
@@ -27,6 +27,9 @@ type Cmd struct {
 	BootLimit    time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
 	Config       string        `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
 	NoAutodetect bool          `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
+	CPUs         int           `default:"2" help:"Virtual CPUs."`
+	MemoryMiB    int           `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
+	DiskGiB      int           `name:"disk-gib" default:"8" help:"Size of the VM's disk (sparse, removed with the VM); 0: none, the guest runs from RAM."`
 	GuestBin     string        `name:"guest-binary" type:"path" hidden:"" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 	Command      []string      `arg:"" passthrough:"" help:"The command and its arguments."`
 }
@@ -50,11 +53,10 @@ func (c *Cmd) Run(ctx context.Context) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	home, err := paths.Home()
+	runDir, err := paths.SessionsDir()
 	if err != nil {
 		return err
 	}
-	runDir := filepath.Join(home, "run", "sessions")
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", runDir, err)
 	}
@@ -64,89 +66,32 @@ func (c *Cmd) Run(ctx context.Context) error {
 	}
 	defer os.RemoveAll(sessionDir) // ephemeral: nothing of the VM remains
 
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("locating the capsem executable: %w", err)
-	}
-	sock := filepath.Join(sessionDir, "process.sock")
-	args := []string{"process", "--session-dir", sessionDir, "--socket", sock}
-	if c.Name != "" {
-		args = append(args, "--name", c.Name)
-	}
-	if c.Config != "" {
-		args = append(args, "--config", c.Config)
-	}
-	if c.NoAutodetect {
-		args = append(args, "--no-autodetect")
-	}
-	if c.GuestBin != "" {
-		args = append(args, "--guest-binary", c.GuestBin)
-	}
-	proc := exec.Command(self, args...)
-	logFile, err := os.OpenFile(filepath.Join(sessionDir, "process.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	cfg := vmhost.ProcessConfig{SessionDir: sessionDir, Socket: paths.Session{Dir: sessionDir}.APISocket(), Name: cmp.Or(c.Name, "capsem"),
+		Config: c.Config, NoAutodetect: c.NoAutodetect, CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBin: c.GuestBin, DiskGiB: c.DiskGiB}
+	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{})
 	if err != nil {
 		return err
 	}
-	defer logFile.Close()
-	proc.Stdout, proc.Stderr = logFile, logFile
-	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	// The process writes api.ReadyLine on the pipe once its API listens:
-	// no polling, and a process that dies first closes the pipe at once.
-	readyR, err := api.StartWithReadyPipe(proc)
-	if err != nil {
-		return fmt.Errorf("starting the VM process: %w", err)
-	}
-	defer readyR.Close()
-	exited := make(chan error, 1)
-	go func() { exited <- proc.Wait() }()
 	defer func() {
 		select {
-		case <-exited:
+		case <-proc.Done():
 		case <-time.After(30 * time.Second):
-			proc.Process.Kill()
-			<-exited
+			proc.Kill()
 		}
 	}()
-
-	client := api.NewProcessClient(sock)
 	bootCtx, cancelBoot := context.WithTimeout(ctx, c.BootLimit)
-	defer cancelBoot()
-	readyCh := make(chan error, 1)
-	var info *api.Info
-	go func() {
-		var err error
-		info, err = client.WaitReadyPipe(bootCtx, readyR)
-		readyCh <- err
-	}()
-	select {
-	case err := <-readyCh:
-		if err != nil {
-			// Out of time: stop it. A closed pipe means the process is
-			// exiting: let it finish writing its reason to the log first.
-			if bootCtx.Err() != nil {
-				proc.Process.Kill()
-			} else {
-				select {
-				case exitErr := <-exited:
-					exited <- exitErr
-				case <-time.After(5 * time.Second):
-					proc.Process.Kill()
-				}
-			}
-			return fmt.Errorf("the VM did not become ready: %w (log: %s)", err, tail(filepath.Join(sessionDir, "process.log")))
-		}
-	case err := <-exited:
-		exited <- err
-		return fmt.Errorf("the VM process exited during boot: %v (log: %s)", err, tail(filepath.Join(sessionDir, "process.log")))
+	info, err := proc.WaitReady(bootCtx)
+	cancelBoot()
+	if err != nil {
+		return fmt.Errorf("the VM did not become ready: %w", err)
 	}
-
+	client := proc.Client
 	slog.Info("VM ready", "accel", info.Accel, "why", info.AccelReason, "start", info.Start)
 	ev, execErr := client.Exec(ctx, &api.ExecRequest{Argv: c.Command, Env: env, TimeoutMS: c.Timeout.Milliseconds()}, os.Stdout, os.Stderr)
 	stopCtx, cancelStop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancelStop()
-	if err := client.Stop(stopCtx); err != nil {
+	if err := proc.Stop(stopCtx); err != nil {
 		slog.Warn("stopping the VM", "err", err)
-		proc.Process.Signal(syscall.SIGTERM)
 	}
 	if execErr != nil {
 		return execErr
@@ -159,17 +104,4 @@ func (c *Cmd) Run(ctx context.Context) error {
 		return exitcode.Error{Code: ev.ExitCode}
 	}
 	return nil
-}
-
-// tail returns the last lines of a log for error messages.
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 8 {
-		lines = lines[len(lines)-8:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/vmhost"
 	"github.com/capsem/capsem/guestfs"
 	"github.com/capsem/capsem/vmm/qemu"
 )
@@ -42,8 +43,8 @@ func vmBench(capsem string, runs int) error {
 		return err
 	}
 	defer os.RemoveAll(states)
-	resumeArgs := []string{"--boot-state-dir", states}
-	bootArgs := []string{"--no-boot-state"}
+	resumeArgs := func(c *vmhost.ProcessConfig) { c.BootStateDir = states }
+	bootArgs := func(c *vmhost.ProcessConfig) { c.NoBootState = true }
 	first, firstTotal, firstTimings, err := capsemCycle(capsem, home, guest, resumeArgs, "booted_saved")
 	if err != nil {
 		return fmt.Errorf("first VM (boots and saves): %w", err)
@@ -74,7 +75,7 @@ func vmBench(capsem string, runs int) error {
 		runTrue = append(runTrue, time.Since(t))
 		for _, m := range []struct {
 			s     *series
-			args  []string
+			args  func(*vmhost.ProcessConfig)
 			start string
 		}{{&resumed, resumeArgs, "restored"}, {&booted, bootArgs, "booted"}} {
 			r, tot, timings, err := capsemCycle(capsem, home, guest, m.args, m.start)
@@ -155,19 +156,19 @@ func accelBench(home string, a *guestfs.Assets) (qemu.Accel, error) {
 	files := qemu.BootFiles{Kernel: a.Kernel, Initramfs: a.Initramfs, Firmware: qemu.PreferredFirmware()}
 	ctx := context.Background()
 	t := time.Now()
-	if _, err := (&qemu.Backend{VerdictPath: filepath.Join(fresh, "accel.json")}).ChooseAccel(ctx, "", files); err != nil {
+	if _, err := (&qemu.Backend{VerdictPath: filepath.Join(fresh, "accel.json")}).ChooseAccelFor(ctx, "", files); err != nil {
 		return qemu.Accel{}, err
 	}
 	first := time.Since(t)
 	b := &qemu.Backend{VerdictPath: filepath.Join(home, "run", "accel.json")}
-	accel, err := b.ChooseAccel(ctx, "", files) // warms the cache a capsem VM uses
+	accel, err := b.ChooseAccelFor(ctx, "", files) // warms the cache a capsem VM uses
 	if err != nil {
 		return qemu.Accel{}, err
 	}
 	var cached []time.Duration
 	for range 20 {
 		t := time.Now()
-		if _, err := b.ChooseAccel(ctx, "", files); err != nil {
+		if _, err := b.ChooseAccelFor(ctx, "", files); err != nil {
 			return qemu.Accel{}, err
 		}
 		cached = append(cached, time.Since(t))
@@ -179,36 +180,35 @@ func accelBench(home string, a *guestfs.Assets) (qemu.Accel, error) {
 }
 
 type vmHandle struct {
-	cmd    *exec.Cmd
-	client *api.ProcessClient
+	proc   *vmhost.Process
+	client *apiclient.ProcessClient
 	dir    string
-	done   chan error
 }
 
-// startProcess starts `capsem process` with extra flags and waits until it
-// is ready; wantStart, when not "", is how the VM must have started.
-func startProcess(capsem, home, guest string, extra []string, wantStart string) (*vmHandle, time.Duration, map[string]int64, error) {
+// startProcess starts `capsem process` as `capsem run` and the service do
+// (vmhost.Launch), configured as edit says, and waits until it is ready;
+// wantStart, when not "", is how the VM must have started.
+func startProcess(capsem, home, guest string, edit func(*vmhost.ProcessConfig), wantStart string) (*vmHandle, time.Duration, map[string]int64, error) {
 	dir, err := os.MkdirTemp("", "capsem-bench-vm-")
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	sock := filepath.Join(dir, "p.sock")
+	cfg := vmhost.ProcessConfig{SessionDir: filepath.Join(dir, "s"), Socket: filepath.Join(dir, "p.sock"), Name: "bench",
+		GuestBin: guest, CPUs: 2, MemoryMiB: 1024, DiskGiB: vmhost.DefaultDiskGiB}
+	if edit != nil {
+		edit(&cfg)
+	}
 	start := time.Now()
-	cmd := exec.Command(capsem, append([]string{"--log-level", "warn", "process", "--session-dir", filepath.Join(dir, "s"), "--socket", sock, "--guest-binary", guest}, extra...)...)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+home)
-	cmd.Stderr = io.Discard
-	// Readiness as `capsem run` waits for it: a line on an inherited pipe.
-	readyR, err := api.StartWithReadyPipe(cmd)
+	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: capsem, Env: append(os.Environ(), "CAPSEM_HOME="+home, "CAPSEM_LOG_LEVEL=warn")})
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	h := &vmHandle{cmd: cmd, client: api.NewProcessClient(sock), dir: dir, done: make(chan error, 1)}
-	go func() { h.done <- cmd.Wait() }()
+	h := &vmHandle{proc: proc, client: proc.Client, dir: dir}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	info, err := h.client.WaitReadyPipe(ctx, readyR)
+	info, err := proc.WaitReady(ctx)
 	if err != nil {
-		cmd.Process.Kill()
+		proc.Kill()
 		return nil, 0, nil, err
 	}
 	took := time.Since(start)
@@ -223,13 +223,12 @@ func (h *vmHandle) stop() time.Duration {
 	t := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	h.client.Stop(ctx)
-	<-h.done
+	h.proc.Stop(ctx)
 	os.RemoveAll(h.dir)
 	return time.Since(t)
 }
 
-func capsemCycle(capsem, home, guest string, extra []string, wantStart string) (ready, total time.Duration, timings map[string]int64, err error) {
+func capsemCycle(capsem, home, guest string, extra func(*vmhost.ProcessConfig), wantStart string) (ready, total time.Duration, timings map[string]int64, err error) {
 	start := time.Now()
 	h, ready, timings, err := startProcess(capsem, home, guest, extra, wantStart)
 	if err != nil {
@@ -253,7 +252,7 @@ func warmVM(capsem, home, guest string) error {
 	}
 	defer h.stop()
 	ctx := context.Background()
-	idleRSS := rss(h.cmd.Process.Pid, "VmRSS")
+	idleRSS := rss(h.proc.PID(), "VmRSS")
 	var lat []time.Duration
 	for i := 0; i < 220; i++ {
 		t := time.Now()
@@ -285,7 +284,7 @@ func warmVM(capsem, home, guest string) error {
 	fmt.Printf("  channel throughput through the API: guest→host %.0f MiB/s (exec output), host→guest %.0f MiB/s (file write)\n", out, in)
 	fmt.Printf("    (baseline from DESIGN §2: raw virtio-serial 49 MiB/s each way)\n")
 	fmt.Printf("  per-VM process RSS: %s idle after boot, %s after the transfers, peak %s (QEMU itself is separate)\n",
-		idleRSS, rss(h.cmd.Process.Pid, "VmRSS"), rss(h.cmd.Process.Pid, "VmHWM"))
+		idleRSS, rss(h.proc.PID(), "VmRSS"), rss(h.proc.PID(), "VmHWM"))
 	return nil
 }
 

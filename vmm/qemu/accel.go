@@ -23,27 +23,19 @@ import (
 // AccelEnv forces the accelerator when a spec leaves it empty.
 const AccelEnv = "CAPSEM_ACCEL"
 
-// Accel is the accelerator a VM runs with, the CPU model that goes with it,
-// and why it was chosen.
-type Accel struct {
-	Name   string `json:"name"` // vmm.AccelKVM or vmm.AccelTCG
-	CPU    string `json:"cpu"`  // QEMU's -cpu value
-	Reason string `json:"reason"`
-	// Forced: the spec or CAPSEM_ACCEL asked for it; a failed start is
-	// not retried under the other accelerator.
-	Forced bool `json:"forced"`
-}
+// Accel is the accelerator a VM runs with; CPU is QEMU's -cpu value.
+type Accel = vmm.Accel
 
 // TCGCPU is the CPU model under TCG: every feature TCG can emulate, so the
 // guest kernel picks its fast paths (e.g. RDRAND for early entropy).
 const TCGCPU = "max"
 
-// QEMUArgs are the accelerator's arguments for QEMU's command line.
-func (a Accel) QEMUArgs() []string { return []string{"-accel", a.Name, "-cpu", a.CPU} }
+// AccelArgs are the accelerator's arguments for QEMU's command line.
+func AccelArgs(a Accel) []string { return []string{"-accel", a.Name, "-cpu", a.CPU} }
 
-// KernelParams are what the guest kernel's command line needs under this
-// accelerator ("" or TCGKernelParams).
-func (a Accel) KernelParams() string {
+// AccelKernelParams are what the guest kernel's command line needs under
+// the accelerator ("" or TCGKernelParams).
+func AccelKernelParams(a Accel) string {
 	if a.Name == vmm.AccelTCG {
 		return TCGKernelParams
 	}
@@ -137,11 +129,16 @@ type BootFiles struct {
 	Firmware  string // "" means QEMU's default
 }
 
-// ChooseAccel decides the accelerator for a VM booting files. specAccel
+// ChooseAccel decides the accelerator for the VM of spec (see ChooseAccelFor).
+func (b *Backend) ChooseAccel(ctx context.Context, spec vmm.Spec) (Accel, error) {
+	return b.ChooseAccelFor(ctx, spec.Accel, bootFiles(spec))
+}
+
+// ChooseAccelFor decides the accelerator for a VM booting files. specAccel
 // ("", "kvm", "tcg") wins over CAPSEM_ACCEL; "tcg" skips the proof and "kvm"
 // fails with the proof's reason when KVM cannot run the guest. The
 // decision otherwise is KVM when proven, else TCG with the reason.
-func (b *Backend) ChooseAccel(ctx context.Context, specAccel string, files BootFiles) (Accel, error) {
+func (b *Backend) ChooseAccelFor(ctx context.Context, specAccel string, files BootFiles) (Accel, error) {
 	forced, source := specAccel, "the VM spec"
 	if forced == "" {
 		if env := b.getenv(AccelEnv); env != "" {
@@ -169,6 +166,16 @@ func (b *Backend) ChooseAccel(ctx context.Context, specAccel string, files BootF
 	default:
 		return tcg(v.Reason+"; using TCG", false), nil
 	}
+}
+
+// bootFiles are the files of spec the accelerator's proof boots.
+func bootFiles(spec vmm.Spec) BootFiles {
+	return BootFiles{Kernel: spec.Kernel, Initramfs: spec.Initramfs, Firmware: spec.Firmware}
+}
+
+// DemoteAccel is DemoteKVM for the files of spec (vmm.AccelBackend).
+func (b *Backend) DemoteAccel(ctx context.Context, spec vmm.Spec, why error) error {
+	return b.DemoteKVM(ctx, bootFiles(spec), why)
 }
 
 // Verdict returns the cached verdict on KVM for files on this host, proving

@@ -73,7 +73,7 @@ func TestAccelDecision(t *testing.T) {
 		t.Run(c.mode, func(t *testing.T) {
 			f := newAccelFixture(t, c.mode, nil)
 			ctx := context.Background()
-			a, err := f.b.ChooseAccel(ctx, "", f.files)
+			a, err := f.b.ChooseAccelFor(ctx, "", f.files)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +102,7 @@ func TestAccelDecision(t *testing.T) {
 				vs[0].KernelSHA256 == "" || !strings.Contains(vs[0].QEMUVersion, "7.2.99") {
 				t.Fatalf("cache holds %+v", vs)
 			}
-			again, err := (&Backend{Binary: f.b.Binary, OpenKVM: f.b.OpenKVM, VerdictPath: f.b.VerdictPath, Getenv: f.b.Getenv}).ChooseAccel(ctx, "", f.files)
+			again, err := (&Backend{Binary: f.b.Binary, OpenKVM: f.b.OpenKVM, VerdictPath: f.b.VerdictPath, Getenv: f.b.Getenv}).ChooseAccelFor(ctx, "", f.files)
 			if err != nil || again != a {
 				t.Fatalf("second decision %+v, %v; want %+v", again, err, a)
 			}
@@ -140,7 +140,7 @@ func TestAccelDecision(t *testing.T) {
 func TestAccelProvedAgain(t *testing.T) {
 	f := newAccelFixture(t, "kvm-works", nil)
 	ctx := context.Background()
-	if _, err := f.b.ChooseAccel(ctx, "", f.files); err != nil {
+	if _, err := f.b.ChooseAccelFor(ctx, "", f.files); err != nil {
 		t.Fatal(err)
 	}
 	// An earlier host boot's verdict does not count.
@@ -149,7 +149,7 @@ func TestAccelProvedAgain(t *testing.T) {
 	if err := writeVerdict(f.b.VerdictPath, verdictFile{}, vs[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.b.ChooseAccel(ctx, "", f.files); err != nil {
+	if _, err := f.b.ChooseAccelFor(ctx, "", f.files); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.probes(t); n != 2 {
@@ -161,7 +161,7 @@ func TestAccelProvedAgain(t *testing.T) {
 	if err := os.WriteFile(f.files.Kernel, []byte("another kernel"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.b.ChooseAccel(ctx, "", f.files); err != nil {
+	if _, err := f.b.ChooseAccelFor(ctx, "", f.files); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.probes(t); n != 3 {
@@ -174,7 +174,7 @@ func TestAccelProvedAgain(t *testing.T) {
 	if err := os.WriteFile(f.files.Kernel, []byte("another kernel"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.b.ChooseAccel(ctx, "", f.files); err != nil {
+	if _, err := f.b.ChooseAccelFor(ctx, "", f.files); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.probes(t); n != 3 {
@@ -195,7 +195,7 @@ func TestAccelForced(t *testing.T) {
 	ctx := context.Background()
 	// tcg skips the proof.
 	f := newAccelFixture(t, "pvm", map[string]string{AccelEnv: "tcg"})
-	a, err := f.b.ChooseAccel(ctx, "", f.files)
+	a, err := f.b.ChooseAccelFor(ctx, "", f.files)
 	if err != nil || a.Name != vmm.AccelTCG || !a.Forced || !strings.Contains(a.Reason, AccelEnv) {
 		t.Fatalf("CAPSEM_ACCEL=tcg: %+v %v", a, err)
 	}
@@ -204,7 +204,7 @@ func TestAccelForced(t *testing.T) {
 	}
 	// kvm fails with the proof's reason when KVM cannot run the guest...
 	f = newAccelFixture(t, "pvm", map[string]string{AccelEnv: "kvm"})
-	_, err = f.b.ChooseAccel(ctx, "", f.files)
+	_, err = f.b.ChooseAccelFor(ctx, "", f.files)
 	if err == nil || !strings.Contains(err.Error(), "KVM forced by CAPSEM_ACCEL") || !strings.Contains(err.Error(), "failed to set MSR 0x10a") {
 		t.Fatalf("CAPSEM_ACCEL=kvm on a PVM host: %v", err)
 	}
@@ -215,15 +215,15 @@ func TestAccelForced(t *testing.T) {
 		t.Fatalf("Create with CAPSEM_ACCEL=kvm on a PVM host: %v", err)
 	}
 	// The spec's choice wins over the environment's.
-	if a, err := f.b.ChooseAccel(ctx, vmm.AccelTCG, f.files); err != nil || a.Name != vmm.AccelTCG || !strings.Contains(a.Reason, "spec") {
+	if a, err := f.b.ChooseAccelFor(ctx, vmm.AccelTCG, f.files); err != nil || a.Name != vmm.AccelTCG || !strings.Contains(a.Reason, "spec") {
 		t.Fatalf("spec tcg over CAPSEM_ACCEL=kvm: %+v %v", a, err)
 	}
 	f = newAccelFixture(t, "kvm-works", map[string]string{AccelEnv: "kvm"})
-	if a, err := f.b.ChooseAccel(ctx, "", f.files); err != nil || a.Name != vmm.AccelKVM || a.CPU != "host" || !a.Forced {
+	if a, err := f.b.ChooseAccelFor(ctx, "", f.files); err != nil || a.Name != vmm.AccelKVM || a.CPU != "host" || !a.Forced {
 		t.Fatalf("CAPSEM_ACCEL=kvm on a working KVM: %+v %v", a, err)
 	}
 	f = newAccelFixture(t, "kvm-works", map[string]string{AccelEnv: "hvf"})
-	if _, err := f.b.ChooseAccel(ctx, "", f.files); err == nil || !strings.Contains(err.Error(), `"hvf"`) {
+	if _, err := f.b.ChooseAccelFor(ctx, "", f.files); err == nil || !strings.Contains(err.Error(), `"hvf"`) {
 		t.Fatalf("CAPSEM_ACCEL=hvf: %v", err)
 	}
 }
@@ -231,7 +231,7 @@ func TestAccelForced(t *testing.T) {
 func TestAccelWithoutDevice(t *testing.T) {
 	f := newAccelFixture(t, "kvm-works", nil)
 	f.b.OpenKVM = func() error { return os.ErrNotExist }
-	a, err := f.b.ChooseAccel(context.Background(), "", f.files)
+	a, err := f.b.ChooseAccelFor(context.Background(), "", f.files)
 	if err != nil || a.Name != vmm.AccelTCG || !strings.Contains(a.Reason, "KVM not available") {
 		t.Fatalf("no /dev/kvm: %+v %v", a, err)
 	}
@@ -242,7 +242,7 @@ func TestAccelWithoutDevice(t *testing.T) {
 		t.Fatalf("a verdict was cached without a device: %v", err)
 	}
 	f.b.Getenv = func(string) string { return "kvm" }
-	if _, err := f.b.ChooseAccel(context.Background(), "", f.files); err == nil || !strings.Contains(err.Error(), "KVM not available") {
+	if _, err := f.b.ChooseAccelFor(context.Background(), "", f.files); err == nil || !strings.Contains(err.Error(), "KVM not available") {
 		t.Fatalf("CAPSEM_ACCEL=kvm without a device: %v", err)
 	}
 }
@@ -252,13 +252,13 @@ func TestAccelWithoutDevice(t *testing.T) {
 func TestDemoteKVM(t *testing.T) {
 	f := newAccelFixture(t, "kvm-works", nil)
 	ctx := context.Background()
-	if a, _ := f.b.ChooseAccel(ctx, "", f.files); a.Name != vmm.AccelKVM {
+	if a, _ := f.b.ChooseAccelFor(ctx, "", f.files); a.Name != vmm.AccelKVM {
 		t.Fatalf("chose %+v", a)
 	}
 	if err := f.b.DemoteKVM(ctx, f.files, errors.New("qemu-system-x86_64: error: KVM internal error. Suberror: 1")); err != nil {
 		t.Fatal(err)
 	}
-	a, err := f.b.ChooseAccel(ctx, "", f.files)
+	a, err := f.b.ChooseAccelFor(ctx, "", f.files)
 	if err != nil || a.Name != vmm.AccelTCG || !strings.Contains(a.Reason, "KVM passed the probe but a VM did not start") ||
 		!strings.Contains(a.Reason, "KVM internal error") {
 		t.Fatalf("after the demotion: %+v %v", a, err)
@@ -275,7 +275,7 @@ func TestConcurrentDecisionsProveOnce(t *testing.T) {
 	errs := make(chan error, 4)
 	for range 4 {
 		go func() {
-			a, err := f.b.ChooseAccel(context.Background(), "", f.files)
+			a, err := f.b.ChooseAccelFor(context.Background(), "", f.files)
 			if err == nil && a.Name != vmm.AccelTCG {
 				err = errors.New("chose " + a.Name)
 			}
@@ -323,7 +323,7 @@ func TestAccelCacheDamaged(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := f.probes(t)
-		a, err := f.b.ChooseAccel(context.Background(), "", f.files)
+		a, err := f.b.ChooseAccelFor(context.Background(), "", f.files)
 		if err != nil || a.Name != vmm.AccelKVM || a.CPU != "host" {
 			t.Fatalf("cache %q: %+v %v", junk, a, err)
 		}

@@ -86,7 +86,7 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 		return nil, fmt.Errorf("qemu: CPU model %q for %s", accel.CPU, accel.Name)
 	}
 	cmdline := spec.Cmdline
-	if k := accel.KernelParams(); k != "" {
+	if k := AccelKernelParams(accel); k != "" {
 		cmdline = strings.TrimSpace(cmdline + " " + k)
 	}
 	machine := spec.Machine

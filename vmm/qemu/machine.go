@@ -113,18 +113,22 @@ func (b *Backend) create(ctx context.Context, spec vmm.Spec) (*Machine, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
-	accel, err := b.ChooseAccel(ctx, spec.Accel, BootFiles{Kernel: spec.Kernel, Initramfs: spec.Initramfs, Firmware: spec.Firmware})
+	accel, err := b.ChooseAccel(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 	b.log().Info("accelerator", "vm", spec.Name, "accel", accel.Name, "cpu", accel.CPU, "reason", accel.Reason)
-	return b.CreateWithAccel(spec, accel)
+	return b.createWithAccel(spec, accel)
 }
 
 // CreateWithAccel is Create under an accelerator already chosen (by
 // ChooseAccel, or a machine's AccelChoice), so that machines started one
 // after another for one VM (a saved boot and its resume) run the same.
-func (b *Backend) CreateWithAccel(spec vmm.Spec, accel Accel) (*Machine, error) {
+func (b *Backend) CreateWithAccel(spec vmm.Spec, accel Accel) (vmm.Machine, error) {
+	return b.createWithAccel(spec, accel)
+}
+
+func (b *Backend) createWithAccel(spec vmm.Spec, accel Accel) (*Machine, error) {
 	log := b.log().With("vm", spec.Name)
 	path, err := b.binaryPath()
 	if err != nil {
@@ -158,9 +162,9 @@ type Machine struct {
 	grace time.Duration
 	log   *slog.Logger
 
-	// BeforeChannel, when set before Start, runs on QEMU's raw channel
+	// beforeChannel, when set before Start, runs on QEMU's raw channel
 	// connection before the multiplexer starts on it (the wake handshake).
-	BeforeChannel func(ctx context.Context, raw net.Conn) error
+	beforeChannel func(ctx context.Context, raw net.Conn) error
 
 	mu       sync.Mutex
 	started  bool
@@ -178,7 +182,23 @@ type Machine struct {
 	done     chan struct{} // closed once QEMU is reaped
 }
 
-var _ vmm.Machine = (*Machine)(nil)
+var (
+	_ vmm.AccelBackend  = (*Backend)(nil)
+	_ vmm.Machine       = (*Machine)(nil)
+	_ vmm.StateSaver    = (*Machine)(nil)
+	_ vmm.ChannelHooker = (*Machine)(nil)
+	_ vmm.StateKeyer    = (*Machine)(nil)
+)
+
+// SetBeforeChannel sets the function Start runs on the raw channel
+// connection before the multiplexer starts on it (vmm.ChannelHooker).
+func (m *Machine) SetBeforeChannel(fn func(ctx context.Context, raw net.Conn) error) {
+	m.beforeChannel = fn
+}
+
+// StateKey is QEMU's argv: a saved state resumes only in a QEMU started
+// the same way (vmm.StateKeyer).
+func (m *Machine) StateKey() []string { return m.Argv() }
 
 // Accel is the accelerator this machine runs with ("kvm" or "tcg").
 func (m *Machine) Accel() string { return m.accel.Name }
@@ -246,8 +266,8 @@ func (m *Machine) Start(ctx context.Context) error {
 	if err != nil {
 		return m.failStart(err)
 	}
-	if m.BeforeChannel != nil {
-		if err := m.BeforeChannel(ctx, conn); err != nil {
+	if m.beforeChannel != nil {
+		if err := m.beforeChannel(ctx, conn); err != nil {
 			conn.Close()
 			return m.failStart(err)
 		}
@@ -423,7 +443,7 @@ func (m *Machine) monitorClient(ctx context.Context) (*qmp, error) {
 
 // ErrNotResumed is wrapped by SaveState's error when the VM could not be
 // resumed after the save: it stays paused, and is of no use any more.
-var ErrNotResumed = errors.New("qemu: the VM could not be resumed after saving it")
+var ErrNotResumed = vmm.ErrNotResumed
 
 // statePollInterval is how often SaveState asks whether the save is done.
 const statePollInterval = 10 * time.Millisecond
@@ -497,6 +517,7 @@ func (m *Machine) SaveState(ctx context.Context, path string) error {
 		return fmt.Errorf("qemu: publishing the state file: %w", err)
 	}
 	published = true
+	compactFile(m.log, path)
 	return nil
 }
 

@@ -41,14 +41,14 @@ func (p MarkerBoot) Args() []string {
 		mem = 256
 	}
 	params := "console=ttyS0 panic=-1 quiet loglevel=3"
-	if k := p.Accel.KernelParams(); k != "" {
+	if k := AccelKernelParams(p.Accel); k != "" {
 		params += " " + k
 	}
 	// The shell sleeps instead of exiting: init exiting panics the kernel,
 	// whose report could land in the middle of the marker.
 	params += ` rdinit=/bin/sh -- -c "echo ` + Marker + `; exec sleep 600"`
 	a := []string{"-machine", vmm.DefaultMachine}
-	a = append(a, p.Accel.QEMUArgs()...)
+	a = append(a, AccelArgs(p.Accel)...)
 	a = append(a, "-smp", fmt.Sprint(cpus), "-m", fmt.Sprintf("%dM", mem),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-nic", "none", "-serial", "stdio",
 		"-kernel", p.Files.Kernel, "-initrd", p.Files.Initramfs, "-append", params)

@@ -80,19 +80,14 @@ func TestSaveStateAndRestore(t *testing.T) {
 	if left, _ := filepath.Glob(state + ".*.tmp"); len(left) != 0 {
 		t.Fatalf("temporary state files left: %v", left)
 	}
-	// The VM below resumes from the compacted state: QEMU must take it,
-	// and the guest carry on as from the whole one.
+	// SaveState compacted the state (the VM below must resume from that
+	// form, as from the whole one): compacting it again drops nothing.
 	raw, err := os.ReadFile(state)
 	if err != nil {
 		t.Fatal(err)
 	}
-	compacted, cst, err := CompactState(raw)
-	if err != nil || cst.Dropped == 0 {
-		t.Fatalf("compacting a real state: %+v %v", cst, err)
-	}
-	t.Logf("compacted %d → %d bytes: %+v", len(raw), len(compacted), cst)
-	if err := os.WriteFile(state, compacted, 0o600); err != nil {
-		t.Fatal(err)
+	if _, cst, err := CompactState(raw); err != nil || cst.Dropped != 0 {
+		t.Fatalf("the saved state was not compacted: %+v %v", cst, err)
 	}
 	before := waitTicks(t, saved, spec.ConsoleLog, 1)
 	// The saved VM was resumed: it keeps counting.

@@ -1,4 +1,4 @@
-package process_test
+package vmhost_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
-	"github.com/capsem/capsem/personalities/process"
+	"github.com/capsem/capsem/core/vmhost"
 )
 
 // bootStateDir is a directory of saved boots of the test's own, so what a
@@ -57,10 +57,10 @@ date +%s`)
 // name, clock and disk.
 func TestBootStateResumesVMs(t *testing.T) {
 	states := bootStateDir(t)
-	first := startVM(t, "bs-first", "--boot-state-dir", states)
+	first := startVM(t, "bs-first", func(c *vmhost.ProcessConfig) { c.BootStateDir = states })
 	defer first.stop(t)
-	if first.info.Start != process.StartBootedSaved {
-		t.Fatalf("the first VM started %q, want %q", first.info.Start, process.StartBootedSaved)
+	if first.info.Start != vmhost.ModeBootAndSave.String() {
+		t.Fatalf("the first VM started %q, want %q", first.info.Start, vmhost.ModeBootAndSave.String())
 	}
 	metas, _ := filepath.Glob(filepath.Join(states, "*.json"))
 	saved, _ := filepath.Glob(filepath.Join(states, "*.state"))
@@ -87,10 +87,10 @@ func TestBootStateResumesVMs(t *testing.T) {
 
 	vms := []*vmProc{first}
 	for _, name := range []string{"bs-second", "bs-third"} {
-		v := startVM(t, name, "--boot-state-dir", states)
+		v := startVM(t, name, func(c *vmhost.ProcessConfig) { c.BootStateDir = states })
 		defer v.stop(t)
-		if v.info.Start != process.StartRestored {
-			t.Fatalf("%s started %q, want %q (timings %v)", name, v.info.Start, process.StartRestored, v.info.BootTimings)
+		if v.info.Start != vmhost.ModeResume.String() {
+			t.Fatalf("%s started %q, want %q (timings %v)", name, v.info.Start, vmhost.ModeResume.String(), v.info.BootTimings)
 		}
 		if v.info.BootTimings["guest_after_wake"] <= 0 || v.info.BootTimings["state_hash"] <= 0 {
 			t.Errorf("%s timings lack the resumed start's stages: %v", name, v.info.BootTimings)
@@ -136,7 +136,7 @@ func TestBootStateResumesVMs(t *testing.T) {
 // guest speaks; either way the VM boots instead, and is saved anew.
 func TestBootStateRefusedFallsBack(t *testing.T) {
 	states := bootStateDir(t)
-	v := startVM(t, "bs-spoil", "--boot-state-dir", states)
+	v := startVM(t, "bs-spoil", func(c *vmhost.ProcessConfig) { c.BootStateDir = states })
 	v.stop(t)
 	stateFile := func() (string, string) {
 		t.Helper()
@@ -177,10 +177,10 @@ func TestBootStateRefusedFallsBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			meta, state := stateFile()
 			tc.spoil(meta, state)
-			v := startVM(t, "bs-after-spoil", "--boot-state-dir", states)
+			v := startVM(t, "bs-after-spoil", func(c *vmhost.ProcessConfig) { c.BootStateDir = states })
 			defer v.stop(t)
-			if v.info.Start != process.StartBootedSaved {
-				t.Fatalf("started %q after a spoilt saved boot, want %q", v.info.Start, process.StartBootedSaved)
+			if v.info.Start != vmhost.ModeBootAndSave.String() {
+				t.Fatalf("started %q after a spoilt saved boot, want %q", v.info.Start, vmhost.ModeBootAndSave.String())
 			}
 			log, _ := os.ReadFile(v.log)
 			if !strings.Contains(string(log), "resuming the saved boot failed") {
@@ -201,11 +201,11 @@ func TestBootStateRefusedFallsBack(t *testing.T) {
 // saved.
 func TestBootStateOff(t *testing.T) {
 	states := bootStateDir(t)
-	t.Setenv(process.BootStateEnv, "off")
-	v := startVM(t, "bs-off", "--boot-state-dir", states)
+	t.Setenv(vmhost.BootStateEnv, "off")
+	v := startVM(t, "bs-off", func(c *vmhost.ProcessConfig) { c.BootStateDir = states })
 	defer v.stop(t)
-	if v.info.Start != process.StartBooted {
-		t.Fatalf("started %q, want %q", v.info.Start, process.StartBooted)
+	if v.info.Start != vmhost.ModeBoot.String() {
+		t.Fatalf("started %q, want %q", v.info.Start, vmhost.ModeBoot.String())
 	}
 	if left, _ := os.ReadDir(states); len(left) != 0 {
 		t.Fatalf("a VM saved its boot with saving off: %v", left)

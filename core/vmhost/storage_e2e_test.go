@@ -1,4 +1,4 @@
-package process_test
+package vmhost_test
 
 import (
 	"bytes"
@@ -17,46 +17,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/capsem/capsem/core/api"
-	"github.com/capsem/capsem/core/testkit"
-	"github.com/capsem/capsem/personalities/process"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/vmhost"
 )
 
-// bootVMIn starts `capsem process` on dir/session, which may hold a VM
-// already: that is how a named VM boots again. Unlike startVM it leaves dir
-// alone when the VM stops (see shutdown).
+// bootVMIn boots a VM whose session directory is dir/session, which may
+// hold a disk and workspace already: that is how a named VM boots again.
+// Unlike startVM it leaves dir alone when the VM stops (see shutdown).
 func bootVMIn(t *testing.T, name, dir string) *vmProc {
 	t.Helper()
-	v := &vmProc{sessionDir: filepath.Join(dir, "session"), log: filepath.Join(dir, "process.log"), exited: make(chan error, 1)}
-	sock := filepath.Join(dir, "process.sock")
-	logFile, err := os.OpenFile(v.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
-		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
-	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
-	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
-	if err := v.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { v.exited <- v.cmd.Wait(); logFile.Close() }()
+	v := launchVM(t, name, dir)
 	// Whatever fails later, no VM outlives the test.
-	t.Cleanup(func() {
-		select {
-		case <-v.exited:
-		default:
-			v.cmd.Process.Kill()
-		}
-	})
-	v.client = api.NewProcessClient(sock)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	info, err := v.client.WaitReady(ctx)
-	if err != nil {
-		b, _ := os.ReadFile(v.log)
-		t.Fatalf("VM %s not ready: %v\n%s", name, err, b)
-	}
-	v.info = info
+	t.Cleanup(v.proc.Kill)
 	return v
 }
 
@@ -66,16 +38,11 @@ func (v *vmProc) shutdown(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := v.client.Stop(ctx); err != nil {
+	if err := v.proc.Stop(ctx); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	select {
-	case err := <-v.exited:
-		if err != nil {
-			t.Fatalf("the VM process exited with %v after stop", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the VM process did not exit after stop")
+	if err := v.proc.Wait(); err != nil {
+		t.Fatalf("the VM process exited with %v after stop", err)
 	}
 }
 
@@ -107,7 +74,7 @@ func TestNamedVMKeepsFilesAcrossBoots(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	session := filepath.Join(dir, "session")
-	ws := filepath.Join(session, process.WorkspaceDir)
+	ws := paths.Session{Dir: session}.Workspace()
 
 	v := bootVMIn(t, "keeper", dir)
 	t.Logf("first boot (disk created): %v", v.info.BootTimings)
@@ -173,14 +140,14 @@ echo from-guest > /root/workspace/guest.txt
 	t.Logf("workspace (9p): guest read+sha256 of 8 MiB in %d ms, guest write of 8 MiB in %d ms", read.DurationMS, write.DurationMS)
 
 	v.shutdown(t)
-	disk := filepath.Join(session, process.DiskFile)
+	disk := paths.Session{Dir: session}.Disk()
 	var st unix.Stat_t
 	if err := unix.Stat(disk, &st); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("disk.img after the first boot: %d bytes allocated of %d", st.Blocks*512, st.Size)
-	if st.Size != process.DefaultDiskGiB<<30 || st.Blocks*512 > 64<<20 {
-		t.Fatalf("disk.img: size %d, %d bytes allocated; want %d GiB and sparse (under 64 MiB)", st.Size, st.Blocks*512, process.DefaultDiskGiB)
+	if st.Size != vmhost.DefaultDiskGiB<<30 || st.Blocks*512 > 64<<20 {
+		t.Fatalf("disk.img: size %d, %d bytes allocated; want %d GiB and sparse (under 64 MiB)", st.Size, st.Blocks*512, vmhost.DefaultDiskGiB)
 	}
 	// The guest unmounted its disk cleanly: fsck finds nothing to do.
 	if e2fsck, err := exec.LookPath("e2fsck"); err == nil {

@@ -1,4 +1,4 @@
-package process
+package vmhost
 
 import (
 	"net/http"
@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/capsem/capsem/core/paths"
 )
 
 func TestLogsRoute(t *testing.T) {
@@ -18,7 +20,7 @@ func TestLogsRoute(t *testing.T) {
 		b.WriteString("\n")
 	}
 	os.WriteFile(filepath.Join(dir, "console.log"), []byte(b.String()+"boot: agent connected\n"), 0o600)
-	v := &VM{opts: Options{SessionDir: dir}}
+	v := &VM{opts: Options{SessionDir: dir}, session: paths.Session{Dir: dir}}
 	cases := []struct {
 		query  string
 		status int
@@ -44,7 +46,7 @@ func TestLogsRoute(t *testing.T) {
 			t.Errorf("%s: %d lines, want %d", tc.query, strings.Count(body, "\n"), tc.lines)
 		}
 	}
-	missing := &VM{opts: Options{SessionDir: filepath.Join(dir, "nope")}}
+	missing := &VM{session: paths.Session{Dir: filepath.Join(dir, "nope")}}
 	rec := httptest.NewRecorder()
 	missing.handleLogs(rec, httptest.NewRequest(http.MethodGet, "/logs", nil))
 	if rec.Code != http.StatusNotFound {

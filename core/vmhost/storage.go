@@ -1,4 +1,4 @@
-package process
+package vmhost
 
 import (
 	"context"
@@ -13,15 +13,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/vmm"
 )
 
-// Files of a session directory that hold the VM's state.
+// Bounds of the per-VM disk (paths.Session.Disk).
 const (
-	// DiskFile is the per-VM disk: ext4 with the root overlay's upper layer.
-	DiskFile = "disk.img"
-	// WorkspaceDir is the host side of the guest's /root/workspace.
-	WorkspaceDir = "workspace"
 	// DefaultDiskGiB is the per-VM disk's apparent size. It is sparse, so
 	// only what the guest writes takes room on the host.
 	DefaultDiskGiB = 8
@@ -134,7 +131,7 @@ func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, di
 		return nil, nil, "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
 	}
 	if diskGiB > 0 {
-		path := filepath.Join(sessionDir, DiskFile)
+		path := paths.Session{Dir: sessionDir}.Disk()
 		t := time.Now()
 		created, err = ensureDisk(ctx, path, diskGiB)
 		if err != nil {
@@ -149,7 +146,7 @@ func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, di
 		disks = append(disks, vmm.Disk{ID: guestwire.UpperDiskID, Path: path})
 		cmdline += " " + guestwire.CmdlineUpperDisk + "=" + guestwire.UpperDiskID
 	}
-	ws := filepath.Join(sessionDir, WorkspaceDir)
+	ws := paths.Session{Dir: sessionDir}.Workspace()
 	if err := os.Mkdir(ws, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, nil, "", false, fmt.Errorf("creating the workspace %s: %w", ws, err)
 	}

@@ -1,4 +1,4 @@
-package process
+package vmhost
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/paths"
 )
 
 func needMkfs(t *testing.T) {
@@ -25,7 +26,7 @@ func needMkfs(t *testing.T) {
 func TestEnsureDiskIsSparseExt4AndReused(t *testing.T) {
 	needMkfs(t)
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), DiskFile)
+	path := filepath.Join(t.TempDir(), "disk.img")
 	created, err := ensureDisk(ctx, path, DefaultDiskGiB)
 	if err != nil || !created {
 		t.Fatalf("first ensureDisk: created=%v %v", created, err)
@@ -63,7 +64,7 @@ func TestEnsureDiskIsSparseExt4AndReused(t *testing.T) {
 }
 
 func TestEnsureDiskRefusesANonFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), DiskFile)
+	path := filepath.Join(t.TempDir(), "disk.img")
 	os.Mkdir(path, 0o700)
 	if _, err := ensureDisk(context.Background(), path, 1); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Fatalf("a directory as disk: %v", err)
@@ -78,10 +79,10 @@ func TestPrepareStorage(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("created %v, err %v", created, err)
 	}
-	if len(disks) != 1 || disks[0].ID != guestwire.UpperDiskID || disks[0].Path != filepath.Join(dir, DiskFile) || disks[0].ReadOnly {
+	if len(disks) != 1 || disks[0].ID != guestwire.UpperDiskID || disks[0].Path != (paths.Session{Dir: dir}).Disk() || disks[0].ReadOnly {
 		t.Fatalf("disks %+v", disks)
 	}
-	ws := filepath.Join(dir, WorkspaceDir)
+	ws := (paths.Session{Dir: dir}).Workspace()
 	if len(shares) != 1 || shares[0].Tag != guestwire.WorkspaceTag || shares[0].HostPath != ws || shares[0].ReadOnly ||
 		shares[0].SecurityModel != workspaceSecurityModel(os.Geteuid()) {
 		t.Fatalf("shares %+v", shares)

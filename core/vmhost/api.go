@@ -1,4 +1,4 @@
-package process
+package vmhost
 
 import (
 	"context"
@@ -9,15 +9,12 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/guestwire"
-	"github.com/capsem/capsem/core/ledger"
+	"github.com/capsem/capsem/core/logs"
 )
 
 // maxRequestBody bounds JSON request bodies (file contents travel raw, on
@@ -26,14 +23,14 @@ const maxRequestBody = 1 << 20
 
 func (v *VM) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /info", v.handleInfo)
-	mux.HandleFunc("POST /exec", v.handleExec)
-	mux.HandleFunc("GET /files/content", v.handleReadContent)
-	mux.HandleFunc("PUT /files/content", v.handleWriteContent)
-	mux.HandleFunc("POST /files/stat", v.handleFile)
-	mux.HandleFunc("POST /files/mkdir", v.handleFile)
-	mux.HandleFunc("POST /stop", v.handleStop)
-	mux.HandleFunc("GET /logs", v.handleLogs)
+	mux.HandleFunc("GET "+api.RouteInfo, v.handleInfo)
+	mux.HandleFunc("POST "+api.RouteExec, v.handleExec)
+	mux.HandleFunc("GET "+api.RouteFileContent, v.handleReadContent)
+	mux.HandleFunc("PUT "+api.RouteFileContent, v.handleWriteContent)
+	mux.HandleFunc("POST "+api.RouteFileStat, v.handleFile)
+	mux.HandleFunc("POST "+api.RouteFileMkdir, v.handleFile)
+	mux.HandleFunc("POST "+api.RouteStop, v.handleStop)
+	mux.HandleFunc("GET "+api.RouteLogs, v.handleLogs)
 	return mux
 }
 
@@ -65,7 +62,7 @@ func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
 	default:
 	}
 	writeJSON(w, http.StatusOK, api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
-		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start, BootTimings: v.timings, State: state})
+		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start.String(), BootTimings: v.timings, State: state})
 }
 
 func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {
@@ -76,20 +73,14 @@ func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {
 
 // eventWriter streams exec output as NDJSON events.
 type eventWriter struct {
-	mu      *sync.Mutex
-	w       http.ResponseWriter
-	stream  string
-	preview *strings.Builder
+	mu     *sync.Mutex
+	w      http.ResponseWriter
+	stream string
 }
-
-const previewBytes = 4 << 10
 
 func (e *eventWriter) Write(p []byte) (int, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if room := previewBytes - e.preview.Len(); room > 0 {
-		e.preview.Write(p[:min(room, len(p))])
-	}
 	b, err := json.Marshal(api.ExecEvent{Stream: e.stream, Data: p})
 	if err != nil {
 		return 0, err
@@ -108,41 +99,14 @@ func (v *VM) handleExec(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	if (len(req.Argv) == 0) == (req.Command == "") {
-		writeError(w, http.StatusBadRequest, errors.New("exactly one of argv and command must be given"))
+	if err := checkExec(&req); err != nil {
+		writeError(w, http.StatusBadRequest, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	var mu sync.Mutex
-	var outPreview, errPreview strings.Builder
-	stdout := &eventWriter{mu: &mu, w: w, stream: "stdout", preview: &outPreview}
-	stderr := &eventWriter{mu: &mu, w: w, stream: "stderr", preview: &errPreview}
-	start := time.Now()
-	res, err := v.ctl.Exec(r.Context(), &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: req.Env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, stdout, stderr)
-	command := req.Command
-	if command == "" {
-		command = strings.Join(req.Argv, " ")
-	}
-	row := &ledger.ExecEvent{Command: command, DurationMS: time.Since(start).Milliseconds(), Source: "api",
-		StdoutPreview: outPreview.String(), StderrPreview: errPreview.String()}
-	final := api.ExecEvent{Done: true}
-	if err != nil {
-		final = api.ExecEvent{Error: err.Error()}
-		row.StderrPreview = "exec failed: " + err.Error()
-	} else {
-		final.ExitCode, final.Signal, final.TimedOut = res.ExitCode, res.Signal, res.TimedOut
-		final.StdoutTruncated, final.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
-		final.StdoutBytes, final.StderrBytes, final.DurationMS = res.StdoutBytes, res.StderrBytes, res.DurationMS
-		code := int64(res.ExitCode)
-		row.ExitCode = &code
-		row.StdoutBytes, row.StderrBytes = res.StdoutBytes, res.StderrBytes
-		row.Truncated = res.StdoutTruncated || res.StderrTruncated
-		row.TimedOut = res.TimedOut
-	}
-	if lerr := v.ledger.Write(context.WithoutCancel(r.Context()), row); lerr != nil {
-		v.log.Error("exec_events row not written", "err", lerr)
-	}
+	final := v.Exec(r.Context(), &req, &eventWriter{mu: &mu, w: w, stream: "stdout"}, &eventWriter{mu: &mu, w: w, stream: "stderr"})
 	mu.Lock()
 	defer mu.Unlock()
 	b, _ := json.Marshal(final)
@@ -159,9 +123,9 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 	var info *guestwire.FileInfo
 	var err error
 	switch r.URL.Path {
-	case "/files/stat":
+	case api.RouteFileStat:
 		info, err = v.ctl.Stat(ctx, req.Path)
-	case "/files/mkdir":
+	case api.RouteFileMkdir:
 		mode := fs.FileMode(req.Mode)
 		if mode == 0 {
 			mode = 0o755
@@ -244,46 +208,28 @@ func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// maxLogBytes bounds how much of the serial console log one request reads.
-const maxLogBytes = 1 << 20
-
 // handleLogs returns the tail of the guest's serial console log:
-// ?tail=N lines (default 200), optionally only lines containing ?grep=TEXT.
+// ?tail=N lines (default logs.DefaultTailLines), optionally only lines
+// containing ?grep=TEXT.
 func (v *VM) handleLogs(w http.ResponseWriter, r *http.Request) {
-	tail := 200
+	tail := 0
 	if s := r.URL.Query().Get("tail"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 100000 {
-			writeError(w, http.StatusBadRequest, fmt.Errorf("tail=%q: want a number of lines from 1 to 100000", s))
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("tail=%q: want a number of lines from 1 to %d", s, logs.TailMaxLines))
 			return
 		}
 		tail = n
 	}
-	grep := r.URL.Query().Get("grep")
-	f, err := os.Open(filepath.Join(v.opts.SessionDir, "console.log"))
-	if err != nil {
+	text, err := logs.Tail(v.session.ConsoleLog(), tail, r.URL.Query().Get("grep"))
+	if errors.Is(err, fs.ErrNotExist) {
 		writeError(w, http.StatusNotFound, fmt.Errorf("console log: %w", err))
 		return
 	}
-	defer f.Close()
-	st, _ := f.Stat()
-	if st != nil && st.Size() > maxLogBytes {
-		f.Seek(st.Size()-maxLogBytes, io.SeekStart)
-	}
-	b, _ := io.ReadAll(io.LimitReader(f, maxLogBytes))
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if grep != "" {
-		kept := lines[:0]
-		for _, l := range lines {
-			if strings.Contains(l, grep) {
-				kept = append(kept, l)
-			}
-		}
-		lines = kept
-	}
-	if len(lines) > tail {
-		lines = lines[len(lines)-tail:]
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	io.WriteString(w, strings.Join(lines, "\n")+"\n")
+	io.WriteString(w, text)
 }

@@ -1,4 +1,4 @@
-package process
+package vmhost
 
 import (
 	"crypto/sha256"

@@ -1,4 +1,4 @@
-package process
+package vmhost
 
 import (
 	"errors"
@@ -6,20 +6,19 @@ import (
 	"testing"
 
 	"github.com/capsem/capsem/vmm"
-	"github.com/capsem/capsem/vmm/qemu"
 )
 
 // TestStartFallingBackToTCG: only a start that failed under a KVM nobody
 // forced, before the guest spoke, is retried, once, after the verdict is
 // demoted; every other outcome stands.
 func TestStartFallingBackToTCG(t *testing.T) {
-	kvm := qemu.Accel{Name: vmm.AccelKVM, CPU: "host"}
-	forcedKVM := qemu.Accel{Name: vmm.AccelKVM, CPU: "host", Forced: true}
-	tcg := qemu.Accel{Name: vmm.AccelTCG, CPU: "max"}
+	kvm := vmm.Accel{Name: vmm.AccelKVM, CPU: "host"}
+	forcedKVM := vmm.Accel{Name: vmm.AccelKVM, CPU: "host", Forced: true}
+	tcg := vmm.Accel{Name: vmm.AccelTCG, CPU: "max"}
 	boom := errors.New("the guest did not say hello within 90s")
 	for _, c := range []struct {
 		name        string
-		firstAccel  qemu.Accel
+		firstAccel  vmm.Accel
 		firstErr    error
 		spoke       bool
 		demoteErr   error
@@ -39,15 +38,15 @@ func TestStartFallingBackToTCG(t *testing.T) {
 			accel, spoke := c.firstAccel, c.spoke
 			demoted := false
 			how, err := startFallingBackToTCG(slog.New(slog.DiscardHandler),
-				func(a string) (string, error) {
+				func(a string) (StartMode, error) {
 					starts = append(starts, a)
 					if len(starts) == 1 {
-						return StartBooted, c.firstErr
+						return ModeBoot, c.firstErr
 					}
 					accel, spoke = tcg, true
-					return StartRestored, nil
+					return ModeResume, nil
 				},
-				func() (qemu.Accel, bool) { return accel, spoke },
+				func() (vmm.Accel, bool) { return accel, spoke },
 				func(why error) error {
 					if !errors.Is(why, boom) {
 						t.Errorf("demoted for %v", why)
@@ -63,7 +62,7 @@ func TestStartFallingBackToTCG(t *testing.T) {
 					t.Fatalf("starts %q, want %q", starts, c.wantStarts)
 				}
 			}
-			if len(starts) == 2 && how != StartRestored {
+			if len(starts) == 2 && how != ModeResume {
 				t.Fatalf("the retry's start mode %q is not the one returned", how)
 			}
 		})

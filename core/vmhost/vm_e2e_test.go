@@ -1,4 +1,4 @@
-package process_test
+package vmhost_test
 
 import (
 	"bytes"
@@ -19,62 +19,71 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/testkit"
-	"github.com/capsem/capsem/personalities/process"
+	"github.com/capsem/capsem/core/vmhost"
 )
 
-// vmProc is one real `capsem process` with its QEMU guest.
+// vmProc is one real `capsem process` with its QEMU guest, started as
+// the service and `capsem run` start it (vmhost.Launch).
 type vmProc struct {
-	cmd        *exec.Cmd
-	client     *api.ProcessClient
+	proc       *vmhost.Process
+	client     *apiclient.ProcessClient
 	sessionDir string
 	info       *api.Info
 	log        string
-	exited     chan error
 }
 
-func startVM(t testing.TB, name string, extraArgs ...string) *vmProc {
+// testEnv is the environment of a test VM's process: the shared test home
+// and cache, and no corp configuration.
+func testEnv(t testing.TB) []string {
+	return append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
+}
+
+// launchVM starts a VM whose session directory is dir/session, configured
+// as edit says, and waits until it is ready. The caller stops it (the
+// shared VM outlives the test that first asked for it).
+func launchVM(t testing.TB, name, dir string, edit ...func(*vmhost.ProcessConfig)) *vmProc {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "capsem-vm-")
+	session := paths.Session{Dir: filepath.Join(dir, "session")}
+	cfg := vmhost.ProcessConfig{SessionDir: session.Dir, Socket: filepath.Join(dir, "process.sock"), Name: name,
+		GuestBin: testkit.GuestBinary(t), NoAutodetect: true, CPUs: 2, MemoryMiB: 1024, DiskGiB: vmhost.DefaultDiskGiB}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: testkit.CapsemBinary(t), Env: testEnv(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := &vmProc{sessionDir: filepath.Join(dir, "session"), log: filepath.Join(dir, "process.log"), exited: make(chan error, 1)}
-	sock := filepath.Join(dir, "process.sock")
-	logFile, _ := os.Create(v.log)
-	v.cmd = exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", v.sessionDir, "--socket", sock, "--name", name,
-		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
-	v.cmd.Args = append(v.cmd.Args, extraArgs...)
-	v.cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
-	v.cmd.Stdout, v.cmd.Stderr = logFile, logFile
-	if err := v.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { v.exited <- v.cmd.Wait(); logFile.Close() }()
-	v.client = api.NewProcessClient(sock)
+	v := &vmProc{proc: proc, client: proc.Client, sessionDir: session.Dir, log: session.ProcessLog()}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	info, err := v.client.WaitReady(ctx)
+	info, err := proc.WaitReady(ctx)
 	if err != nil {
-		b, _ := os.ReadFile(v.log)
-		v.cmd.Process.Kill()
-		console, _ := os.ReadFile(filepath.Join(v.sessionDir, "console.log"))
-		t.Fatalf("VM %s not ready: %v\n%s\nguest console:\n%s", name, err, b, console)
+		proc.Kill()
+		console, _ := os.ReadFile(session.ConsoleLog())
+		t.Fatalf("VM %s not ready: %v\nguest console:\n%s", name, err, console)
 	}
 	v.info = info
 	return v
 }
 
+// startVM starts a VM in a directory of its own, which stop removes.
+func startVM(t testing.TB, name string, edit ...func(*vmhost.ProcessConfig)) *vmProc {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "capsem-vm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return launchVM(t, name, dir, edit...)
+}
+
 func (v *vmProc) stop(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = v.client.Stop(ctx)
-	select {
-	case <-v.exited:
-	case <-time.After(30 * time.Second):
-		v.cmd.Process.Kill()
-		<-v.exited
-		t.Errorf("VM process did not exit after stop")
+	if err := v.proc.Stop(ctx); err != nil {
+		t.Errorf("stopping the VM: %v", err)
 	}
 	os.RemoveAll(filepath.Dir(v.sessionDir))
 }
@@ -294,7 +303,7 @@ func TestGuestMCPPolicyReload(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("[mcp]\ndefault = \"allow\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	v := startVM(t, "policyvm", "--config", cfg)
+	v := startVM(t, "policyvm", func(c *vmhost.ProcessConfig) { c.Config = cfg })
 	defer v.stop(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -359,7 +368,7 @@ func TestKillingQEMUFailsTheExecAtOnce(t *testing.T) {
 		t.Fatal("exec still waiting 10 s after QEMU died")
 	}
 	select {
-	case <-v.exited:
+	case <-v.proc.Done():
 	case <-time.After(15 * time.Second):
 		t.Fatal("the VM process did not exit after QEMU died")
 	}
@@ -382,7 +391,7 @@ func TestConsoleLogs(t *testing.T) {
 	// a VM resumed from a saved boot as soon as it is woken (so a start
 	// that hangs shows how far it got), then its connect line.
 	first := `"msg":"init started"`
-	if v.info.Start == process.StartRestored {
+	if v.info.Start == vmhost.ModeResume.String() {
 		first = `"msg":"woken"`
 	}
 	started, connected := strings.Index(logs, first), strings.Index(logs, "connected to the host")
@@ -448,18 +457,43 @@ echo "::events $(ls /sys/kernel/tracing/events | tr '\n' ' ')"
 	}
 }
 
+// launchFailure launches a VM that must fail before it is ready and
+// returns why (with the last lines of its log).
+func launchFailure(t *testing.T, dir string, edit func(*vmhost.ProcessConfig)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	return launchFailureWithin(ctx, t, dir, edit)
+}
+
+func launchFailureWithin(ctx context.Context, t *testing.T, dir string, edit func(*vmhost.ProcessConfig)) error {
+	t.Helper()
+	cfg := vmhost.ProcessConfig{SessionDir: filepath.Join(dir, "session"), Socket: filepath.Join(dir, "p.sock"), Name: "failing",
+		GuestBin: testkit.GuestBinary(t), NoAutodetect: true, CPUs: 2, MemoryMiB: 1024, DiskGiB: vmhost.DefaultDiskGiB}
+	edit(&cfg)
+	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: testkit.CapsemBinary(t), Env: testEnv(t)})
+	if err != nil {
+		return err
+	}
+	defer proc.Kill()
+	info, err := proc.WaitReady(ctx)
+	if err == nil {
+		t.Fatalf("the VM became ready: %+v", info)
+	}
+	if werr := proc.Wait(); werr == nil {
+		t.Errorf("the failed process exited 0")
+	}
+	return err
+}
+
 // TestBadConfigFailsBeforeBoot: an invalid policy file stops `capsem
 // process` with an error naming the file and key, before any VM exists.
 func TestBadConfigFailsBeforeBoot(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "bad.toml")
 	os.WriteFile(cfg, []byte("[mcp]\ndefault = \"perhaps\"\n"), 0o600)
-	cmd := exec.Command(testkit.CapsemBinary(t), "process", "--session-dir", filepath.Join(dir, "s"), "--socket", filepath.Join(dir, "p.sock"),
-		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect", "--config", cfg)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
-	out, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "bad.toml") || !strings.Contains(string(out), `mcp.default: "perhaps" is not a decision`) {
-		t.Fatalf("want a failure naming the file and key: %v\n%s", err, out)
+	err := launchFailure(t, dir, func(c *vmhost.ProcessConfig) { c.SessionDir = filepath.Join(dir, "s"); c.Config = cfg })
+	if !strings.Contains(err.Error(), "bad.toml") || !strings.Contains(err.Error(), `mcp.default: "perhaps" is not a decision`) {
+		t.Fatalf("want a failure naming the file and key: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "s", "console.log")); !os.IsNotExist(err) {
 		t.Errorf("a VM was started for an invalid configuration: %v", err)
@@ -478,12 +512,9 @@ func TestLedgerFailureStopsTheBoot(t *testing.T) {
 	// A process that wrongly boots on would serve forever: bound it.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, testkit.CapsemBinary(t), "process", "--session-dir", session, "--socket", filepath.Join(dir, "p.sock"),
-		"--guest-binary", testkit.GuestBinary(t), "--no-autodetect")
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t), "CAPSEM_CACHE_DIR="+testkit.CacheDir(t), testkit.NoCorpConfig(t))
-	out, err := cmd.CombinedOutput()
-	if ctx.Err() != nil || err == nil || !strings.Contains(string(out), "opening session ledger") {
-		t.Fatalf("want a failure naming the ledger: %v\n%s", err, out)
+	err := launchFailureWithin(ctx, t, dir, func(c *vmhost.ProcessConfig) { c.SessionDir = session })
+	if ctx.Err() != nil || !strings.Contains(err.Error(), "opening session ledger") {
+		t.Fatalf("want a failure naming the ledger: %v", err)
 	}
 	// QEMU died with the process (it is reaped in teardown; the console
 	// log shows the guest got as far as its agent).

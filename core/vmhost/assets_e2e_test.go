@@ -1,4 +1,4 @@
-package process_test
+package vmhost_test
 
 import (
 	"context"

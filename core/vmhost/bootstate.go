@@ -1,4 +1,4 @@
-package process
+package vmhost
 
 import (
 	"crypto/sha256"
@@ -7,14 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"time"
-
-	"github.com/capsem/capsem/vmm/qemu"
 )
 
 // A VM normally starts by resuming a saved one instead of booting. For the
@@ -34,13 +30,6 @@ var replacedStateGrace = time.Minute
 // bootStateFormat is bumped whenever what a saved state means changes, so
 // old ones are no longer used.
 const bootStateFormat = 1
-
-// How a VM started (api.Info.Start).
-const (
-	StartBooted      = "booted"       // booted, not saved
-	StartBootedSaved = "booted_saved" // booted to be saved at the save point, then resumed from the state like later VMs
-	StartRestored    = "restored"     // resumed from a saved state
-)
 
 // bootState is where the saved state of one configuration lives: in dir
 // (normally beside the assets it boots from), named by a key over QEMU's
@@ -198,39 +187,4 @@ func hashFile(path string) (sum string, size int64, err error) {
 		return "", 0, fmt.Errorf("boot state: reading %s: %w", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
-// compactState rewrites the state SaveState wrote at path without the zero
-// records a restore need not read (qemu.CompactState): a resumed VM then
-// touches the guest RAM that holds data, not all of it. A stream it cannot
-// rewrite stays as it is.
-func compactState(log *slog.Logger, path string) {
-	t := time.Now()
-	in, err := os.ReadFile(path)
-	if err != nil {
-		log.Warn("reading the saved state to compact it", "err", err)
-		return
-	}
-	out, st, err := qemu.CompactState(in)
-	if err != nil {
-		log.Warn("the saved state stays as QEMU wrote it", "err", err)
-		return
-	}
-	tmp := path + ".compact"
-	if err := os.WriteFile(tmp, out, 0o600); err != nil {
-		os.Remove(tmp)
-		log.Warn("writing the compacted state", "err", err)
-		return
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		log.Warn("replacing the saved state by its compacted form", "err", err)
-		return
-	}
-	log.Info("compacted the saved state", "records", st.Records, "dropped", st.Dropped, "stretches_kept", st.Stretches,
-		"bytes", len(out), "ms", time.Since(t).Milliseconds())
-	// The two copies of the state (~200 MB) go back to the system now:
-	// this process serves its VM for hours.
-	in, out = nil, nil
-	debug.FreeOSMemory()
 }

@@ -1,0 +1,97 @@
+// Package api holds the wire types and routes of Capsem's local HTTP APIs
+// (JSON over HTTP/1.1 on 0600 Unix sockets; clients are in apiclient). The
+// routes carry a version: a per-VM process may outlive an upgrade of the
+// service that started it, so both ends name the version they speak.
+//
+// The per-VM process serves its API on paths.Session.APISocket.
+package api
+
+import "github.com/capsem/capsem/core/guestwire"
+
+// ExecRequest runs a command in the guest. Exactly one of Argv and Command is
+// set; Command runs under /bin/sh -c.
+type ExecRequest struct {
+	Argv      []string          `json:"argv,omitempty"`
+	Command   string            `json:"command,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	TimeoutMS int64             `json:"timeout_ms,omitempty"` // 0: no timeout
+}
+
+// Routes of the per-VM process API, version 1.
+const (
+	RouteInfo        = "/v1/info"          // GET: Info
+	RouteExec        = "/v1/exec"          // POST ExecRequest: NDJSON ExecEvents
+	RouteFileContent = "/v1/files/content" // GET ?path= (raw body); PUT ?path=&mode= (raw body)
+	RouteFileStat    = "/v1/files/stat"    // POST FileRequest: FileResponse
+	RouteFileMkdir   = "/v1/files/mkdir"   // POST FileRequest
+	RouteStop        = "/v1/stop"          // POST: 204, then the VM stops
+	RouteLogs        = "/v1/logs"          // GET ?tail=&grep=: the serial console's last lines
+)
+
+// ReadyLine is what `capsem process --ready-fd N` writes on N once its API
+// accepts connections.
+const ReadyLine = "ready\n"
+
+// ExecEvent is one line of the streamed exec response: output chunks, then
+// exactly one final event with Done set (or Error).
+type ExecEvent struct {
+	Stream string `json:"stream,omitempty"` // "stdout" | "stderr"
+	Data   []byte `json:"data,omitempty"`   // base64 in JSON
+
+	Done            bool   `json:"done,omitempty"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          int    `json:"signal,omitempty"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	StdoutBytes     int64  `json:"stdout_bytes,omitempty"`
+	StderrBytes     int64  `json:"stderr_bytes,omitempty"`
+	DurationMS      int64  `json:"duration_ms,omitempty"`
+	ExecID          string `json:"exec_id,omitempty"`
+	Error           string `json:"error,omitempty"`
+}
+
+// MaxFileBytes bounds one file read or write through the API: the guest
+// protocol's limit.
+const MaxFileBytes = guestwire.MaxFileSize
+
+// FileRequest stats or creates a directory in the guest. File contents
+// travel as raw bodies of GET and PUT /files/content instead: as JSON they
+// would be base64, a third larger, and decoded through more copies.
+type FileRequest struct {
+	Path string `json:"path"`
+	Mode uint32 `json:"mode,omitempty"`
+}
+
+// FileResponse answers a FileRequest.
+type FileResponse struct {
+	Size    int64  `json:"size,omitempty"`
+	Mode    uint32 `json:"mode,omitempty"`
+	IsDir   bool   `json:"is_dir,omitempty"`
+	ModTime int64  `json:"mod_time_unix,omitempty"`
+}
+
+// Info describes a running VM.
+type Info struct {
+	Name       string `json:"name"`
+	PID        int    `json:"pid"`
+	QEMUPID    int    `json:"qemu_pid"`
+	SessionDir string `json:"session_dir"`
+	Accel      string `json:"accel"`
+	// AccelReason says why the VM runs under Accel (the KVM proof's
+	// verdict, or what forced it).
+	AccelReason string `json:"accel_reason,omitempty"`
+	// Start says how the VM started: "restored" (resumed from the saved
+	// boot of its configuration), "booted_saved" (the first of its
+	// configuration: a boot was saved, then the VM resumed from it) or
+	// "booted".
+	Start       string           `json:"start,omitempty"`
+	BootTimings map[string]int64 `json:"boot_timings_ms,omitempty"`
+	State       string           `json:"state"`
+}
+
+// Error is the body of a non-2xx response.
+type Error struct {
+	Error string `json:"error"`
+}

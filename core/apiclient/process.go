@@ -1,0 +1,215 @@
+// Package apiclient holds the clients of Capsem's local HTTP APIs, whose
+// wire types and routes are in package api.
+package apiclient
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+)
+
+// ProcessClient talks to one per-VM process over its Unix socket.
+type ProcessClient struct {
+	http *http.Client
+}
+
+// NewProcessClient returns a client for the socket at path.
+func NewProcessClient(path string) *ProcessClient {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}
+	return &ProcessClient{http: &http.Client{Transport: tr}}
+}
+
+func (c *ProcessClient) post(ctx context.Context, route string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(ctx, http.MethodPost, route, nil, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return decode(route, resp, out)
+}
+
+// do sends one request to route (with query, if any); the caller closes the
+// response body. Errors name the route.
+func (c *ProcessClient) do(ctx context.Context, method, route string, query url.Values, contentType string, body io.Reader) (*http.Response, error) {
+	target := "http://capsem" + route
+	if len(query) > 0 {
+		target += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", route, err)
+	}
+	return resp, nil
+}
+
+func decode(route string, resp *http.Response, out any) error {
+	if resp.StatusCode/100 != 2 {
+		var e api.Error
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return fmt.Errorf("%s: %s", route, e.Error)
+		}
+		return fmt.Errorf("%s: HTTP %d: %s", route, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s: decoding response: %w", route, err)
+	}
+	return nil
+}
+
+// Info returns the VM's description.
+func (c *ProcessClient) Info(ctx context.Context) (*api.Info, error) {
+	resp, err := c.do(ctx, http.MethodGet, api.RouteInfo, nil, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var info api.Info
+	return &info, decode(api.RouteInfo, resp, &info)
+}
+
+// WaitReady polls /info until the process answers or ctx ends.
+func (c *ProcessClient) WaitReady(ctx context.Context) (*api.Info, error) {
+	for {
+		info, err := c.Info(ctx)
+		if err == nil && info.State == "running" {
+			return info, nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = fmt.Errorf("state %q", info.State)
+			}
+			return nil, fmt.Errorf("waiting for the VM process: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Exec runs a command, streaming output to stdout and stderr, and returns
+// the final event.
+func (c *ProcessClient) Exec(ctx context.Context, r *api.ExecRequest, stdout, stderr io.Writer) (*api.ExecEvent, error) {
+	body, _ := json.Marshal(r)
+	resp, err := c.do(ctx, http.MethodPost, api.RouteExec, nil, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, decode(api.RouteExec, resp, nil)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		var ev api.ExecEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return nil, fmt.Errorf("/exec: bad event: %w", err)
+		}
+		switch {
+		case ev.Error != "":
+			return &ev, errors.New(ev.Error)
+		case ev.Done:
+			return &ev, nil
+		case ev.Stream == "stdout" && stdout != nil:
+			stdout.Write(ev.Data)
+		case ev.Stream == "stderr" && stderr != nil:
+			stderr.Write(ev.Data)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("/exec: %w", err)
+	}
+	return nil, errors.New("/exec: the VM process ended the stream without a result")
+}
+
+// ReadFile reads a guest file (GET /files/content, raw body).
+func (c *ProcessClient) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	const route = api.RouteFileContent
+	resp, err := c.do(ctx, http.MethodGet, route, url.Values{"path": {path}}, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, decode(route, resp, nil)
+	}
+	if resp.ContentLength < 0 || resp.ContentLength > api.MaxFileBytes {
+		return nil, fmt.Errorf("%s: answer of length %d, want 0..%d", route, resp.ContentLength, api.MaxFileBytes)
+	}
+	data := make([]byte, resp.ContentLength)
+	if _, err := io.ReadFull(resp.Body, data); err != nil {
+		return nil, fmt.Errorf("%s: reading %s: %w", route, path, err)
+	}
+	return data, nil
+}
+
+// WriteFile writes a guest file (PUT /files/content, raw body), creating
+// missing parent directories; mode 0 means 0644.
+func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte, mode uint32) error {
+	const route = api.RouteFileContent
+	q := url.Values{"path": {path}}
+	if mode != 0 {
+		q.Set("mode", strconv.FormatUint(uint64(mode), 8))
+	}
+	resp, err := c.do(ctx, http.MethodPut, route, q, "application/octet-stream", bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return decode(route, resp, nil)
+}
+
+// Stop shuts the VM down (cleanly if the guest answers).
+func (c *ProcessClient) Stop(ctx context.Context) error {
+	return c.post(ctx, api.RouteStop, struct{}{}, nil)
+}
+
+// Logs returns the tail of the guest's serial console log (tail lines,
+// optionally only those containing grep).
+func (c *ProcessClient) Logs(ctx context.Context, tail int, grep string) (string, error) {
+	q := url.Values{}
+	if tail > 0 {
+		q.Set("tail", strconv.Itoa(tail))
+	}
+	if grep != "" {
+		q.Set("grep", grep)
+	}
+	resp, err := c.do(ctx, http.MethodGet, api.RouteLogs, q, "", nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return "", decode(api.RouteLogs, resp, nil)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 2<<20))
+	return string(b), err
+}

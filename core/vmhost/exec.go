@@ -1,0 +1,83 @@
+package vmhost
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/ledger"
+)
+
+// previewBytes is how much of each stream an exec_events row keeps.
+const previewBytes = 4 << 10
+
+// checkExec reports what makes req unusable, or nil.
+func checkExec(req *api.ExecRequest) error {
+	if (len(req.Argv) == 0) == (req.Command == "") {
+		return errors.New("exactly one of argv and command must be given")
+	}
+	if req.TimeoutMS < 0 {
+		return errors.New("timeout_ms must not be negative")
+	}
+	return nil
+}
+
+// previewWriter passes writes on and keeps the first previewBytes.
+type previewWriter struct {
+	mu      sync.Mutex
+	w       io.Writer
+	preview strings.Builder
+}
+
+func (p *previewWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	if room := previewBytes - p.preview.Len(); room > 0 {
+		p.preview.Write(b[:min(room, len(b))])
+	}
+	p.mu.Unlock()
+	return p.w.Write(b)
+}
+
+func (p *previewWriter) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.preview.String()
+}
+
+// Exec runs req in the guest, streaming its output to stdout and stderr as
+// it comes, records it as an exec_events row, and returns the final event
+// (exit status, or why it failed). Cancelling ctx kills the guest command.
+func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.Writer) api.ExecEvent {
+	out, errOut := &previewWriter{w: stdout}, &previewWriter{w: stderr}
+	start := time.Now()
+	res, err := v.ctl.Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: req.Env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, out, errOut)
+	command := req.Command
+	if command == "" {
+		command = strings.Join(req.Argv, " ")
+	}
+	row := &ledger.ExecEvent{Command: command, DurationMS: time.Since(start).Milliseconds(), Source: "api",
+		StdoutPreview: out.String(), StderrPreview: errOut.String()}
+	final := api.ExecEvent{Done: true}
+	if err != nil {
+		final = api.ExecEvent{Error: err.Error()}
+		row.StderrPreview = "exec failed: " + err.Error()
+	} else {
+		final.ExitCode, final.Signal, final.TimedOut = res.ExitCode, res.Signal, res.TimedOut
+		final.StdoutTruncated, final.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
+		final.StdoutBytes, final.StderrBytes, final.DurationMS = res.StdoutBytes, res.StderrBytes, res.DurationMS
+		code := int64(res.ExitCode)
+		row.ExitCode = &code
+		row.StdoutBytes, row.StderrBytes = res.StdoutBytes, res.StderrBytes
+		row.Truncated = res.StdoutTruncated || res.StderrTruncated
+		row.TimedOut = res.TimedOut
+	}
+	if lerr := v.ledger.Write(context.WithoutCancel(ctx), row); lerr != nil {
+		v.log.Error("exec_events row not written", "err", lerr)
+	}
+	return final
+}

@@ -1,0 +1,269 @@
+package vmhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/paths"
+)
+
+// ProcessConfig is the configuration of one per-VM process: the flags of
+// `capsem process` (which embeds it) and, through Args, the argv Launch
+// starts it with, so the two cannot drift apart. Every field has a name
+// tag.
+type ProcessConfig struct {
+	SessionDir   string `name:"session-dir" required:"" type:"path" help:"Session directory (session.db, console log, sockets)."`
+	Socket       string `name:"socket" required:"" type:"path" help:"Unix socket for this process's API (created 0600)."`
+	Name         string `name:"name" default:"capsem" help:"VM name (hostname in the guest)."`
+	Config       string `name:"config" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]]; replaces $CAPSEM_HOME/user.toml (corp.toml still applies)."`
+	NoAutodetect bool   `name:"no-autodetect" help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
+	CPUs         int    `name:"cpus" default:"2" help:"Virtual CPUs."`
+	MemoryMiB    int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
+	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
+	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
+	NoBootState  bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
+	BootStateDir string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
+}
+
+// Resource bounds a ProcessConfig is checked against.
+const (
+	MinMemoryMiB = 128
+	MaxMemoryMiB = 64 << 10
+	MaxCPUs      = 64
+)
+
+// Check reports what makes c unusable, naming the field.
+func (c ProcessConfig) Check() error {
+	switch {
+	case c.SessionDir == "":
+		return errors.New("no session directory")
+	case c.Socket == "":
+		return errors.New("no API socket")
+	case c.CPUs < 1 || c.CPUs > MaxCPUs:
+		return fmt.Errorf("cpus %d: want 1 to %d", c.CPUs, MaxCPUs)
+	case c.MemoryMiB < MinMemoryMiB || c.MemoryMiB > MaxMemoryMiB:
+		return fmt.Errorf("memory %d MiB: want %d to %d", c.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	case c.DiskGiB < 0 || c.DiskGiB > MaxDiskGiB:
+		return fmt.Errorf("disk %d GiB: want 0 (no per-VM disk) to %d", c.DiskGiB, MaxDiskGiB)
+	}
+	return nil
+}
+
+// Args renders c as the flags of `capsem process` that parse back into c:
+// strings when set, integers always, booleans when true.
+func (c ProcessConfig) Args() []string {
+	var args []string
+	v := reflect.ValueOf(c)
+	for i := range v.NumField() {
+		f, name := v.Field(i), "--"+v.Type().Field(i).Tag.Get("name")
+		switch f.Kind() {
+		case reflect.String:
+			if s := f.String(); s != "" {
+				args = append(args, name, s)
+			}
+		case reflect.Int:
+			args = append(args, name, strconv.FormatInt(f.Int(), 10))
+		case reflect.Bool:
+			if f.Bool() {
+				args = append(args, name)
+			}
+		default:
+			panic("vmhost: ProcessConfig field of kind " + f.Kind().String())
+		}
+	}
+	return args
+}
+
+// LaunchOptions say how Launch starts the process.
+type LaunchOptions struct {
+	// Executable is capsem ("": this executable).
+	Executable string
+	// Env is the process's environment (nil: this process's).
+	Env []string
+	// Detach gives the process a session of its own and no parent-death
+	// signal, so that it outlives its starter (the service, across a
+	// restart or an upgrade). Otherwise it is killed when the starter's
+	// thread dies (`capsem run`).
+	Detach bool
+}
+
+// Process is a per-VM process Launch started.
+type Process struct {
+	Client *apiclient.ProcessClient
+	cmd    *exec.Cmd
+	ready  *os.File
+	logf   string
+
+	exited  chan struct{}
+	waitErr error
+	once    sync.Once
+}
+
+// Launch starts `capsem process` for cfg, its output appended to the
+// session's process log. It returns once the process runs; WaitReady waits
+// for its API.
+func Launch(cfg ProcessConfig, o LaunchOptions) (*Process, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, fmt.Errorf("VM configuration: %w", err)
+	}
+	self := o.Executable
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("locating the capsem executable: %w", err)
+		}
+	}
+	if err := os.MkdirAll(cfg.SessionDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the session directory: %w", err)
+	}
+	logPath := paths.Session{Dir: cfg.SessionDir}.ProcessLog()
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the process log: %w", err)
+	}
+	defer logFile.Close() // the child has its own copy
+	cmd := exec.Command(self, append([]string{"process"}, cfg.Args()...)...)
+	cmd.Env = o.Env
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if o.Detach {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	} else {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	}
+	ready, err := startWithReadyPipe(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("starting the VM process: %w", err)
+	}
+	p := &Process{Client: apiclient.NewProcessClient(cfg.Socket), cmd: cmd, ready: ready, logf: logPath, exited: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// startWithReadyPipe starts cmd, a `capsem process` command line, with a
+// readiness pipe: the write end goes to the child as an extra file named by
+// an added --ready-fd flag, on which the child writes api.ReadyLine once
+// its API accepts connections. The read end is returned.
+func startWithReadyPipe(cmd *exec.Cmd) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("creating the readiness pipe: %w", err)
+	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, w)
+	// ExtraFiles[i] is the child's descriptor 3+i.
+	cmd.Args = append(cmd.Args, "--ready-fd", strconv.Itoa(2+len(cmd.ExtraFiles)))
+	err = cmd.Start()
+	w.Close() // the child holds its own copy
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// PID is the process's pid.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Done is closed once the process has exited and been reaped.
+func (p *Process) Done() <-chan struct{} { return p.exited }
+
+// Wait waits for the process to exit and returns its status.
+func (p *Process) Wait() error {
+	<-p.exited
+	return p.waitErr
+}
+
+// WaitReady waits until the process's API accepts connections and returns
+// its Info. No polling: it returns as soon as the API listens, and fails as
+// soon as the process dies first, with the last lines of its log. When ctx
+// ends first the process is killed.
+func (p *Process) WaitReady(ctx context.Context) (*api.Info, error) {
+	got := make(chan error, 1)
+	go func() {
+		buf := make([]byte, len(api.ReadyLine))
+		_, err := io.ReadFull(p.ready, buf)
+		switch {
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			err = errors.New("the VM process ended before its API was ready")
+		case err == nil && string(buf) != api.ReadyLine:
+			err = fmt.Errorf("the VM process wrote %q on its readiness pipe, want %q", buf, api.ReadyLine)
+		}
+		got <- err
+	}()
+	var err error
+	select {
+	case err = <-got:
+	case <-ctx.Done():
+		err = fmt.Errorf("the VM was not ready in time: %w", context.Cause(ctx))
+		p.Kill()
+	}
+	p.ready.Close()
+	if err != nil {
+		// A process that is exiting writes its reason to the log first.
+		select {
+		case <-p.exited:
+		case <-time.After(5 * time.Second):
+			p.Kill()
+		}
+		return nil, fmt.Errorf("%w (log: %s)", err, p.LogTail(8))
+	}
+	return p.Client.Info(ctx)
+}
+
+// Stop asks the VM to stop and waits (bounded by ctx) for the process to
+// exit; a process that does not is terminated, then killed.
+func (p *Process) Stop(ctx context.Context) error {
+	err := p.Client.Stop(ctx)
+	select {
+	case <-p.exited:
+		return nil
+	case <-ctx.Done():
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		p.Kill()
+	}
+	if err == nil {
+		err = context.Cause(ctx)
+	}
+	return fmt.Errorf("the VM process did not stop in time: %w", err)
+}
+
+// Kill kills the process (its QEMU child follows through its parent-death
+// signal) and waits for it.
+func (p *Process) Kill() {
+	p.once.Do(func() { p.cmd.Process.Kill() })
+	<-p.exited
+}
+
+// LogTail returns the last n lines of the process log, for error messages.
+func (p *Process) LogTail(n int) string { return LogTail(p.logf, n) }
+
+// LogTail returns the last n lines of the log at path, or why it cannot.
+func LogTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
