@@ -10,10 +10,12 @@ import (
 	"github.com/capsem/capsem/personalities/gateway"
 	"github.com/capsem/capsem/personalities/guestdoctor"
 	"github.com/capsem/capsem/personalities/image"
+	"github.com/capsem/capsem/personalities/mcphost"
 	"github.com/capsem/capsem/personalities/policycmd"
 	"github.com/capsem/capsem/personalities/process"
 	"github.com/capsem/capsem/personalities/relay"
 	"github.com/capsem/capsem/personalities/run"
+	"github.com/capsem/capsem/personalities/service"
 )
 
 // CLI is the grammar shared by subcommands and symlink names: every
@@ -23,6 +25,8 @@ type CLI struct {
 
 	Version       VersionCmd      `cmd:"" help:"Print the version."`
 	Run           run.Cmd         `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`
+	MCP           mcphost.Cmd     `cmd:"" name:"mcp" help:"The MCP server AI agents on the host register (stdio): sandboxes as tools, through the service."`
+	Service       service.Cmd     `cmd:"" help:"The service that owns your VMs (capsem service start|stop|status; alone: serve in the foreground)."`
 	Image         image.Cmd       `cmd:"" help:"Build the guest boot assets."`
 	Doctor        doctor.Cmd      `cmd:"" help:"Check whether capsem works on this host, and how to fix what does not."`
 	Gateway       gateway.Cmd     `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`

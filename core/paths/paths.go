@@ -8,6 +8,7 @@
 //	├── cache/             package cache of sandboxed MCP servers ($CAPSEM_CACHE_DIR)
 //	└── run/               runtime state, 0700 ($CAPSEM_RUN_DIR)
 //	    ├── service.sock   the service's API ($CAPSEM_UDS_PATH)
+//	    ├── service.lock   held by the serving service
 //	    ├── service.log    the service's log
 //	    ├── accel.json     the accelerator verdict
 //	    ├── scratch/       sandboxed children's homes
@@ -82,6 +83,9 @@ func ServiceSocket() (string, error) {
 	}
 	return runJoin("service.sock")
 }
+
+// ServiceLock is held by the serving service, so that two never serve.
+func ServiceLock() (string, error) { return runJoin("service.lock") }
 
 // ServiceLog is the service's log (JSON lines).
 func ServiceLog() (string, error) { return runJoin("service.log") }

@@ -1,0 +1,159 @@
+package api
+
+import (
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Routes of the service API, version 1. {vm} is a VM's name or id.
+const (
+	RouteVersion     = "/v1/version"                 // GET: Version
+	RouteVMs         = "/v1/vms"                     // GET: []VM; POST CreateRequest: VM
+	RouteRun         = "/v1/run"                     // POST RunRequest: ExecResult (an ephemeral VM, removed after)
+	RoutePurge       = "/v1/purge"                   // POST PurgeRequest: PurgeResult
+	RouteServiceLogs = "/v1/service/logs"            // GET ?tail=&grep=: LogsResult
+	RouteServiceStop = "/v1/service/stop"            // POST: 204, then the service exits (its VMs keep running)
+	RouteVM          = "/v1/vms/{vm}"                // GET: VM; DELETE: 204
+	RouteVMExec      = "/v1/vms/{vm}/exec"           // POST ExecRequest: ExecResult
+	RouteVMStop      = "/v1/vms/{vm}/stop"           // POST: VM
+	RouteVMResume    = "/v1/vms/{vm}/resume"         // POST: VM
+	RouteVMPersist   = "/v1/vms/{vm}/persist"        // POST PersistRequest: VM
+	RouteVMReadFile  = "/v1/vms/{vm}/files/read"     // POST ReadFileRequest: ReadFileResult
+	RouteVMWriteFile = "/v1/vms/{vm}/files/write"    // POST WriteFileRequest: 204
+	RouteVMLogs      = "/v1/vms/{vm}/logs"           // GET ?tail=&grep=: LogsResult
+	RouteVMSchema    = "/v1/vms/{vm}/inspect/schema" // GET: SchemaResult
+	RouteVMInspect   = "/v1/vms/{vm}/inspect"        // POST InspectRequest: InspectResult
+)
+
+// VMPath puts a VM's name or id into a route with {vm}.
+func VMPath(route, vm string) string {
+	return strings.Replace(route, "{vm}", url.PathEscape(vm), 1)
+}
+
+// States of a VM in the service.
+const (
+	StateBooting = "booting"
+	StateRunning = "running"
+	StateStopped = "stopped" // persistent, not running: resume boots it again
+	StateDefunct = "defunct" // its process died; LastLog says how
+)
+
+// CreateRequest creates a VM. A VM with a name is persistent: stopping it
+// keeps its disk, workspace and session.db for resume. Without a name it
+// is ephemeral, removed when it stops.
+type CreateRequest struct {
+	Name   string            `json:"name,omitempty"`
+	RAMMB  int               `json:"ram_mb,omitempty"` // default 1024
+	CPUs   int               `json:"cpus,omitempty"`   // default 2
+	Env    map[string]string `json:"env,omitempty"`    // for every exec in the VM
+	Image  string            `json:"image,omitempty"`  // "" or "default": the built-in guest image
+	DiskGB int               `json:"disk_gb,omitempty"`
+}
+
+// VM is one VM as the service knows it.
+type VM struct {
+	ID         string            `json:"id"`
+	Name       string            `json:"name,omitempty"`
+	Persistent bool              `json:"persistent"`
+	State      string            `json:"state"`
+	RAMMB      int               `json:"ram_mb"`
+	CPUs       int               `json:"cpus"`
+	Env        map[string]string `json:"env,omitempty"`
+	Image      string            `json:"image"`
+	CreatedAt  time.Time         `json:"created_at"`
+	StartedAt  time.Time         `json:"started_at,omitzero"`
+	PID        int               `json:"pid,omitempty"`
+	SessionDir string            `json:"session_dir"`
+	// LastLog holds the last lines of a defunct VM's process log.
+	LastLog string `json:"last_log,omitempty"`
+	// Process is the running VM's own report (accelerator, boot timings).
+	Process *Info `json:"process,omitempty"`
+}
+
+// RunRequest runs one command in a fresh ephemeral VM, removed after.
+type RunRequest struct {
+	CreateRequest
+	Exec ExecRequest `json:"exec"`
+}
+
+// ExecResult is a finished command: its output apart, bounded.
+type ExecResult struct {
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          int    `json:"signal,omitempty"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	DurationMS      int64  `json:"duration_ms"`
+}
+
+// PersistRequest names an ephemeral VM, which makes it persistent.
+type PersistRequest struct {
+	Name string `json:"name"`
+}
+
+// PurgeRequest removes every ephemeral VM; All adds the persistent ones.
+type PurgeRequest struct {
+	All bool `json:"all,omitempty"`
+}
+
+// PurgeResult lists what was removed.
+type PurgeResult struct {
+	Removed []string `json:"removed"`
+}
+
+// ReadFileRequest reads a guest file. Encoding "base64" returns the bytes
+// base64-encoded (for binary files); "" or "utf8" returns text, and a file
+// that is not valid UTF-8 is an error naming base64.
+type ReadFileRequest struct {
+	Path     string `json:"path"`
+	Encoding string `json:"encoding,omitempty"`
+}
+
+// ReadFileResult is a file's content.
+type ReadFileResult struct {
+	Content  string `json:"content"`
+	Encoding string `json:"encoding"` // utf8 | base64
+	Size     int    `json:"size"`
+}
+
+// WriteFileRequest writes a guest file, creating its parent directories.
+type WriteFileRequest struct {
+	Path     string `json:"path"`
+	Content  string `json:"content"`
+	Encoding string `json:"encoding,omitempty"` // "" or utf8 | base64
+	Mode     uint32 `json:"mode,omitempty"`     // default 0644
+}
+
+// LogsResult is the tail of a log.
+type LogsResult struct {
+	Serial  string `json:"serial,omitempty"`  // the guest's console
+	Process string `json:"process,omitempty"` // the per-VM process (JSON lines)
+	Service string `json:"service,omitempty"` // the service (JSON lines)
+}
+
+// SchemaResult is the session ledger's schema.
+type SchemaResult struct {
+	Tables []string `json:"tables"` // CREATE TABLE statements
+}
+
+// InspectRequest runs one read-only SQL statement on the session ledger.
+type InspectRequest struct {
+	SQL     string `json:"sql"`
+	MaxRows int    `json:"max_rows,omitempty"` // default 100, at most 10000
+}
+
+// InspectResult is a query's answer.
+type InspectResult struct {
+	Columns   []string `json:"columns"`
+	Rows      [][]any  `json:"rows"`
+	Truncated bool     `json:"truncated,omitempty"`
+}
+
+// Version is the service's build.
+type Version struct {
+	Version string `json:"version"`
+	PID     int    `json:"pid"`
+}

@@ -1,0 +1,207 @@
+package apiclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/capsem/capsem/core/api"
+)
+
+// StatusError is the service's refusal: its HTTP status and message.
+type StatusError struct {
+	Status  int
+	Message string
+}
+
+func (e *StatusError) Error() string { return e.Message }
+
+// ServiceClient talks to the capsem service over its Unix socket.
+type ServiceClient struct {
+	http *http.Client
+}
+
+// NewServiceClient returns a client for the socket at path. When start is
+// not nil, a connection that finds no service calls it (to start one and
+// wait until it answers) and dials once more: the client then works
+// whether or not a service ran before, or survived, its last call.
+func NewServiceClient(path string, start func(ctx context.Context) error) *ServiceClient {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", path)
+		if err == nil || start == nil {
+			return c, err
+		}
+		if serr := start(ctx); serr != nil {
+			return nil, fmt.Errorf("no capsem service answered on %s (%v), and starting one failed: %w", path, err, serr)
+		}
+		return d.DialContext(ctx, "unix", path)
+	}}
+	return &ServiceClient{http: &http.Client{Transport: tr}}
+}
+
+// call sends in (nil: no body) to route and decodes the answer into out
+// (nil: none expected).
+func (c *ServiceClient) call(ctx context.Context, method, route string, query url.Values, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	target := "http://capsem" + route
+	if len(query) > 0 {
+		target += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("the capsem service: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var e api.Error
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return &StatusError{Status: resp.StatusCode, Message: e.Error}
+		}
+		return &StatusError{Status: resp.StatusCode, Message: fmt.Sprintf("%s: HTTP %d: %s", route, resp.StatusCode, bytes.TrimSpace(b))}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s: decoding the answer: %w", route, err)
+	}
+	return nil
+}
+
+func logQuery(tail int, grep string) url.Values {
+	q := url.Values{}
+	if tail > 0 {
+		q.Set("tail", strconv.Itoa(tail))
+	}
+	if grep != "" {
+		q.Set("grep", grep)
+	}
+	return q
+}
+
+// Version is the service's build.
+func (c *ServiceClient) Version(ctx context.Context) (api.Version, error) {
+	var v api.Version
+	return v, c.call(ctx, http.MethodGet, api.RouteVersion, nil, nil, &v)
+}
+
+// List returns every VM.
+func (c *ServiceClient) List(ctx context.Context) ([]api.VM, error) {
+	var v []api.VM
+	return v, c.call(ctx, http.MethodGet, api.RouteVMs, nil, nil, &v)
+}
+
+// Create boots a VM.
+func (c *ServiceClient) Create(ctx context.Context, req api.CreateRequest) (api.VM, error) {
+	var v api.VM
+	return v, c.call(ctx, http.MethodPost, api.RouteVMs, nil, req, &v)
+}
+
+// Run runs one command in a fresh ephemeral VM.
+func (c *ServiceClient) Run(ctx context.Context, req api.RunRequest) (api.ExecResult, error) {
+	var v api.ExecResult
+	return v, c.call(ctx, http.MethodPost, api.RouteRun, nil, req, &v)
+}
+
+// Info describes one VM.
+func (c *ServiceClient) Info(ctx context.Context, vm string) (api.VM, error) {
+	var v api.VM
+	return v, c.call(ctx, http.MethodGet, api.VMPath(api.RouteVM, vm), nil, nil, &v)
+}
+
+// Exec runs a command in a VM.
+func (c *ServiceClient) Exec(ctx context.Context, vm string, req api.ExecRequest) (api.ExecResult, error) {
+	var v api.ExecResult
+	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMExec, vm), nil, req, &v)
+}
+
+// Stop stops a VM.
+func (c *ServiceClient) Stop(ctx context.Context, vm string) (api.VM, error) {
+	var v api.VM
+	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMStop, vm), nil, nil, &v)
+}
+
+// Resume boots a stopped persistent VM again.
+func (c *ServiceClient) Resume(ctx context.Context, vm string) (api.VM, error) {
+	var v api.VM
+	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMResume, vm), nil, nil, &v)
+}
+
+// Persist names an ephemeral VM.
+func (c *ServiceClient) Persist(ctx context.Context, vm, name string) (api.VM, error) {
+	var v api.VM
+	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMPersist, vm), nil, api.PersistRequest{Name: name}, &v)
+}
+
+// Delete destroys a VM and its state.
+func (c *ServiceClient) Delete(ctx context.Context, vm string) error {
+	return c.call(ctx, http.MethodDelete, api.VMPath(api.RouteVM, vm), nil, nil, nil)
+}
+
+// Purge removes every ephemeral VM (all: every VM).
+func (c *ServiceClient) Purge(ctx context.Context, all bool) (api.PurgeResult, error) {
+	var v api.PurgeResult
+	return v, c.call(ctx, http.MethodPost, api.RoutePurge, nil, api.PurgeRequest{All: all}, &v)
+}
+
+// ReadFile reads a guest file.
+func (c *ServiceClient) ReadFile(ctx context.Context, vm string, req api.ReadFileRequest) (api.ReadFileResult, error) {
+	var v api.ReadFileResult
+	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMReadFile, vm), nil, req, &v)
+}
+
+// WriteFile writes a guest file.
+func (c *ServiceClient) WriteFile(ctx context.Context, vm string, req api.WriteFileRequest) error {
+	return c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMWriteFile, vm), nil, req, nil)
+}
+
+// Logs returns the tail of a VM's logs.
+func (c *ServiceClient) Logs(ctx context.Context, vm string, tail int, grep string) (api.LogsResult, error) {
+	var v api.LogsResult
+	return v, c.call(ctx, http.MethodGet, api.VMPath(api.RouteVMLogs, vm), logQuery(tail, grep), nil, &v)
+}
+
+// ServiceLogs returns the tail of the service's log.
+func (c *ServiceClient) ServiceLogs(ctx context.Context, tail int, grep string) (api.LogsResult, error) {
+	var v api.LogsResult
+	return v, c.call(ctx, http.MethodGet, api.RouteServiceLogs, logQuery(tail, grep), nil, &v)
+}
+
+// Schema returns a VM's session ledger schema.
+func (c *ServiceClient) Schema(ctx context.Context, vm string) (api.SchemaResult, error) {
+	var v api.SchemaResult
+	return v, c.call(ctx, http.MethodGet, api.VMPath(api.RouteVMSchema, vm), nil, nil, &v)
+}
+
+// Inspect runs read-only SQL on a VM's session ledger.
+func (c *ServiceClient) Inspect(ctx context.Context, vm string, req api.InspectRequest) (api.InspectResult, error) {
+	var v api.InspectResult
+	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMInspect, vm), nil, req, &v)
+}
+
+// StopService asks the service to exit (its VMs keep running).
+func (c *ServiceClient) StopService(ctx context.Context) error {
+	return c.call(ctx, http.MethodPost, api.RouteServiceStop, nil, nil, nil)
+}

@@ -1,0 +1,288 @@
+package hostmcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// fakeService answers as the service would, recording what it was asked.
+type fakeService struct {
+	mu       sync.Mutex
+	calls    []string
+	execReq  api.ExecRequest
+	createIn api.CreateRequest
+	block    chan struct{} // Exec waits on it (or ctx)
+	execCtx  error         // why the blocked Exec ended
+}
+
+func (f *fakeService) note(s string) { f.mu.Lock(); f.calls = append(f.calls, s); f.mu.Unlock() }
+
+var errUnknown = &apiclient.StatusError{Status: 404, Message: `no VM named "ghost" (see capsem_list)`}
+
+func (f *fakeService) Version(context.Context) (api.Version, error) {
+	return api.Version{Version: "9.9"}, nil
+}
+func (f *fakeService) List(context.Context) ([]api.VM, error) {
+	return []api.VM{{ID: "vm-0123456789ab", Name: "keep", Persistent: true, State: api.StateStopped, RAMMB: 512, CPUs: 1, Image: "default",
+		CreatedAt: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}}, nil
+}
+func (f *fakeService) Create(_ context.Context, req api.CreateRequest) (api.VM, error) {
+	f.mu.Lock()
+	f.createIn = req
+	f.mu.Unlock()
+	time.Sleep(2500 * time.Millisecond) // long enough for one heartbeat
+	return api.VM{ID: "vm-aaaaaaaaaaaa", Name: req.Name, State: api.StateRunning, RAMMB: req.RAMMB, CPUs: req.CPUs,
+		Process: &api.Info{Accel: "tcg", BootTimings: map[string]int64{"total": 700}}}, nil
+}
+func (f *fakeService) Run(context.Context, api.RunRequest) (api.ExecResult, error) {
+	return api.ExecResult{Stdout: "hi\n"}, nil
+}
+func (f *fakeService) Info(_ context.Context, vm string) (api.VM, error) {
+	if vm == "ghost" {
+		return api.VM{}, errUnknown
+	}
+	return api.VM{ID: vm}, nil
+}
+func (f *fakeService) Exec(ctx context.Context, vm string, req api.ExecRequest) (api.ExecResult, error) {
+	f.mu.Lock()
+	f.execReq = req
+	block := f.block
+	f.mu.Unlock()
+	if block != nil {
+		select {
+		case <-block:
+		case <-ctx.Done():
+			f.mu.Lock()
+			f.execCtx = ctx.Err()
+			f.mu.Unlock()
+			return api.ExecResult{}, ctx.Err()
+		}
+	}
+	return api.ExecResult{Stdout: "out", Stderr: "err", ExitCode: 3, TimedOut: req.TimeoutMS > 0}, nil
+}
+func (f *fakeService) Stop(_ context.Context, vm string) (api.VM, error) { return api.VM{ID: vm}, nil }
+func (f *fakeService) Resume(_ context.Context, vm string) (api.VM, error) {
+	return api.VM{ID: vm}, nil
+}
+func (f *fakeService) Persist(_ context.Context, vm, name string) (api.VM, error) {
+	return api.VM{ID: vm, Name: name, Persistent: true}, nil
+}
+func (f *fakeService) Delete(_ context.Context, vm string) error { f.note("delete " + vm); return nil }
+func (f *fakeService) Purge(context.Context, bool) (api.PurgeResult, error) {
+	return api.PurgeResult{Removed: []string{}}, nil
+}
+func (f *fakeService) ReadFile(context.Context, string, api.ReadFileRequest) (api.ReadFileResult, error) {
+	return api.ReadFileResult{Content: "x", Encoding: "utf8", Size: 1}, nil
+}
+func (f *fakeService) WriteFile(context.Context, string, api.WriteFileRequest) error { return nil }
+func (f *fakeService) Logs(context.Context, string, int, string) (api.LogsResult, error) {
+	return api.LogsResult{Serial: "boot\n"}, nil
+}
+func (f *fakeService) ServiceLogs(context.Context, int, string) (api.LogsResult, error) {
+	return api.LogsResult{Service: "{}\n"}, nil
+}
+func (f *fakeService) Schema(context.Context, string) (api.SchemaResult, error) {
+	return api.SchemaResult{Tables: []string{"CREATE TABLE t (x)"}}, nil
+}
+func (f *fakeService) Inspect(context.Context, string, api.InspectRequest) (api.InspectResult, error) {
+	return api.InspectResult{Columns: []string{"n"}, Rows: [][]any{{1.0}}}, nil
+}
+
+func connect(t *testing.T, svc Service, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	ct, st := mcp.NewInMemoryTransports()
+	ctx := context.Background()
+	ss, err := New(svc, "9.9").Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, opts).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// TestToolsListGolden pins every tool's name, description, schemas and
+// annotations (testdata/hostmcp/tools.json; -update rewrites it).
+func TestToolsListGolden(t *testing.T) {
+	cs := connect(t, &fakeService{}, nil)
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := json.MarshalIndent(res.Tools, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join("..", "..", "testdata", "hostmcp", "tools.json")
+	if *update {
+		os.WriteFile(path, append(got, '\n'), 0o644)
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("golden missing (run with -update): %v", err)
+	}
+	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
+		t.Fatalf("tools/list changed (run with -update if intended):\n%s", got)
+	}
+	if len(res.Tools) != 17 {
+		t.Errorf("%d tools, want 17", len(res.Tools))
+	}
+	for _, tool := range res.Tools {
+		if tool.Annotations == nil || tool.OutputSchema == nil || tool.InputSchema == nil || len(tool.Description) < 40 {
+			t.Errorf("%s lacks annotations, schemas or a description an agent can act on", tool.Name)
+		}
+	}
+	if init := cs.InitializeResult(); !strings.Contains(init.Instructions, "capsem_inspect") {
+		t.Errorf("instructions: %q", init.Instructions)
+	}
+}
+
+func call(t *testing.T, cs *mcp.ClientSession, name string, args any) *mcp.CallToolResult {
+	t.Helper()
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return res
+}
+
+func TestToolsTranslate(t *testing.T) {
+	f := &fakeService{}
+	cs := connect(t, f, nil)
+	// A service refusal is a tool error with the service's message.
+	res := call(t, cs, "capsem_info", map[string]any{"id": "ghost"})
+	if !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, `no VM named "ghost"`) {
+		t.Fatalf("unknown VM: %+v", res)
+	}
+	// Structured results, also as JSON text.
+	res = call(t, cs, "capsem_exec", map[string]any{"id": "vm-1", "command": "false", "timeout": 2, "env": map[string]string{"A": "1"}, "workdir": "/tmp"})
+	var out ExecOut
+	b, _ := json.Marshal(res.StructuredContent)
+	json.Unmarshal(b, &out)
+	if res.IsError || out.ExitCode != 3 || out.Stdout != "out" || out.Stderr != "err" || !out.TimedOut {
+		t.Fatalf("exec: %+v %+v", res, out)
+	}
+	if text := res.Content[0].(*mcp.TextContent).Text; !strings.Contains(text, `"exitCode":3`) {
+		t.Errorf("text content: %s", text)
+	}
+	if f.execReq.TimeoutMS != 2000 || f.execReq.Command != "false" || f.execReq.Cwd != "/tmp" || f.execReq.Env["A"] != "1" {
+		t.Errorf("the service got %+v", f.execReq)
+	}
+	// No timeout unless given.
+	call(t, cs, "capsem_exec", map[string]any{"id": "vm-1", "command": "true"})
+	if f.execReq.TimeoutMS != 0 {
+		t.Errorf("a default timeout of %d ms", f.execReq.TimeoutMS)
+	}
+	// Schema validation refuses bad input before the service sees it.
+	for _, bad := range []map[string]any{
+		{"command": "true"},          // no id
+		{"id": "vm-1", "command": 7}, // wrong type
+		{"id": "vm-1", "command": "true", "timeout": -1},
+		{"id": "vm-1", "command": "true", "bogus": 1},
+	} {
+		res := call(t, cs, "capsem_exec", bad)
+		if !res.IsError {
+			t.Errorf("exec %v was accepted", bad)
+		}
+	}
+	res = call(t, cs, "capsem_version", map[string]any{})
+	b, _ = json.Marshal(res.StructuredContent)
+	var v VersionOut
+	json.Unmarshal(b, &v)
+	if !v.Match || !v.ServiceReachable || v.MCPVersion != "9.9" {
+		t.Errorf("version: %+v", v)
+	}
+	res = call(t, cs, "capsem_list", map[string]any{})
+	if b, _ := json.Marshal(res.StructuredContent); !strings.Contains(string(b), `"name":"keep"`) || !strings.Contains(string(b), `"state":"stopped"`) {
+		t.Errorf("list: %s", b)
+	}
+}
+
+// TestCreateSendsProgress: with a progress token, a create reports its
+// stages and that it is alive while the VM boots.
+func TestCreateSendsProgress(t *testing.T) {
+	var mu sync.Mutex
+	var msgs []string
+	cs := connect(t, &fakeService{}, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+		mu.Lock()
+		msgs = append(msgs, r.Params.Message)
+		mu.Unlock()
+	}})
+	params := &mcp.CallToolParams{Name: "capsem_create", Arguments: map[string]any{"name": "dev", "ramMb": 512, "cpuCount": 1}}
+	params.SetProgressToken("tok-1")
+	res, err := cs.CallTool(context.Background(), params)
+	if err != nil || res.IsError {
+		t.Fatalf("create: %v %+v", err, res)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(msgs)
+		last := ""
+		if n > 0 {
+			last = msgs[n-1]
+		}
+		mu.Unlock()
+		if n >= 3 && last == "ready" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("progress: %q", msgs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.HasPrefix(msgs[0], "booting the VM") || !strings.Contains(strings.Join(msgs, "|"), "s)") {
+		t.Errorf("progress: %q", msgs)
+	}
+}
+
+// TestCancelReachesTheService: a client's notifications/cancelled for a
+// running exec cancels the service call (which kills the guest command).
+func TestCancelReachesTheService(t *testing.T) {
+	f := &fakeService{block: make(chan struct{})}
+	cs := connect(t, f, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "capsem_exec", Arguments: map[string]any{"id": "vm-1", "command": "sleep 1000"}})
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the call ended with %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		f.mu.Lock()
+		why := f.execCtx
+		f.mu.Unlock()
+		if errors.Is(why, context.Canceled) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the service's exec was not cancelled")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,336 @@
+package hostmcp
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capsem/capsem/core/api"
+)
+
+// Inputs. Parameters are camelCase on the wire; a field without omitempty
+// is required.
+type (
+	CreateIn struct {
+		Name     string            `json:"name,omitempty" jsonschema:"a name makes the VM persistent: capsem_stop keeps its disk and ledger for capsem_resume (lower-case letters, digits, '-')"`
+		RAMMb    int               `json:"ramMb,omitempty" jsonschema:"guest memory in MB (default 1024)"`
+		CPUCount int               `json:"cpuCount,omitempty" jsonschema:"virtual CPUs (default 2)"`
+		Env      map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command in the VM, {\"KEY\": \"VALUE\"}"`
+		Image    string            `json:"image,omitempty" jsonschema:"the image to boot (default: the built-in one)"`
+	}
+	RunIn struct {
+		Command string            `json:"command" jsonschema:"shell command to run (/bin/sh -c)"`
+		Timeout int               `json:"timeout,omitempty" jsonschema:"seconds after which the command is killed; none unless the user asked for a deadline"`
+		Env     map[string]string `json:"env,omitempty" jsonschema:"environment variables for the command"`
+	}
+	ListIn struct{}
+	IDIn   struct {
+		ID string `json:"id" jsonschema:"the VM's id or name"`
+	}
+	ExecIn struct {
+		ID      string            `json:"id" jsonschema:"the VM's id or name"`
+		Command string            `json:"command" jsonschema:"shell command to run (/bin/sh -c)"`
+		Timeout int               `json:"timeout,omitempty" jsonschema:"seconds after which the command's process group is killed; none unless the user asked for a deadline"`
+		Env     map[string]string `json:"env,omitempty" jsonschema:"environment variables for this command (over the VM's)"`
+		Workdir string            `json:"workdir,omitempty" jsonschema:"working directory (default /root/workspace)"`
+	}
+	ResumeIn struct {
+		Name string `json:"name" jsonschema:"the stopped VM's name (or id)"`
+	}
+	PersistIn struct {
+		ID   string `json:"id" jsonschema:"the running ephemeral VM's id"`
+		Name string `json:"name" jsonschema:"the name it keeps from now on"`
+	}
+	PurgeIn struct {
+		All bool `json:"all,omitempty" jsonschema:"also remove persistent (named) VMs"`
+	}
+	ReadFileIn struct {
+		ID       string `json:"id" jsonschema:"the VM's id or name"`
+		Path     string `json:"path" jsonschema:"absolute path in the guest"`
+		Encoding string `json:"encoding,omitempty" jsonschema:"utf8 (default) or base64 for binary files"`
+	}
+	WriteFileIn struct {
+		ID       string `json:"id" jsonschema:"the VM's id or name"`
+		Path     string `json:"path" jsonschema:"absolute path in the guest; missing directories are created"`
+		Content  string `json:"content" jsonschema:"the file's content"`
+		Encoding string `json:"encoding,omitempty" jsonschema:"utf8 (default) or base64 (content is base64-encoded bytes)"`
+		Mode     int    `json:"mode,omitempty" jsonschema:"permission bits as a number, e.g. 493 for 0755 (default 0644)"`
+	}
+	VMLogsIn struct {
+		ID   string `json:"id" jsonschema:"the VM's id or name"`
+		Grep string `json:"grep,omitempty" jsonschema:"keep only lines containing this text"`
+		Tail int    `json:"tail,omitempty" jsonschema:"only the last N lines (default 200)"`
+	}
+	ServiceLogsIn struct {
+		Grep string `json:"grep,omitempty" jsonschema:"keep only lines containing this text"`
+		Tail int    `json:"tail,omitempty" jsonschema:"only the last N lines (default 200)"`
+	}
+	SchemaIn struct {
+		ID string `json:"id,omitempty" jsonschema:"a VM's id or name (default: the schema every new VM gets)"`
+	}
+	InspectIn struct {
+		ID      string `json:"id" jsonschema:"the VM's id or name"`
+		SQL     string `json:"sql" jsonschema:"one read-only SQL statement on the VM's session.db"`
+		MaxRows int    `json:"maxRows,omitempty" jsonschema:"at most this many rows (default 100, at most 10000)"`
+	}
+	VersionIn struct{}
+)
+
+// Outputs.
+type (
+	VMOut struct {
+		ID         string `json:"id"`
+		Name       string `json:"name,omitempty"`
+		Persistent bool   `json:"persistent"`
+		State      string `json:"state" jsonschema:"booting, running, stopped (persistent) or defunct (its process died: see lastLog)"`
+		RAMMb      int    `json:"ramMb"`
+		CPUCount   int    `json:"cpuCount"`
+		Image      string `json:"image"`
+		CreatedAt  string `json:"createdAt"`
+		StartedAt  string `json:"startedAt,omitempty"`
+		PID        int    `json:"pid,omitempty"`
+		LastLog    string `json:"lastLog,omitempty"`
+		Accel      string `json:"accel,omitempty" jsonschema:"kvm or tcg"`
+		BootMs     int64  `json:"bootMs,omitempty"`
+	}
+	ListOut struct {
+		VMs []VMOut `json:"vms"`
+	}
+	ExecOut struct {
+		Stdout          string `json:"stdout"`
+		Stderr          string `json:"stderr"`
+		ExitCode        int    `json:"exitCode"`
+		Signal          int    `json:"signal,omitempty"`
+		TimedOut        bool   `json:"timedOut,omitempty" jsonschema:"the timeout killed the command's process group"`
+		StdoutTruncated bool   `json:"stdoutTruncated,omitempty"`
+		StderrTruncated bool   `json:"stderrTruncated,omitempty"`
+		DurationMs      int64  `json:"durationMs"`
+	}
+	PurgeOut struct {
+		Removed []string `json:"removed"`
+	}
+	DeleteOut struct {
+		Deleted string `json:"deleted"`
+	}
+	ReadFileOut struct {
+		Content  string `json:"content"`
+		Encoding string `json:"encoding"`
+		Size     int    `json:"size"`
+	}
+	WriteFileOut struct {
+		Path  string `json:"path"`
+		Bytes int    `json:"bytes"`
+	}
+	LogsOut struct {
+		Serial  string `json:"serial,omitempty" jsonschema:"the guest's console"`
+		Process string `json:"process,omitempty" jsonschema:"the VM's host process (JSON lines)"`
+		Service string `json:"service,omitempty" jsonschema:"the service (JSON lines)"`
+	}
+	SchemaOut struct {
+		Tables []string `json:"tables"`
+	}
+	InspectOut struct {
+		Columns   []string `json:"columns"`
+		Rows      [][]any  `json:"rows"`
+		Truncated bool     `json:"truncated,omitempty"`
+	}
+	VersionOut struct {
+		MCPVersion       string `json:"mcpVersion"`
+		ServiceVersion   string `json:"serviceVersion,omitempty"`
+		ServiceReachable bool   `json:"serviceReachable"`
+		Match            bool   `json:"match" jsonschema:"the service runs the same build as this MCP server"`
+		Error            string `json:"error,omitempty"`
+	}
+)
+
+func vmOut(v api.VM) VMOut {
+	o := VMOut{ID: v.ID, Name: v.Name, Persistent: v.Persistent, State: v.State, RAMMb: v.RAMMB, CPUCount: v.CPUs, Image: v.Image,
+		CreatedAt: v.CreatedAt.Format(time.RFC3339), PID: v.PID, LastLog: v.LastLog}
+	if !v.StartedAt.IsZero() {
+		o.StartedAt = v.StartedAt.Format(time.RFC3339)
+	}
+	if v.Process != nil {
+		o.Accel, o.BootMs = v.Process.Accel, v.Process.BootTimings["total"]
+	}
+	return o
+}
+
+func execOut(r api.ExecResult) ExecOut {
+	return ExecOut{Stdout: r.Stdout, Stderr: r.Stderr, ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut,
+		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated, DurationMs: r.DurationMS}
+}
+
+func timeoutMS(seconds int) (int64, error) {
+	if seconds < 0 {
+		return 0, fmt.Errorf("timeout %d: want a positive number of seconds, or none", seconds)
+	}
+	return int64(seconds) * 1000, nil
+}
+
+func yes() *bool { t := true; return &t }
+func no() *bool  { f := false; return &f }
+
+// Annotation sets.
+var (
+	readOnly    = &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, DestructiveHint: no(), OpenWorldHint: no()}
+	creates     = &mcp.ToolAnnotations{DestructiveHint: no(), OpenWorldHint: no()}
+	changes     = &mcp.ToolAnnotations{DestructiveHint: yes(), OpenWorldHint: no()}
+	overwrites  = &mcp.ToolAnnotations{DestructiveHint: yes(), IdempotentHint: true, OpenWorldHint: no()}
+	nondestruct = &mcp.ToolAnnotations{DestructiveHint: no(), OpenWorldHint: no()}
+)
+
+func (t *tools) register(s *mcp.Server) {
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_create", Annotations: creates, Description: "Boot a fresh VM and return it once it is ready for capsem_exec (seconds to tens of seconds). " +
+		"A VM with a name is persistent (capsem_stop keeps its state for capsem_resume); without one it is ephemeral and removed when stopped. " +
+		"Refused with a clear error when the host has too little free memory."}, t.create)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_run", Annotations: creates, Description: "One shot: boot a temporary VM, run one shell command in it, remove the VM, and return the command's stdout, stderr and exit code."}, t.run)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_list", Annotations: readOnly, Description: "List every VM: running, booting, stopped persistent ones and defunct ones."}, t.list)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_info", Annotations: readOnly, Description: "One VM's configuration and state: persistent or not, memory, CPUs, pid, accelerator and boot time when running, the last log lines when defunct."}, t.info)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_exec", Annotations: changes, Description: "Run a shell command in a running VM and return its stdout and stderr (apart, each up to 1 MiB, with a truncated flag), exit code and duration. " +
+		"No timeout unless you give one; a timeout kills the command's process group and says so (timedOut). Cancelling the call kills the command."}, t.exec)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_stop", Annotations: changes, Description: "Stop a VM. A persistent (named) VM keeps its disk, workspace and ledger for capsem_resume; an ephemeral VM is destroyed."}, t.stop)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_resume", Annotations: nondestruct, Description: "Boot a stopped persistent VM again, with its disk, workspace and ledger as they were."}, t.resume)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_persist", Annotations: nondestruct, Description: "Give a running ephemeral VM a name, which makes it persistent."}, t.persist)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_purge", Annotations: changes, Description: "Destroy every ephemeral VM; with all, every persistent VM too. Returns the ids removed."}, t.purge)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_read_file", Annotations: readOnly, Description: "Read a file in a running VM: text, or base64 with encoding base64 (a file that is not UTF-8 must be read so). Up to 64 MiB."}, t.readFile)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_write_file", Annotations: overwrites, Description: "Write a file in a running VM (replacing it), creating missing directories: text, or bytes with encoding base64. Up to 64 MiB."}, t.writeFile)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_vm_logs", Annotations: readOnly, Description: "The tail of a VM's logs: the guest's serial console and the VM's host process. grep keeps matching lines; tail limits to the last N. Works on stopped and defunct VMs."}, t.vmLogs)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_service_logs", Annotations: readOnly, Description: "The tail of the capsem service's own log (JSON lines). grep keeps matching lines; tail limits to the last N."}, t.serviceLogs)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect_schema", Annotations: readOnly, Description: "The CREATE TABLE statements of session.db, the per-VM ledger capsem_inspect queries."}, t.schema)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect", Annotations: readOnly, Description: "Run one read-only SQL statement on a VM's session.db (its ledger: mcp_calls, net_events, exec_events, fs_events, model_calls) and return columns and rows. " +
+		"Writes, ATTACH, extensions and pragmas that change anything are refused; rows, size and time are bounded."}, t.inspect)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger)."}, t.delete)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_version", Annotations: readOnly, Description: "This MCP server's version, the service's, and whether they match."}, t.versionTool)
+}
+
+func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, in CreateIn) (*mcp.CallToolResult, VMOut, error) {
+	notify := progress(ctx, req, "booting the VM")
+	stop := heartbeat(2*time.Second, func(d time.Duration) { notify(fmt.Sprintf("booting the VM (%ds)", int(d.Seconds()))) })
+	v, err := t.svc.Create(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image})
+	stop()
+	if err != nil {
+		return nil, VMOut{}, err
+	}
+	notify("ready")
+	return nil, vmOut(v), nil
+}
+
+func (t *tools) run(ctx context.Context, req *mcp.CallToolRequest, in RunIn) (*mcp.CallToolResult, ExecOut, error) {
+	ms, err := timeoutMS(in.Timeout)
+	if err != nil {
+		return nil, ExecOut{}, err
+	}
+	notify := progress(ctx, req, "booting a temporary VM, then running the command")
+	stop := heartbeat(2*time.Second, func(d time.Duration) { notify(fmt.Sprintf("working (%ds)", int(d.Seconds()))) })
+	r, err := t.svc.Run(ctx, api.RunRequest{Exec: api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env}})
+	stop()
+	if err != nil {
+		return nil, ExecOut{}, err
+	}
+	return nil, execOut(r), nil
+}
+
+func (t *tools) list(ctx context.Context, _ *mcp.CallToolRequest, _ ListIn) (*mcp.CallToolResult, ListOut, error) {
+	vms, err := t.svc.List(ctx)
+	if err != nil {
+		return nil, ListOut{}, err
+	}
+	out := ListOut{VMs: []VMOut{}}
+	for _, v := range vms {
+		out.VMs = append(out.VMs, vmOut(v))
+	}
+	return nil, out, nil
+}
+
+func (t *tools) info(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, VMOut, error) {
+	v, err := t.svc.Info(ctx, in.ID)
+	return nil, vmOut(v), err
+}
+
+func (t *tools) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
+	ms, err := timeoutMS(in.Timeout)
+	if err != nil {
+		return nil, ExecOut{}, err
+	}
+	r, err := t.svc.Exec(ctx, in.ID, api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env, Cwd: in.Workdir})
+	if err != nil {
+		return nil, ExecOut{}, err
+	}
+	return nil, execOut(r), nil
+}
+
+func (t *tools) stop(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, VMOut, error) {
+	v, err := t.svc.Stop(ctx, in.ID)
+	return nil, vmOut(v), err
+}
+
+func (t *tools) resume(ctx context.Context, _ *mcp.CallToolRequest, in ResumeIn) (*mcp.CallToolResult, VMOut, error) {
+	v, err := t.svc.Resume(ctx, in.Name)
+	return nil, vmOut(v), err
+}
+
+func (t *tools) persist(ctx context.Context, _ *mcp.CallToolRequest, in PersistIn) (*mcp.CallToolResult, VMOut, error) {
+	v, err := t.svc.Persist(ctx, in.ID, in.Name)
+	return nil, vmOut(v), err
+}
+
+func (t *tools) purge(ctx context.Context, _ *mcp.CallToolRequest, in PurgeIn) (*mcp.CallToolResult, PurgeOut, error) {
+	r, err := t.svc.Purge(ctx, in.All)
+	return nil, PurgeOut{Removed: r.Removed}, err
+}
+
+func (t *tools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in ReadFileIn) (*mcp.CallToolResult, ReadFileOut, error) {
+	r, err := t.svc.ReadFile(ctx, in.ID, api.ReadFileRequest{Path: in.Path, Encoding: in.Encoding})
+	return nil, ReadFileOut{Content: r.Content, Encoding: r.Encoding, Size: r.Size}, err
+}
+
+func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteFileIn) (*mcp.CallToolResult, WriteFileOut, error) {
+	if in.Mode < 0 || in.Mode > 0o777 {
+		return nil, WriteFileOut{}, fmt.Errorf("mode %d: want permission bits from 0 to 511 (0777)", in.Mode)
+	}
+	err := t.svc.WriteFile(ctx, in.ID, api.WriteFileRequest{Path: in.Path, Content: in.Content, Encoding: in.Encoding, Mode: uint32(in.Mode)})
+	if err != nil {
+		return nil, WriteFileOut{}, err
+	}
+	return nil, WriteFileOut{Path: in.Path, Bytes: len(in.Content)}, nil
+}
+
+func (t *tools) vmLogs(ctx context.Context, _ *mcp.CallToolRequest, in VMLogsIn) (*mcp.CallToolResult, LogsOut, error) {
+	r, err := t.svc.Logs(ctx, in.ID, in.Tail, in.Grep)
+	return nil, LogsOut{Serial: r.Serial, Process: r.Process}, err
+}
+
+func (t *tools) serviceLogs(ctx context.Context, _ *mcp.CallToolRequest, in ServiceLogsIn) (*mcp.CallToolResult, LogsOut, error) {
+	r, err := t.svc.ServiceLogs(ctx, in.Tail, in.Grep)
+	return nil, LogsOut{Service: r.Service}, err
+}
+
+func (t *tools) schema(ctx context.Context, _ *mcp.CallToolRequest, in SchemaIn) (*mcp.CallToolResult, SchemaOut, error) {
+	r, err := t.svc.Schema(ctx, in.ID)
+	return nil, SchemaOut{Tables: r.Tables}, err
+}
+
+func (t *tools) inspect(ctx context.Context, _ *mcp.CallToolRequest, in InspectIn) (*mcp.CallToolResult, InspectOut, error) {
+	r, err := t.svc.Inspect(ctx, in.ID, api.InspectRequest{SQL: in.SQL, MaxRows: in.MaxRows})
+	return nil, InspectOut{Columns: r.Columns, Rows: r.Rows, Truncated: r.Truncated}, err
+}
+
+func (t *tools) delete(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, DeleteOut, error) {
+	if err := t.svc.Delete(ctx, in.ID); err != nil {
+		return nil, DeleteOut{}, err
+	}
+	return nil, DeleteOut{Deleted: in.ID}, nil
+}
+
+func (t *tools) versionTool(ctx context.Context, _ *mcp.CallToolRequest, _ VersionIn) (*mcp.CallToolResult, VersionOut, error) {
+	out := VersionOut{MCPVersion: t.version}
+	v, err := t.svc.Version(ctx)
+	if err != nil {
+		out.Error = err.Error()
+		return nil, out, nil
+	}
+	out.ServiceVersion, out.ServiceReachable, out.Match = v.Version, true, v.Version == t.version
+	return nil, out, nil
+}

@@ -1,0 +1,183 @@
+package service
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/capsem/capsem/core/api"
+)
+
+// Body bounds: a JSON request is small, but a file write carries up to
+// api.MaxFileBytes, base64-encoded (4/3 of it) inside JSON.
+const (
+	maxRequestBody   = 1 << 20
+	maxWriteFileBody = api.MaxFileBytes/3*4 + 1<<20
+)
+
+// Handler serves the service API. stop, when not nil, is what
+// POST /v1/service/stop calls (after the answer is written).
+func (s *Service) Handler(stop func()) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+api.RouteVersion, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Version()) })
+	mux.HandleFunc("GET "+api.RouteVMs, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.List()) })
+	mux.HandleFunc("POST "+api.RouteVMs, func(w http.ResponseWriter, r *http.Request) {
+		var req api.CreateRequest
+		if decode(w, r, &req, maxRequestBody) {
+			out, err := s.Create(r.Context(), req)
+			reply(w, http.StatusCreated, out, err)
+		}
+	})
+	mux.HandleFunc("POST "+api.RouteRun, func(w http.ResponseWriter, r *http.Request) {
+		var req api.RunRequest
+		if decode(w, r, &req, maxRequestBody) {
+			out, err := s.Run(r.Context(), req)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	mux.HandleFunc("POST "+api.RoutePurge, func(w http.ResponseWriter, r *http.Request) {
+		var req api.PurgeRequest
+		if decode(w, r, &req, maxRequestBody) {
+			writeJSON(w, http.StatusOK, s.Purge(r.Context(), req.All))
+		}
+	})
+	mux.HandleFunc("GET "+api.RouteServiceLogs, func(w http.ResponseWriter, r *http.Request) {
+		if tail, grep, ok := logQuery(w, r); ok {
+			out, err := s.ServiceLogs(tail, grep)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	mux.HandleFunc("POST "+api.RouteServiceStop, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+		if stop != nil {
+			go stop()
+		}
+	})
+	mux.HandleFunc("GET "+api.RouteVM, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.Info(r.Context(), r.PathValue("vm"))
+		reply(w, http.StatusOK, out, err)
+	})
+	mux.HandleFunc("DELETE "+api.RouteVM, func(w http.ResponseWriter, r *http.Request) {
+		if err := s.Delete(r.Context(), r.PathValue("vm")); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST "+api.RouteVMExec, func(w http.ResponseWriter, r *http.Request) {
+		var req api.ExecRequest
+		if decode(w, r, &req, maxRequestBody) {
+			out, err := s.Exec(r.Context(), r.PathValue("vm"), req)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	mux.HandleFunc("POST "+api.RouteVMStop, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.Stop(r.Context(), r.PathValue("vm"))
+		reply(w, http.StatusOK, out, err)
+	})
+	mux.HandleFunc("POST "+api.RouteVMResume, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.Resume(r.Context(), r.PathValue("vm"))
+		reply(w, http.StatusOK, out, err)
+	})
+	mux.HandleFunc("POST "+api.RouteVMPersist, func(w http.ResponseWriter, r *http.Request) {
+		var req api.PersistRequest
+		if decode(w, r, &req, maxRequestBody) {
+			out, err := s.Persist(r.PathValue("vm"), req.Name)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	mux.HandleFunc("POST "+api.RouteVMReadFile, func(w http.ResponseWriter, r *http.Request) {
+		var req api.ReadFileRequest
+		if decode(w, r, &req, maxRequestBody) {
+			out, err := s.ReadFile(r.Context(), r.PathValue("vm"), req)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	mux.HandleFunc("POST "+api.RouteVMWriteFile, func(w http.ResponseWriter, r *http.Request) {
+		var req api.WriteFileRequest
+		if !decode(w, r, &req, maxWriteFileBody) {
+			return
+		}
+		if err := s.WriteFile(r.Context(), r.PathValue("vm"), req); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET "+api.RouteVMLogs, func(w http.ResponseWriter, r *http.Request) {
+		if tail, grep, ok := logQuery(w, r); ok {
+			out, err := s.Logs(r.PathValue("vm"), tail, grep)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	mux.HandleFunc("GET "+api.RouteVMSchema, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.Schema(r.Context(), r.PathValue("vm"))
+		reply(w, http.StatusOK, out, err)
+	})
+	mux.HandleFunc("POST "+api.RouteVMInspect, func(w http.ResponseWriter, r *http.Request) {
+		var req api.InspectRequest
+		if decode(w, r, &req, maxRequestBody) {
+			out, err := s.Inspect(r.Context(), r.PathValue("vm"), req)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	return mux
+}
+
+// reply writes out with status, or err with its own.
+func reply[T any](w http.ResponseWriter, status int, out T, err error) {
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, status, out)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(body)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	writeJSON(w, StatusOf(err), api.Error{Error: err.Error()})
+}
+
+// decode reads one JSON object of at most limit bytes into into, refusing
+// unknown fields and trailing data; on failure it answers and says false.
+func decode(w http.ResponseWriter, r *http.Request, into any, limit int64) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(into)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the JSON object")
+		}
+	}
+	if err == nil {
+		return true
+	}
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		writeError(w, refuse(http.StatusRequestEntityTooLarge, "request body over %d bytes", tooLarge.Limit))
+		return false
+	}
+	writeError(w, badRequest("invalid request body: %v", err))
+	return false
+}
+
+// logQuery reads ?tail=N&grep=TEXT.
+func logQuery(w http.ResponseWriter, r *http.Request) (int, string, bool) {
+	tail := 0
+	if s := r.URL.Query().Get("tail"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			writeError(w, badRequest("tail=%q: want a positive number of lines", s))
+			return 0, "", false
+		}
+		tail = n
+	}
+	return tail, r.URL.Query().Get("grep"), true
+}

@@ -1,0 +1,379 @@
+package service
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/privsep"
+	"github.com/capsem/capsem/core/vmhost"
+)
+
+// Defaults of a CreateRequest.
+const (
+	DefaultRAMMB = 1024
+	DefaultCPUs  = 2
+	DefaultImage = "default"
+	// bootTimeout bounds a VM's boot: assets may be built first.
+	bootTimeout = 5 * time.Minute
+	// stopTimeout bounds a clean stop before the process is killed.
+	stopTimeout = 30 * time.Second
+)
+
+// normalize fills req's defaults and checks it.
+func normalize(req *api.CreateRequest) error {
+	req.RAMMB = cmp.Or(req.RAMMB, DefaultRAMMB)
+	req.CPUs = cmp.Or(req.CPUs, DefaultCPUs)
+	req.DiskGB = cmp.Or(req.DiskGB, vmhost.DefaultDiskGiB)
+	req.Image = cmp.Or(req.Image, DefaultImage)
+	if req.Name != "" {
+		if err := CheckName(req.Name); err != nil {
+			return err
+		}
+	}
+	if req.Image != DefaultImage {
+		return badRequest("image %q: only %q is available", req.Image, DefaultImage)
+	}
+	cfg := vmhost.ProcessConfig{SessionDir: "/", Socket: "/", CPUs: req.CPUs, MemoryMiB: req.RAMMB, DiskGiB: req.DiskGB}
+	if err := cfg.Check(); err != nil {
+		return badRequest("%v", err)
+	}
+	if len(req.Env) > maxEnv {
+		return badRequest("env has %d variables, more than %d", len(req.Env), maxEnv)
+	}
+	for _, k := range slices.Sorted(maps.Keys(req.Env)) {
+		if err := privsep.CheckEnv(k, req.Env[k]); err != nil {
+			return badRequest("env: %v", err)
+		}
+	}
+	return nil
+}
+
+const maxEnv = 256
+
+// Create boots a VM and returns once it is ready for exec. A create that
+// fails (bad input, a name taken, too little memory, a boot that fails or
+// is cancelled) leaves nothing behind.
+func (s *Service) Create(ctx context.Context, req api.CreateRequest) (api.VM, error) {
+	if err := normalize(&req); err != nil {
+		return api.VM{}, err
+	}
+	v, err := s.reserve(req)
+	if err != nil {
+		return api.VM{}, err
+	}
+	defer v.mu.Unlock()
+	if err := s.boot(ctx, v); err != nil {
+		s.discard(v)
+		return api.VM{}, err
+	}
+	return s.view(v), nil
+}
+
+// reserve records a new VM as booting, its name taken and its memory
+// counted, and returns it locked.
+func (s *Service) reserve(req api.CreateRequest) (*vm, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.Name != "" {
+		for _, o := range s.vms {
+			if o.rec.Name == req.Name {
+				return nil, conflict("a VM named %q exists already (%s)", req.Name, o.rec.State)
+			}
+		}
+	}
+	if err := s.checkMemoryLocked(req.RAMMB); err != nil {
+		return nil, err
+	}
+	id := newID()
+	r := &record{ID: id, Name: req.Name, Persistent: req.Name != "", State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
+		DiskGB: req.DiskGB, Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id)}
+	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
+	v := &vm{rec: r}
+	v.mu.Lock()
+	s.vms[id] = v
+	return v, nil
+}
+
+// boot starts v's process and waits until the VM is ready. v.mu is held.
+func (s *Service) boot(ctx context.Context, v *vm) error {
+	s.mu.Lock()
+	r := *v.rec
+	v.rec.State, v.rec.LastLog, v.stopping = api.StateBooting, "", false
+	s.mu.Unlock()
+	if err := s.update(v, func(*record) {}); err != nil {
+		return err
+	}
+	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
+		NoAutodetect: s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB}
+	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(), Detach: true})
+	if err != nil {
+		return err
+	}
+	// On the record at once: a service that dies now finds the process.
+	if err := s.update(v, func(r *record) { r.PID = proc.PID() }); err != nil {
+		proc.Kill()
+		return err
+	}
+	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	if _, err := proc.WaitReady(bctx); err != nil {
+		proc.Kill()
+		return fmt.Errorf("VM %s did not boot: %w", r.label(), err)
+	}
+	s.mu.Lock()
+	v.proc, v.client, v.gone = proc, proc.Client, proc.Done()
+	s.mu.Unlock()
+	if err := s.update(v, func(r *record) { r.State, r.StartedAt = api.StateRunning, time.Now().UTC() }); err != nil {
+		s.log.Error("VM registry", "vm", r.ID, "err", err)
+	}
+	go s.watch(v, proc.Done())
+	s.log.Info("VM running", "vm", r.ID, "name", r.Name, "pid", proc.PID())
+	return nil
+}
+
+// watch marks v defunct when its process exits while nobody stops it.
+func (s *Service) watch(v *vm, gone <-chan struct{}) {
+	<-gone
+	s.mu.Lock()
+	expected := v.stopping || v.gone != gone
+	if !expected {
+		v.rec.State, v.rec.PID = api.StateDefunct, 0
+		v.rec.LastLog = vmhost.LogTail(paths.Session{Dir: v.rec.SessionDir}.ProcessLog(), 8)
+		v.client, v.proc = nil, nil
+	}
+	r := *v.rec
+	s.mu.Unlock()
+	if expected {
+		return
+	}
+	s.log.Error("VM process died", "vm", r.ID, "name", r.Name, "last_log", r.LastLog)
+	if err := s.reg.save(&r); err != nil {
+		s.log.Error("VM registry", "vm", r.ID, "err", err)
+	}
+}
+
+// processEnv is the per-VM processes' environment: nothing of the
+// service's own but what they need, and the options' additions.
+func (s *Service) processEnv() []string {
+	keep := []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+		"CAPSEM_HOME", "CAPSEM_RUN_DIR", "CAPSEM_UDS_PATH", "CAPSEM_CACHE_DIR", "CAPSEM_CORP_CONFIG",
+		"CAPSEM_ACCEL", "CAPSEM_BOOT_STATE", "CAPSEM_LOG_LEVEL", "CAPSEM_QEMU"}
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(keep, k) || strings.HasPrefix(k, "LC_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, s.o.ProcessEnv...)
+}
+
+// discard removes every trace of a VM whose create failed. v.mu is held.
+func (s *Service) discard(v *vm) {
+	s.mu.Lock()
+	delete(s.vms, v.rec.ID)
+	r := *v.rec
+	s.mu.Unlock()
+	killSessionProcesses(r.SessionDir)
+	if err := os.RemoveAll(r.SessionDir); err != nil {
+		s.log.Error("removing a failed VM's session", "vm", r.ID, "err", err)
+	}
+	if err := s.reg.remove(r.ID); err != nil {
+		s.log.Error("VM registry", "vm", r.ID, "err", err)
+	}
+}
+
+// Stop stops a running VM. A persistent VM keeps its state for resume;
+// an ephemeral one is removed.
+func (s *Service) Stop(ctx context.Context, ref string) (api.VM, error) {
+	v, err := s.lookup(ref)
+	if err != nil {
+		return api.VM{}, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s.mu.Lock()
+	r := *v.rec
+	s.mu.Unlock()
+	if r.State != api.StateRunning {
+		return api.VM{}, refuse(http.StatusConflict, "VM %s is %s, not running", r.label(), r.State)
+	}
+	s.halt(ctx, v)
+	if !r.Persistent {
+		s.discard(v)
+		out := r.view()
+		out.State = api.StateStopped
+		return out, nil
+	}
+	if err := s.update(v, func(r *record) { r.State, r.PID = api.StateStopped, 0 }); err != nil {
+		return api.VM{}, err
+	}
+	return s.view(v), nil
+}
+
+// halt stops v's process, cleanly if it answers, and waits for it to be
+// gone. v.mu is held.
+func (s *Service) halt(ctx context.Context, v *vm) {
+	s.mu.Lock()
+	v.stopping = true
+	proc, client, gone, pid := v.proc, v.client, v.gone, v.rec.PID
+	s.mu.Unlock()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	switch {
+	case proc != nil:
+		if err := proc.Stop(sctx); err != nil {
+			s.log.Warn("stopping a VM", "pid", pid, "err", err)
+		}
+	case client != nil && gone != nil: // adopted
+		if err := client.Stop(sctx); err != nil {
+			s.log.Warn("stopping an adopted VM", "pid", pid, "err", err)
+		}
+		select {
+		case <-gone:
+		case <-sctx.Done():
+			killPID(pid)
+			<-gone
+		}
+	}
+	s.mu.Lock()
+	v.proc, v.client, v.gone = nil, nil, nil
+	s.mu.Unlock()
+}
+
+// Resume boots a stopped (or defunct) persistent VM again from its state.
+func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
+	v, err := s.lookup(ref)
+	if err != nil {
+		return api.VM{}, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s.mu.Lock()
+	r := *v.rec
+	s.mu.Unlock()
+	switch {
+	case !r.Persistent:
+		return api.VM{}, conflict("VM %s is ephemeral: only a named VM can be resumed (capsem_persist names it)", r.label())
+	case r.State == api.StateRunning || r.State == api.StateBooting:
+		return api.VM{}, conflict("VM %s is %s already", r.label(), r.State)
+	}
+	if err := s.checkMemory(r.RAMMB); err != nil {
+		return api.VM{}, err
+	}
+	if err := s.boot(ctx, v); err != nil {
+		s.update(v, func(r *record) {
+			r.State, r.PID = api.StateDefunct, 0
+			r.LastLog = err.Error()
+		})
+		return api.VM{}, err
+	}
+	return s.view(v), nil
+}
+
+// Persist names a running ephemeral VM, which makes it persistent.
+func (s *Service) Persist(ref, name string) (api.VM, error) {
+	if err := CheckName(name); err != nil {
+		return api.VM{}, err
+	}
+	v, err := s.lookup(ref)
+	if err != nil {
+		return api.VM{}, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s.mu.Lock()
+	if v.rec.Persistent {
+		defer s.mu.Unlock()
+		return api.VM{}, conflict("VM %s is persistent already", v.rec.label())
+	}
+	for _, o := range s.vms {
+		if o.rec.Name == name {
+			defer s.mu.Unlock()
+			return api.VM{}, conflict("a VM named %q exists already", name)
+		}
+	}
+	v.rec.Name, v.rec.Persistent = name, true
+	r := *v.rec
+	s.mu.Unlock()
+	if err := s.reg.save(&r); err != nil {
+		return api.VM{}, err
+	}
+	return r.view(), nil
+}
+
+// Delete stops a VM if it runs and removes it with all its state.
+func (s *Service) Delete(ctx context.Context, ref string) error {
+	v, err := s.lookup(ref)
+	if err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s.halt(ctx, v)
+	s.discard(v)
+	return nil
+}
+
+// Purge deletes every ephemeral VM, and with all the persistent ones too.
+func (s *Service) Purge(ctx context.Context, all bool) api.PurgeResult {
+	var ids []string
+	s.mu.Lock()
+	for id, v := range s.vms {
+		if all || !v.rec.Persistent {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(ids)
+	out := api.PurgeResult{Removed: []string{}}
+	for _, id := range ids {
+		if err := s.Delete(ctx, id); err == nil {
+			out.Removed = append(out.Removed, id)
+		}
+	}
+	return out
+}
+
+// adopt takes over a VM found in the registry at start: a process that
+// still answers is adopted; one that does not is killed; the VM is then
+// defunct (it was running) or stays stopped.
+func (s *Service) adopt(ctx context.Context, v *vm) {
+	r := v.rec
+	if r.State == api.StateStopped || r.State == api.StateDefunct {
+		killSessionProcesses(r.SessionDir) // none should run; none may
+		return
+	}
+	if r.PID > 0 && processOf(r.PID, r.SessionDir) {
+		client := apiclient.NewProcessClient(r.Socket)
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := client.Info(ictx)
+		cancel()
+		if gone, werr := watchPID(r.PID); err == nil && info.State == api.StateRunning && werr == nil {
+			v.client, v.gone, r.State = client, gone, api.StateRunning
+			s.reg.save(r)
+			go s.watch(v, gone)
+			s.log.Info("re-adopted a running VM", "vm", r.ID, "name", r.Name, "pid", r.PID)
+			return
+		} else if werr != nil {
+			err = errors.Join(err, werr)
+		}
+		s.log.Warn("a VM's process does not answer; killing it", "vm", r.ID, "pid", r.PID, "err", err)
+	}
+	killSessionProcesses(r.SessionDir)
+	r.State, r.PID = api.StateDefunct, 0
+	r.LastLog = vmhost.LogTail(paths.Session{Dir: r.SessionDir}.ProcessLog(), 8)
+	s.reg.save(r)
+	s.log.Warn("a VM's process was gone at start; defunct", "vm", r.ID, "name", r.Name)
+}

@@ -1,0 +1,62 @@
+package service
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+)
+
+// MaxNameLen bounds a VM name (it is the guest's host name, at most 63).
+const MaxNameLen = 63
+
+// CheckName reports why name cannot name a VM, or nil: lower-case letters,
+// digits and '-', starting with a letter or digit, at most MaxNameLen, and
+// not of the form of an id (a name and an id must never be confused).
+func CheckName(name string) error {
+	if name == "" {
+		return badRequest("VM name is empty")
+	}
+	if len(name) > MaxNameLen {
+		return badRequest("VM name is %d characters long, more than %d", len(name), MaxNameLen)
+	}
+	for i, r := range name {
+		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' && i > 0
+		if !ok {
+			return badRequest("VM name %q: use lower-case letters, digits and '-', starting with a letter or digit", name)
+		}
+	}
+	if idRe.MatchString(name) {
+		return badRequest("VM name %q has the form of a VM id", name)
+	}
+	return nil
+}
+
+func newID() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return "vm-" + hex.EncodeToString(b)
+}
+
+func notFound(ref string) error {
+	return refuse(http.StatusNotFound, "no VM named %q (see capsem_list)", ref)
+}
+
+func notRunning(r *record) error {
+	return refuse(http.StatusServiceUnavailable, "VM %s is %s, not running%s", r.label(), r.State, resumeHint(r))
+}
+
+func resumeHint(r *record) string {
+	if r.Persistent {
+		return fmt.Sprintf(" (resume it with capsem_resume %s)", r.label())
+	}
+	return ""
+}
+
+// label is how messages name a VM: its name, else its id.
+func (r *record) label() string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.ID
+}

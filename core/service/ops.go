@@ -1,0 +1,276 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"io/fs"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+	"unicode/utf8"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/ledger"
+	"github.com/capsem/capsem/core/logs"
+	"github.com/capsem/capsem/core/paths"
+)
+
+// MaxExecOutput bounds each of an exec's streams in its result; the rest
+// is counted, not kept, and the result says it was cut.
+const MaxExecOutput = 1 << 20
+
+// cappedBuffer keeps the first max bytes written to it.
+type cappedBuffer struct {
+	buf bytes.Buffer
+	max int
+	cut bool
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	if room := c.max - c.buf.Len(); room < len(p) {
+		c.cut = true
+		p = p[:max(room, 0)]
+	}
+	c.buf.Write(p)
+	return len(p), nil
+}
+
+// Exec runs a command in a running VM and returns its output, stdout and
+// stderr apart. It has no timeout unless the request gives one; cancelling
+// ctx (the caller went away) kills the guest command.
+func (s *Service) Exec(ctx context.Context, ref string, req api.ExecRequest) (api.ExecResult, error) {
+	if (len(req.Argv) == 0) == (req.Command == "") {
+		return api.ExecResult{}, badRequest("give exactly one of command and argv")
+	}
+	if req.TimeoutMS < 0 {
+		return api.ExecResult{}, badRequest("timeout_ms must not be negative")
+	}
+	v, c, err := s.running(ref)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	// The VM's env applies to every command; the request's wins.
+	s.mu.Lock()
+	env := maps.Clone(v.rec.Env)
+	s.mu.Unlock()
+	if len(env) > 0 || len(req.Env) > 0 {
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, req.Env)
+		req.Env = env
+	}
+	stdout, stderr := &cappedBuffer{max: MaxExecOutput}, &cappedBuffer{max: MaxExecOutput}
+	start := time.Now()
+	ev, err := c.Exec(ctx, &req, stdout, stderr)
+	if err != nil {
+		return api.ExecResult{}, s.vmError(v, err)
+	}
+	return api.ExecResult{Stdout: stdout.buf.String(), Stderr: stderr.buf.String(), ExitCode: ev.ExitCode, Signal: ev.Signal,
+		TimedOut: ev.TimedOut, StdoutTruncated: ev.StdoutTruncated || stdout.cut, StderrTruncated: ev.StderrTruncated || stderr.cut,
+		DurationMS: cmpDuration(ev.DurationMS, time.Since(start))}, nil
+}
+
+func cmpDuration(guestMS int64, d time.Duration) int64 {
+	if guestMS > 0 {
+		return guestMS
+	}
+	return d.Milliseconds()
+}
+
+// vmError turns a per-VM API failure into a refusal: a VM that stopped
+// meanwhile is 503, a guest's refusal (no such file) is 400.
+func (s *Service) vmError(v *vm, err error) error {
+	s.mu.Lock()
+	r := *v.rec
+	s.mu.Unlock()
+	if r.State != api.StateRunning {
+		return notRunning(&r)
+	}
+	return refuse(http.StatusBadRequest, "VM %s: %v", r.label(), err)
+}
+
+// ReadFile reads a file in a running VM.
+func (s *Service) ReadFile(ctx context.Context, ref string, req api.ReadFileRequest) (api.ReadFileResult, error) {
+	if req.Path == "" {
+		return api.ReadFileResult{}, badRequest("path is required")
+	}
+	if req.Encoding != "" && req.Encoding != "utf8" && req.Encoding != "base64" {
+		return api.ReadFileResult{}, badRequest("encoding %q: want utf8 or base64", req.Encoding)
+	}
+	v, c, err := s.running(ref)
+	if err != nil {
+		return api.ReadFileResult{}, err
+	}
+	data, err := c.ReadFile(ctx, req.Path)
+	if err != nil {
+		return api.ReadFileResult{}, s.vmError(v, err)
+	}
+	if req.Encoding == "base64" {
+		return api.ReadFileResult{Content: base64.StdEncoding.EncodeToString(data), Encoding: "base64", Size: len(data)}, nil
+	}
+	if !utf8.Valid(data) {
+		return api.ReadFileResult{}, badRequest("%s is not UTF-8 text (%d bytes): read it with encoding base64", req.Path, len(data))
+	}
+	return api.ReadFileResult{Content: string(data), Encoding: "utf8", Size: len(data)}, nil
+}
+
+// WriteFile writes a file in a running VM.
+func (s *Service) WriteFile(ctx context.Context, ref string, req api.WriteFileRequest) error {
+	if req.Path == "" {
+		return badRequest("path is required")
+	}
+	if req.Mode > 0o777 {
+		return badRequest("mode %o: want permission bits from 0 to 777", req.Mode)
+	}
+	data := []byte(req.Content)
+	switch req.Encoding {
+	case "", "utf8":
+	case "base64":
+		var err error
+		if data, err = base64.StdEncoding.DecodeString(req.Content); err != nil {
+			return badRequest("content is not base64: %v", err)
+		}
+	default:
+		return badRequest("encoding %q: want utf8 or base64", req.Encoding)
+	}
+	if len(data) > api.MaxFileBytes {
+		return refuse(http.StatusRequestEntityTooLarge, "%d bytes, more than the %d a file write takes", len(data), api.MaxFileBytes)
+	}
+	v, c, err := s.running(ref)
+	if err != nil {
+		return err
+	}
+	if err := c.WriteFile(ctx, req.Path, data, req.Mode); err != nil {
+		return s.vmError(v, err)
+	}
+	return nil
+}
+
+// Logs returns the tail of a VM's serial console and process log (grep
+// keeps only the lines that contain it). It works on a stopped VM too.
+func (s *Service) Logs(ref string, tail int, grep string) (api.LogsResult, error) {
+	v, err := s.lookup(ref)
+	if err != nil {
+		return api.LogsResult{}, err
+	}
+	sess := s.sessionOf(v)
+	serial, err := tailOrEmpty(sess.ConsoleLog(), tail, grep)
+	if err != nil {
+		return api.LogsResult{}, err
+	}
+	proc, err := tailOrEmpty(sess.ProcessLog(), tail, grep)
+	if err != nil {
+		return api.LogsResult{}, err
+	}
+	return api.LogsResult{Serial: serial, Process: proc}, nil
+}
+
+// ServiceLogs returns the tail of the service's own log.
+func (s *Service) ServiceLogs(tail int, grep string) (api.LogsResult, error) {
+	path, err := paths.ServiceLog()
+	if err != nil {
+		return api.LogsResult{}, err
+	}
+	text, err := tailOrEmpty(path, tail, grep)
+	return api.LogsResult{Service: text}, err
+}
+
+func tailOrEmpty(path string, tail int, grep string) (string, error) {
+	text, err := logs.Tail(path, tail, grep)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", badRequest("%v", err)
+	}
+	return text, nil
+}
+
+// Inspect bounds.
+const (
+	DefaultInspectRows = 100
+	MaxInspectRows     = 10000
+	inspectTimeout     = 5 * time.Second
+)
+
+// Schema returns the CREATE TABLE statements of a VM's session ledger;
+// with no VM, those of the ledger every new VM gets.
+func (s *Service) Schema(ctx context.Context, ref string) (api.SchemaResult, error) {
+	if ref == "" {
+		return freshSchema(ctx)
+	}
+	v, err := s.lookup(ref)
+	if err != nil {
+		return api.SchemaResult{}, err
+	}
+	tables, err := ledger.Schema(ctx, s.sessionOf(v).DB())
+	if err != nil {
+		return api.SchemaResult{}, refuse(http.StatusNotFound, "session ledger: %v", err)
+	}
+	return api.SchemaResult{Tables: tables}, nil
+}
+
+// Inspect runs one read-only SQL statement on a VM's session ledger: rows,
+// size and time bounded, and under an authorizer that reads that
+// database's tables and nothing else (no ATTACH, no extensions, no writes,
+// no writing pragmas, no temp tables).
+func (s *Service) Inspect(ctx context.Context, ref string, req api.InspectRequest) (api.InspectResult, error) {
+	if req.MaxRows == 0 {
+		req.MaxRows = DefaultInspectRows
+	}
+	if req.MaxRows < 0 || req.MaxRows > MaxInspectRows {
+		return api.InspectResult{}, badRequest("max_rows %d: want 1 to %d", req.MaxRows, MaxInspectRows)
+	}
+	v, err := s.lookup(ref)
+	if err != nil {
+		return api.InspectResult{}, err
+	}
+	cols, rows, truncated, err := ledger.Query(ctx, s.sessionOf(v).DB(), req.SQL, req.MaxRows, inspectTimeout)
+	if err != nil {
+		return api.InspectResult{}, badRequest("%v", err)
+	}
+	if rows == nil {
+		rows = [][]any{}
+	}
+	return api.InspectResult{Columns: cols, Rows: rows, Truncated: truncated}, nil
+}
+
+// Run boots an ephemeral VM, runs one command in it and removes the VM.
+func (s *Service) Run(ctx context.Context, req api.RunRequest) (api.ExecResult, error) {
+	if req.Name != "" {
+		return api.ExecResult{}, badRequest("run takes no name: its VM is removed when the command ends")
+	}
+	if (len(req.Exec.Argv) == 0) == (req.Exec.Command == "") {
+		return api.ExecResult{}, badRequest("give exactly one of command and argv")
+	}
+	created, err := s.Create(ctx, req.CreateRequest)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	defer s.Delete(context.WithoutCancel(ctx), created.ID)
+	return s.Exec(ctx, created.ID, req.Exec)
+}
+
+// freshSchema is the schema of a new ledger, made in a scratch directory.
+func freshSchema(ctx context.Context) (api.SchemaResult, error) {
+	dir, err := os.MkdirTemp("", "capsem-schema-")
+	if err != nil {
+		return api.SchemaResult{}, err
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "session.db")
+	l, err := ledger.Open(ctx, path, ledger.Options{})
+	if err != nil {
+		return api.SchemaResult{}, err
+	}
+	if err := l.Close(); err != nil {
+		return api.SchemaResult{}, err
+	}
+	tables, err := ledger.Schema(ctx, path)
+	return api.SchemaResult{Tables: tables}, err
+}

@@ -1,0 +1,198 @@
+// Package service is the engine of `capsem service`, the one daemon per
+// user that owns every VM of that user. It is the only code that starts
+// per-VM processes (vmhost.Launch, each detached with a scrubbed
+// environment, so that a VM outlives a restart or an upgrade of the
+// service), keeps a registry of the VMs that survives a restart, re-adopts
+// the processes a crashed service left (or reaps those that no longer
+// answer), and serves the JSON API of package api on its socket.
+//
+// A VM with a name is persistent: stopping it keeps its session directory
+// (disk, workspace, session.db) for resume. A VM without one is
+// ephemeral: it is removed when it stops. A VM whose process died is
+// defunct, with the last lines of its log.
+package service
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/vmhost"
+)
+
+// Options configure a Service.
+type Options struct {
+	// Executable is capsem ("": this executable).
+	Executable string
+	// GuestBinary is the guest build for /init ("": next to Executable).
+	GuestBinary string
+	// NoAutodetect keeps AI CLI settings out of the VMs' gateways.
+	NoAutodetect bool
+	// ProcessEnv is added to the scrubbed environment of per-VM processes.
+	ProcessEnv []string
+	Logger     *slog.Logger
+}
+
+// Service owns the VMs.
+type Service struct {
+	o        Options
+	log      *slog.Logger
+	reg      registry
+	sessions string
+
+	mu  sync.Mutex
+	vms map[string]*vm // by id
+}
+
+// vm is one VM. mu serializes its lifecycle operations (boot, stop,
+// resume, persist, delete), which may be slow, so they hold it without the
+// service's lock; rec's fields are guarded by Service.mu.
+type vm struct {
+	mu       sync.Mutex
+	rec      *record
+	proc     *vmhost.Process // started by this service; nil when adopted
+	client   *apiclient.ProcessClient
+	gone     <-chan struct{} // closed when the running process exits
+	stopping bool            // a stop or delete is under way: the exit is expected
+}
+
+// New opens the registry, re-adopts the per-VM processes that still answer
+// and reaps those that do not.
+func New(ctx context.Context, o Options) (*Service, error) {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	regDir, err := paths.RegistryDir()
+	if err != nil {
+		return nil, err
+	}
+	sessions, err := paths.SessionsDir()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{regDir, sessions} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	s := &Service{o: o, log: o.Logger, reg: registry{dir: regDir}, sessions: sessions, vms: map[string]*vm{}}
+	recs, errs := s.reg.load()
+	for _, err := range errs {
+		s.log.Error("VM registry", "err", err)
+	}
+	for _, r := range recs {
+		s.vms[r.ID] = &vm{rec: r}
+	}
+	for _, v := range s.vms {
+		s.adopt(ctx, v)
+	}
+	return s, nil
+}
+
+// lookup finds a VM by id, else by name.
+func (s *Service) lookup(ref string) (*vm, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.vms[ref]; ok {
+		return v, nil
+	}
+	for _, v := range s.vms {
+		if v.rec.Name != "" && v.rec.Name == ref {
+			return v, nil
+		}
+	}
+	return nil, notFound(ref)
+}
+
+// view is a VM's description under the service's lock.
+func (s *Service) view(v *vm) api.VM {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return v.rec.view()
+}
+
+// update changes v's record under the service's lock and saves it.
+func (s *Service) update(v *vm, change func(r *record)) error {
+	s.mu.Lock()
+	change(v.rec)
+	r := *v.rec
+	s.mu.Unlock()
+	return s.reg.save(&r)
+}
+
+// List returns every VM, oldest first.
+func (s *Service) List() []api.VM {
+	s.mu.Lock()
+	out := make([]api.VM, 0, len(s.vms))
+	for _, v := range s.vms {
+		out = append(out, v.rec.view())
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b api.VM) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return out
+}
+
+// Info describes one VM; a running one adds its process's own report.
+func (s *Service) Info(ctx context.Context, ref string) (api.VM, error) {
+	v, err := s.lookup(ref)
+	if err != nil {
+		return api.VM{}, err
+	}
+	out := s.view(v)
+	if c := s.runningClient(v); c != nil {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if info, err := c.Info(ictx); err == nil {
+			out.Process = info
+		}
+	}
+	return out, nil
+}
+
+// runningClient is v's API client when it runs, else nil.
+func (s *Service) runningClient(v *vm) *apiclient.ProcessClient {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v.rec.State != api.StateRunning {
+		return nil
+	}
+	return v.client
+}
+
+// running returns v's client, or the refusal that says why there is none.
+func (s *Service) running(ref string) (*vm, *apiclient.ProcessClient, error) {
+	v, err := s.lookup(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := s.runningClient(v)
+	if c == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return nil, nil, notRunning(v.rec)
+	}
+	return v, c, nil
+}
+
+// sessionOf is v's session directory.
+func (s *Service) sessionOf(v *vm) paths.Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return paths.Session{Dir: v.rec.SessionDir}
+}
+
+// Version is the service's build.
+func (s *Service) Version() api.Version {
+	return api.Version{Version: versionString(), PID: os.Getpid()}
+}
+
+// sessionDirFor is where the VM with id keeps its state.
+func (s *Service) sessionDirFor(id string) string { return filepath.Join(s.sessions, id) }

@@ -1,0 +1,5 @@
+package service
+
+import "github.com/capsem/capsem/core/version"
+
+func versionString() string { return version.Version }
