@@ -22,7 +22,7 @@ type ExecRequest struct {
 const (
 	RouteInfo        = "/v1/info"          // GET: Info
 	RouteExec        = "/v1/exec"          // POST ExecRequest: NDJSON ExecEvents
-	RouteFileContent = "/v1/files/content" // GET ?path= (raw body); PUT ?path=&mode= (raw body)
+	RouteFileContent = "/v1/files/content" // GET ?path=&follow=1 (raw body); PUT ?path=&mode= (raw body)
 	RouteFileStat    = "/v1/files/stat"    // POST FileRequest: FileResponse
 	RouteFileMkdir   = "/v1/files/mkdir"   // POST FileRequest
 	RouteStop        = "/v1/stop"          // POST: 204, then the VM stops

@@ -14,6 +14,7 @@ const (
 	RoutePurge       = "/v1/purge"                   // POST PurgeRequest: PurgeResult
 	RouteServiceLogs = "/v1/service/logs"            // GET ?tail=&grep=: LogsResult
 	RouteServiceStop = "/v1/service/stop"            // POST: 204, then the service exits (its VMs keep running)
+	RouteSchema      = "/v1/inspect/schema"          // GET: SchemaResult of a new VM's ledger
 	RouteVM          = "/v1/vms/{vm}"                // GET: VM; DELETE: 204
 	RouteVMExec      = "/v1/vms/{vm}/exec"           // POST ExecRequest: ExecResult
 	RouteVMStop      = "/v1/vms/{vm}/stop"           // POST: VM
@@ -107,9 +108,13 @@ type PurgeResult struct {
 // ReadFileRequest reads a guest file. Encoding "base64" returns the bytes
 // base64-encoded (for binary files); "" or "utf8" returns text, and a file
 // that is not valid UTF-8 is an error naming base64.
+//
+// A symbolic link in the last path component is followed unless NoFollow
+// (in the guest, where it can only reach the guest's own files).
 type ReadFileRequest struct {
 	Path     string `json:"path"`
 	Encoding string `json:"encoding,omitempty"`
+	NoFollow bool   `json:"no_follow,omitempty"`
 }
 
 // ReadFileResult is a file's content.

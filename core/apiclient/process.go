@@ -150,10 +150,16 @@ func (c *ProcessClient) Exec(ctx context.Context, r *api.ExecRequest, stdout, st
 	return nil, errors.New("/exec: the VM process ended the stream without a result")
 }
 
-// ReadFile reads a guest file (GET /files/content, raw body).
-func (c *ProcessClient) ReadFile(ctx context.Context, path string) ([]byte, error) {
+// ReadFile reads a guest file (GET files/content, raw body). follow reads
+// through a symbolic link in the last path component, which is refused
+// otherwise.
+func (c *ProcessClient) ReadFile(ctx context.Context, path string, follow bool) ([]byte, error) {
 	const route = api.RouteFileContent
-	resp, err := c.do(ctx, http.MethodGet, route, url.Values{"path": {path}}, "", nil)
+	q := url.Values{"path": {path}}
+	if follow {
+		q.Set("follow", "1")
+	}
+	resp, err := c.do(ctx, http.MethodGet, route, q, "", nil)
 	if err != nil {
 		return nil, err
 	}

@@ -189,10 +189,15 @@ func (c *ServiceClient) ServiceLogs(ctx context.Context, tail int, grep string) 
 	return v, c.call(ctx, http.MethodGet, api.RouteServiceLogs, logQuery(tail, grep), nil, &v)
 }
 
-// Schema returns a VM's session ledger schema.
+// Schema returns a VM's session ledger schema; with vm "", the schema of
+// a new VM's.
 func (c *ServiceClient) Schema(ctx context.Context, vm string) (api.SchemaResult, error) {
 	var v api.SchemaResult
-	return v, c.call(ctx, http.MethodGet, api.VMPath(api.RouteVMSchema, vm), nil, nil, &v)
+	route := api.RouteSchema
+	if vm != "" {
+		route = api.VMPath(api.RouteVMSchema, vm)
+	}
+	return v, c.call(ctx, http.MethodGet, route, nil, nil, &v)
 }
 
 // Inspect runs read-only SQL on a VM's session ledger.

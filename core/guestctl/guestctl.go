@@ -444,7 +444,17 @@ func (c *Client) FileOp(ctx context.Context, typ string, req *guestwire.FileRequ
 // ReadFile reads a whole file (up to guestwire.MaxFileSize). A symbolic link
 // as the last path component is refused; use FileOp to follow it.
 func (c *Client) ReadFile(ctx context.Context, path string) ([]byte, error) {
-	res, err := c.FileOp(ctx, guestwire.TypeFileRead, &guestwire.FileRequest{Path: path})
+	return c.readFile(ctx, &guestwire.FileRequest{Path: path})
+}
+
+// ReadFileFollow is ReadFile following a symbolic link in the last path
+// component (which ReadFile refuses).
+func (c *Client) ReadFileFollow(ctx context.Context, path string) ([]byte, error) {
+	return c.readFile(ctx, &guestwire.FileRequest{Path: path, FollowSymlink: true})
+}
+
+func (c *Client) readFile(ctx context.Context, req *guestwire.FileRequest) ([]byte, error) {
+	res, err := c.FileOp(ctx, guestwire.TypeFileRead, req)
 	if err != nil {
 		return nil, err
 	}

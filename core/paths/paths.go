@@ -10,7 +10,7 @@
 //	    ├── service.sock   the service's API ($CAPSEM_UDS_PATH)
 //	    ├── service.lock   held by the serving service
 //	    ├── service.log    the service's log
-//	    ├── accel.json     the accelerator verdict
+//	    ├── accel.json     the accelerator verdict (here even when $CAPSEM_RUN_DIR moves the rest)
 //	    ├── scratch/       sandboxed children's homes
 //	    ├── endpoints/     policy-reload sockets, one per MCP endpoint
 //	    ├── vms/           the service's VM registry
@@ -94,8 +94,9 @@ func ServiceLog() (string, error) { return runJoin("service.log") }
 func ScratchRoot() (string, error) { return runJoin("scratch") }
 
 // AccelVerdict is the cached proof of whether KVM runs the guest on this
-// host (vmm/qemu.Verdict).
-func AccelVerdict() (string, error) { return runJoin("accel.json") }
+// host (vmm/qemu.Verdict). It is the host's, whichever run directory a
+// service uses: always $CAPSEM_HOME/run/accel.json.
+func AccelVerdict() (string, error) { return homeJoin("run", "accel.json") }
 
 // EndpointsDir is where MCP endpoints register for policy reload.
 func EndpointsDir() (string, error) { return runJoin("endpoints") }

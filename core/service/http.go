@@ -112,6 +112,10 @@ func (s *Service) Handler(stop func()) http.Handler {
 			reply(w, http.StatusOK, out, err)
 		}
 	})
+	mux.HandleFunc("GET "+api.RouteSchema, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.Schema(r.Context(), "")
+		reply(w, http.StatusOK, out, err)
+	})
 	mux.HandleFunc("GET "+api.RouteVMSchema, func(w http.ResponseWriter, r *http.Request) {
 		out, err := s.Schema(r.Context(), r.PathValue("vm"))
 		reply(w, http.StatusOK, out, err)

@@ -168,7 +168,7 @@ func (s *Service) watch(v *vm, gone <-chan struct{}) {
 func (s *Service) processEnv() []string {
 	keep := []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
 		"CAPSEM_HOME", "CAPSEM_RUN_DIR", "CAPSEM_UDS_PATH", "CAPSEM_CACHE_DIR", "CAPSEM_CORP_CONFIG",
-		"CAPSEM_ACCEL", "CAPSEM_BOOT_STATE", "CAPSEM_LOG_LEVEL", "CAPSEM_QEMU"}
+		"CAPSEM_ACCEL", "CAPSEM_BOOT_STATE", "CAPSEM_LOG_LEVEL"}
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")

@@ -106,7 +106,7 @@ func (s *Service) ReadFile(ctx context.Context, ref string, req api.ReadFileRequ
 	if err != nil {
 		return api.ReadFileResult{}, err
 	}
-	data, err := c.ReadFile(ctx, req.Path)
+	data, err := c.ReadFile(ctx, req.Path, !req.NoFollow)
 	if err != nil {
 		return api.ReadFileResult{}, s.vmError(v, err)
 	}

@@ -268,3 +268,21 @@ func CapsemRun(t testing.TB, args ...string) (stdout, stderr string, code int) {
 func NoCorpConfig(t testing.TB) string {
 	return "CAPSEM_CORP_CONFIG=" + filepath.Join(ModuleRoot(t), "testdata", "corp-none.toml")
 }
+
+// ServiceEnv is the environment for a capsem service (or a `capsem mcp`
+// that starts one) of its own for this test: the shared home (assets,
+// accelerator verdict) and cache, no corp configuration, no AI CLI
+// settings, and a fresh run directory (socket, registry, sessions), which
+// is returned too. The directory's path is short: Unix socket paths are
+// bounded.
+func ServiceEnv(t testing.TB) (env []string, runDir string) {
+	t.Helper()
+	runDir, err := os.MkdirTemp("", "csr-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(runDir) })
+	env = append(os.Environ(), "CAPSEM_HOME="+CapsemHome(t), "CAPSEM_CACHE_DIR="+CacheDir(t), NoCorpConfig(t),
+		"CAPSEM_RUN_DIR="+runDir, "CAPSEM_NO_AUTODETECT=1")
+	return env, runDir
+}

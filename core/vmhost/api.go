@@ -150,7 +150,16 @@ func (v *VM) handleReadContent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, errors.New("query parameter path is required"))
 		return
 	}
-	data, err := v.ctl.ReadFile(r.Context(), path)
+	read := v.ctl.ReadFile
+	switch f := r.URL.Query().Get("follow"); f {
+	case "", "0":
+	case "1":
+		read = v.ctl.ReadFileFollow
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Errorf("query parameter follow=%q: want 0 or 1", f))
+		return
+	}
+	data, err := read(r.Context(), path)
 	if err != nil {
 		writeError(w, http.StatusUnprocessableEntity, err)
 		return

@@ -29,7 +29,7 @@ type Cmd struct {
 
 // ServeCmd serves in the foreground.
 type ServeCmd struct {
-	NoAutodetect bool   `help:"Keep the mcpServers of Claude Code and Gemini CLI settings out of the VMs' gateways."`
+	NoAutodetect bool   `env:"CAPSEM_NO_AUTODETECT" help:"Keep the mcpServers of Claude Code and Gemini CLI settings out of the VMs' gateways."`
 	GuestBin     string `name:"guest-binary" type:"path" hidden:"" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 }
 

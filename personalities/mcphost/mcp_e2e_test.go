@@ -1,0 +1,460 @@
+package mcphost_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capsem/capsem/core/hostmcp"
+	"github.com/capsem/capsem/core/testkit"
+)
+
+// capsemMCP is one `capsem mcp` driven by the Go SDK's client over stdio,
+// as Claude Code drives it, with a service of its own (in runDir).
+type capsemMCP struct {
+	t      *testing.T
+	s      *mcp.ClientSession
+	env    []string
+	runDir string
+}
+
+func startMCP(t *testing.T, env []string, runDir string) *capsemMCP {
+	t.Helper()
+	testkit.GuestBinary(t) // the service's VMs find it next to capsem
+	cmd := exec.Command(testkit.CapsemBinary(t), "mcp")
+	cmd.Env = env
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 5 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return &capsemMCP{t: t, s: s, env: env, runDir: runDir}
+}
+
+// call calls a tool and decodes its structured result into out (when not
+// nil); it returns the error text of a tool error, "" otherwise.
+func (c *capsemMCP) call(name string, args map[string]any, out any) string {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := c.s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		c.t.Fatalf("%s %v: %v", name, args, err)
+	}
+	if res.IsError {
+		if len(res.Content) == 0 {
+			c.t.Fatalf("%s: a tool error without a message", name)
+		}
+		return res.Content[0].(*mcp.TextContent).Text
+	}
+	if out != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		if err := json.Unmarshal(b, out); err != nil {
+			c.t.Fatalf("%s: %v in %s", name, err, b)
+		}
+	}
+	return ""
+}
+
+// must calls a tool that must succeed.
+func (c *capsemMCP) must(name string, args map[string]any, out any) {
+	c.t.Helper()
+	if msg := c.call(name, args, out); msg != "" {
+		c.t.Fatalf("%s %v: %s", name, args, msg)
+	}
+}
+
+// refused calls a tool that must fail with a message containing want.
+func (c *capsemMCP) refused(name string, args map[string]any, want string) {
+	c.t.Helper()
+	msg := c.call(name, args, nil)
+	if msg == "" || !strings.Contains(msg, want) {
+		c.t.Errorf("%s %v: got %q, want a tool error containing %q", name, args, msg, want)
+	}
+}
+
+// stopService stops the service of this run directory and checks that no
+// process of its VMs is left.
+func stopService(t *testing.T, env []string, runDir string) {
+	t.Helper()
+	cmd := exec.Command(testkit.CapsemBinary(t), "service", "stop")
+	cmd.Env = env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("capsem service stop: %v\n%s", err, out)
+	}
+}
+
+// vmProcesses lists the per-VM processes whose session lies in runDir.
+func vmProcesses(runDir string) []string {
+	out, _ := exec.Command("pgrep", "-f", "capsem process --session-dir "+runDir).Output()
+	return strings.Fields(string(out))
+}
+
+func TestMCPDrivesSandboxes(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	c := startMCP(t, env, runDir)
+	defer func() {
+		c.call("capsem_purge", map[string]any{"all": true}, nil)
+		stopService(t, env, runDir)
+		if left := vmProcesses(runDir); len(left) > 0 {
+			t.Errorf("VM processes left after purge: %v", left)
+		}
+	}()
+
+	tools, err := c.s.ListTools(context.Background(), nil)
+	if err != nil || len(tools.Tools) != 17 {
+		t.Fatalf("tools/list: %d tools, %v", len(tools.Tools), err)
+	}
+	var v hostmcp.VersionOut
+	c.must("capsem_version", map[string]any{}, &v)
+	if !v.ServiceReachable || !v.Match {
+		t.Fatalf("the service was not started, or is another build: %+v", v)
+	}
+
+	var dev hostmcp.VMOut
+	c.must("capsem_create", map[string]any{"name": "dev", "ramMb": 512, "cpuCount": 1, "env": map[string]any{"FROM_CREATE": "yes"}}, &dev)
+	if dev.State != "running" || !dev.Persistent || dev.Name != "dev" || dev.RAMMb != 512 {
+		t.Fatalf("create: %+v", dev)
+	}
+
+	t.Run("exec", func(t *testing.T) {
+		var r hostmcp.ExecOut
+		c.must("capsem_exec", map[string]any{"id": "dev", "command": `echo "out $FROM_CREATE"; echo err >&2; exit 3`}, &r)
+		if r.Stdout != "out yes\n" || r.Stderr != "err\n" || r.ExitCode != 3 || r.TimedOut {
+			t.Fatalf("exec: %+v", r)
+		}
+		c.must("capsem_exec", map[string]any{"id": dev.ID, "command": "pwd; echo $X", "workdir": "/tmp", "env": map[string]any{"X": "1"}}, &r)
+		if r.Stdout != "/tmp\n1\n" {
+			t.Fatalf("workdir and env: %+v", r)
+		}
+		start := time.Now()
+		c.must("capsem_exec", map[string]any{"id": "dev", "command": "sleep 60 & sleep 60; echo never", "timeout": 1}, &r)
+		if !r.TimedOut || strings.Contains(r.Stdout, "never") || time.Since(start) > 20*time.Second {
+			t.Fatalf("timeout: %+v after %v", r, time.Since(start))
+		}
+		// The timeout killed the whole process group: no sleep survives.
+		c.must("capsem_exec", map[string]any{"id": "dev", "command": "pgrep -x sleep || echo none"}, &r)
+		if r.Stdout != "none\n" {
+			t.Fatalf("processes left by the timed-out command: %q", r.Stdout)
+		}
+	})
+
+	t.Run("cancel", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.s.CallTool(ctx, &mcp.CallToolParams{Name: "capsem_exec", Arguments: map[string]any{"id": "dev", "command": "touch /tmp/started; sleep 600"}})
+			done <- err
+		}()
+		var r hostmcp.ExecOut
+		for i := 0; ; i++ {
+			c.must("capsem_exec", map[string]any{"id": "dev", "command": "test -e /tmp/started && echo yes || true"}, &r)
+			if r.Stdout == "yes\n" {
+				break
+			}
+			if i > 100 {
+				t.Fatal("the command never started")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		for i := 0; ; i++ {
+			c.must("capsem_exec", map[string]any{"id": "dev", "command": "pgrep -f 'sleep 600' || echo gone"}, &r)
+			if r.Stdout == "gone\n" {
+				break
+			}
+			if i > 50 {
+				t.Fatalf("the cancelled command still runs: %q", r.Stdout)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
+	t.Run("files", func(t *testing.T) {
+		text := "héllo, wörld ✓ 日本\n"
+		c.must("capsem_write_file", map[string]any{"id": "dev", "path": "/root/workspace/dir/u.txt", "content": text}, nil)
+		var f hostmcp.ReadFileOut
+		c.must("capsem_read_file", map[string]any{"id": "dev", "path": "/root/workspace/dir/u.txt"}, &f)
+		if f.Content != text || f.Encoding != "utf8" {
+			t.Fatalf("unicode round trip: %+v", f)
+		}
+		big := strings.Repeat("0123456789abcdef", 5<<20/16)
+		c.must("capsem_write_file", map[string]any{"id": "dev", "path": "/tmp/big", "content": big}, nil)
+		c.must("capsem_read_file", map[string]any{"id": "dev", "path": "/tmp/big"}, &f)
+		if f.Size != 5<<20 || f.Content != big {
+			t.Fatalf("5 MiB round trip: %d bytes", f.Size)
+		}
+		bin := []byte{0, 1, 2, 0xff, 0xfe, '\n', 0x80}
+		c.must("capsem_write_file", map[string]any{"id": "dev", "path": "/tmp/bin", "content": base64.StdEncoding.EncodeToString(bin), "encoding": "base64"}, nil)
+		c.refused("capsem_read_file", map[string]any{"id": "dev", "path": "/tmp/bin"}, "read it with encoding base64")
+		c.must("capsem_read_file", map[string]any{"id": "dev", "path": "/tmp/bin", "encoding": "base64"}, &f)
+		if got, _ := base64.StdEncoding.DecodeString(f.Content); !bytes.Equal(got, bin) {
+			t.Fatalf("binary round trip: %x", got)
+		}
+		c.refused("capsem_read_file", map[string]any{"id": "dev", "path": "/nonexistent/file"}, "no such file")
+		c.refused("capsem_read_file", map[string]any{"id": "dev", "path": "/root/workspace/dir"}, "directory")
+		var r hostmcp.ExecOut
+		c.must("capsem_exec", map[string]any{"id": "dev", "command": "ln -sf /root/workspace/dir/u.txt /tmp/link"}, &r)
+		c.must("capsem_read_file", map[string]any{"id": "dev", "path": "/tmp/link"}, &f)
+		if f.Content != text {
+			t.Fatalf("through a symlink: %+v", f)
+		}
+	})
+
+	t.Run("inspect", func(t *testing.T) {
+		var sc hostmcp.SchemaOut
+		c.must("capsem_inspect_schema", map[string]any{"id": "dev"}, &sc)
+		if !strings.Contains(strings.Join(sc.Tables, "\n"), "CREATE TABLE exec_events") {
+			t.Fatalf("schema: %v", sc.Tables)
+		}
+		c.must("capsem_inspect_schema", map[string]any{}, &sc)
+		if !strings.Contains(strings.Join(sc.Tables, "\n"), "CREATE TABLE mcp_calls") {
+			t.Fatalf("schema without a VM: %v", sc.Tables)
+		}
+		count := func() float64 {
+			var q hostmcp.InspectOut
+			c.must("capsem_inspect", map[string]any{"id": "dev", "sql": "SELECT count(*) AS n FROM exec_events"}, &q)
+			if len(q.Rows) != 1 || q.Columns[0] != "n" {
+				t.Fatalf("inspect: %+v", q)
+			}
+			return q.Rows[0][0].(float64)
+		}
+		before := count()
+		if before < 3 {
+			t.Fatalf("%v exec_events rows after the execs above", before)
+		}
+		for _, sql := range []string{
+			"DELETE FROM exec_events",
+			"ATTACH DATABASE '/etc/passwd' AS p",
+			"SELECT load_extension('/tmp/x.so')",
+			"PRAGMA writable_schema = 1",
+			"WITH x AS (SELECT 1) DELETE FROM exec_events",
+			"CREATE TEMP TABLE t AS SELECT * FROM exec_events",
+		} {
+			c.refused("capsem_inspect", map[string]any{"id": "dev", "sql": sql}, "refused")
+		}
+		c.refused("capsem_inspect", map[string]any{"id": "dev", "sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c"}, "")
+		if after := count(); after != before {
+			t.Fatalf("exec_events went from %v to %v rows through refused SQL", before, after)
+		}
+	})
+
+	t.Run("logs", func(t *testing.T) {
+		var l hostmcp.LogsOut
+		c.must("capsem_vm_logs", map[string]any{"id": "dev", "tail": 5}, &l)
+		if l.Serial == "" || strings.Count(l.Process, "\n") > 5 || l.Process == "" {
+			t.Fatalf("vm logs: %+v", l)
+		}
+		c.must("capsem_service_logs", map[string]any{"grep": "VM running"}, &l)
+		if !strings.Contains(l.Service, "VM running") {
+			t.Fatalf("service logs: %q", l.Service)
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		c.refused("capsem_create", map[string]any{"name": "../etc"}, "use lower-case letters")
+		c.refused("capsem_create", map[string]any{"name": "Dev"}, "use lower-case letters")
+		c.refused("capsem_create", map[string]any{"name": "dev"}, `a VM named "dev" exists already`)
+		c.refused("capsem_create", map[string]any{"ramMb": 1 << 30}, "memory")
+		c.refused("capsem_create", map[string]any{"env": map[string]any{"LD_PRELOAD": "/x.so"}}, "LD_PRELOAD")
+		c.refused("capsem_exec", map[string]any{"id": "ghost", "command": "true"}, `no VM named "ghost"`)
+		c.refused("capsem_exec", map[string]any{"id": "../../x", "command": "true"}, "no VM named")
+		c.refused("capsem_resume", map[string]any{"name": "dev"}, "running already")
+		var l hostmcp.ListOut
+		c.must("capsem_list", map[string]any{}, &l)
+		if len(l.VMs) != 1 {
+			t.Fatalf("a refused create left a VM behind: %+v", l.VMs)
+		}
+	})
+
+	t.Run("stop and resume", func(t *testing.T) {
+		var r hostmcp.ExecOut
+		c.must("capsem_exec", map[string]any{"id": "dev", "command": "echo kept > /root/workspace/kept; echo disk > /root/ondisk; sync"}, &r)
+		var vm hostmcp.VMOut
+		c.must("capsem_stop", map[string]any{"id": "dev"}, &vm)
+		if vm.State != "stopped" {
+			t.Fatalf("stop: %+v", vm)
+		}
+		c.refused("capsem_exec", map[string]any{"id": "dev", "command": "true"}, "not running")
+		c.must("capsem_resume", map[string]any{"name": "dev"}, &vm)
+		if vm.State != "running" {
+			t.Fatalf("resume: %+v", vm)
+		}
+		c.must("capsem_exec", map[string]any{"id": "dev", "command": "cat /root/workspace/kept /root/ondisk"}, &r)
+		if r.Stdout != "kept\ndisk\n" {
+			t.Fatalf("state after resume: %+v", r)
+		}
+	})
+
+	t.Run("ephemeral, persist, purge", func(t *testing.T) {
+		var e1, e2 hostmcp.VMOut
+		c.must("capsem_create", map[string]any{"ramMb": 512, "cpuCount": 1}, &e1)
+		c.must("capsem_create", map[string]any{"ramMb": 512, "cpuCount": 1}, &e2)
+		if e1.Persistent || e1.Name != "" {
+			t.Fatalf("ephemeral: %+v", e1)
+		}
+		// Two VMs isolated from each other.
+		var r hostmcp.ExecOut
+		c.must("capsem_exec", map[string]any{"id": e1.ID, "command": "echo one > /root/workspace/mine"}, &r)
+		c.must("capsem_exec", map[string]any{"id": e2.ID, "command": "cat /root/workspace/mine 2>&1 || true"}, &r)
+		if strings.Contains(r.Stdout, "one") {
+			t.Fatalf("a file of one VM is visible in the other: %+v", r)
+		}
+		var p hostmcp.VMOut
+		c.must("capsem_persist", map[string]any{"id": e2.ID, "name": "kept2"}, &p)
+		if !p.Persistent || p.Name != "kept2" {
+			t.Fatalf("persist: %+v", p)
+		}
+		c.refused("capsem_persist", map[string]any{"id": e1.ID, "name": "dev"}, "exists already")
+		var pr hostmcp.PurgeOut
+		c.must("capsem_purge", map[string]any{}, &pr)
+		if len(pr.Removed) != 1 || pr.Removed[0] != e1.ID {
+			t.Fatalf("purge removed %v, want only %s", pr.Removed, e1.ID)
+		}
+		if _, err := os.Stat(filepath.Join(runDir, "sessions", e1.ID)); !os.IsNotExist(err) {
+			t.Fatalf("the purged VM's session remains: %v", err)
+		}
+		var vm hostmcp.VMOut
+		c.must("capsem_stop", map[string]any{"id": "kept2"}, &vm)
+		c.must("capsem_delete", map[string]any{"id": "kept2"}, nil)
+		c.refused("capsem_info", map[string]any{"id": "kept2"}, "no VM named")
+		c.refused("capsem_exec", map[string]any{"id": e2.ID, "command": "true"}, "no VM named")
+	})
+
+	t.Run("run", func(t *testing.T) {
+		var r hostmcp.ExecOut
+		c.must("capsem_run", map[string]any{"command": "echo hi; uname -s"}, &r)
+		if r.Stdout != "hi\nLinux\n" || r.ExitCode != 0 {
+			t.Fatalf("run: %+v", r)
+		}
+		var l hostmcp.ListOut
+		c.must("capsem_list", map[string]any{}, &l)
+		if len(l.VMs) != 1 || l.VMs[0].Name != "dev" {
+			t.Fatalf("run left a VM: %+v", l.VMs)
+		}
+	})
+
+	t.Run("two clients at once", func(t *testing.T) {
+		other := startMCP(t, env, runDir)
+		var wg sync.WaitGroup
+		errs := make(chan string, 2)
+		for i, cl := range []*capsemMCP{c, other} {
+			wg.Go(func() {
+				var vm hostmcp.VMOut
+				name := fmt.Sprintf("par-%d", i)
+				if msg := cl.call("capsem_create", map[string]any{"name": name, "ramMb": 512, "cpuCount": 1}, &vm); msg != "" {
+					errs <- msg
+					return
+				}
+				var r hostmcp.ExecOut
+				for j := range 5 {
+					if msg := cl.call("capsem_exec", map[string]any{"id": name, "command": fmt.Sprintf("echo %s-%d > /root/workspace/f; cat /root/workspace/f", name, j)}, &r); msg != "" || r.Stdout != fmt.Sprintf("%s-%d\n", name, j) {
+						errs <- fmt.Sprintf("%s: %q %+v", name, msg, r)
+						return
+					}
+				}
+				cl.call("capsem_delete", map[string]any{"id": name}, nil)
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Error(e)
+		}
+	})
+
+	c.must("capsem_delete", map[string]any{"id": "dev"}, nil)
+	var l hostmcp.ListOut
+	c.must("capsem_list", map[string]any{}, &l)
+	if len(l.VMs) != 0 {
+		t.Fatalf("VMs left: %+v", l.VMs)
+	}
+}
+
+// TestServiceRestartAndCrash: a service stopped with one persistent VM
+// stopped and one running lists both after a restart, the running one
+// still answering; after a kill -9 of the service the next call starts a
+// new one, which re-adopts the running VM; nothing is left unowned.
+func TestServiceRestartAndCrash(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	c := startMCP(t, env, runDir)
+	defer func() {
+		c.call("capsem_purge", map[string]any{"all": true}, nil)
+		stopService(t, env, runDir)
+		if left := vmProcesses(runDir); len(left) > 0 {
+			t.Errorf("VM processes left: %v", left)
+		}
+	}()
+	var vm hostmcp.VMOut
+	c.must("capsem_create", map[string]any{"name": "up", "ramMb": 512, "cpuCount": 1}, &vm)
+	c.must("capsem_create", map[string]any{"name": "down", "ramMb": 512, "cpuCount": 1}, &vm)
+	c.must("capsem_stop", map[string]any{"id": "down"}, &vm)
+
+	check := func(when string) {
+		t.Helper()
+		var l hostmcp.ListOut
+		c.must("capsem_list", map[string]any{}, &l)
+		states := map[string]string{}
+		for _, v := range l.VMs {
+			states[v.Name] = v.State
+		}
+		if states["up"] != "running" || states["down"] != "stopped" || len(states) != 2 {
+			t.Fatalf("%s: %v", when, states)
+		}
+		var r hostmcp.ExecOut
+		c.must("capsem_exec", map[string]any{"id": "up", "command": "echo alive"}, &r)
+		if r.Stdout != "alive\n" {
+			t.Fatalf("%s: exec %+v", when, r)
+		}
+	}
+	servicePID := func() int {
+		var v hostmcp.VersionOut
+		c.must("capsem_version", map[string]any{}, &v)
+		out, err := exec.Command("pgrep", "-f", "capsem service$").Output()
+		if err != nil {
+			t.Fatalf("no service process: %v", err)
+		}
+		for _, f := range strings.Fields(string(out)) {
+			var pid int
+			fmt.Sscan(f, &pid)
+			if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err == nil && bytes.Contains(env, []byte("CAPSEM_RUN_DIR="+runDir+"\x00")) {
+				return pid
+			}
+		}
+		t.Fatalf("no service process of %s among %q", runDir, out)
+		return 0
+	}
+
+	stopService(t, env, runDir)
+	check("after a clean restart") // the call starts a new service
+
+	old := servicePID()
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for syscall.Kill(old, 0) == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	check("after kill -9 of the service")
+	if now := servicePID(); now == old {
+		t.Fatalf("still service %d", now)
+	}
+	if n := len(vmProcesses(runDir)); n != 1 {
+		t.Fatalf("%d VM processes, want 1 (the running VM's)", n)
+	}
+}
