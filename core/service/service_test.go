@@ -1,0 +1,210 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capsem/capsem/core/api"
+)
+
+// newTestService is a service over a fresh run directory, with no VMs.
+func newTestService(t testing.TB) *Service {
+	t.Helper()
+	run := t.TempDir()
+	t.Setenv("CAPSEM_RUN_DIR", run)
+	t.Setenv("CAPSEM_HOME", t.TempDir())
+	s, err := New(context.Background(), Options{Executable: "/nonexistent/capsem", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func do(t testing.TB, h http.Handler, method, path, body string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, path, strings.NewReader(body)))
+	b, _ := io.ReadAll(rec.Body)
+	return rec.Code, string(b)
+}
+
+// TestHostileRequests sends what a confused or hostile client would: each
+// gets a clear error with a meaningful status, and nothing is left behind.
+func TestHostileRequests(t *testing.T) {
+	s := newTestService(t)
+	h := s.Handler(nil)
+	for _, tc := range []struct {
+		name, method, path, body string
+		status                   int
+		want                     string
+	}{
+		{"malformed JSON", "POST", api.RouteVMs, `{"name":`, 400, "invalid request body"},
+		{"unknown field", "POST", api.RouteVMs, `{"name":"a","ram":1}`, 400, `unknown field "ram"`},
+		{"trailing data", "POST", api.RouteVMs, `{"name":"a"} {"name":"b"}`, 400, "trailing data"},
+		{"wrong type", "POST", api.RouteVMs, `{"ram_mb":"lots"}`, 400, "invalid request body"},
+		{"huge body", "POST", api.RouteVMs, `{"name":"` + strings.Repeat("a", 2<<20) + `"}`, 413, "request body over"},
+		{"path in a name", "POST", api.RouteVMs, `{"name":"../../etc"}`, 400, "use lower-case letters"},
+		{"upper case", "POST", api.RouteVMs, `{"name":"Dev"}`, 400, "use lower-case letters"},
+		{"leading dash", "POST", api.RouteVMs, `{"name":"-x"}`, 400, "use lower-case letters"},
+		{"long name", "POST", api.RouteVMs, `{"name":"` + strings.Repeat("a", 64) + `"}`, 400, "more than 63"},
+		{"a name like an id", "POST", api.RouteVMs, `{"name":"vm-0123456789ab"}`, 400, "form of a VM id"},
+		{"NUL in a name", "POST", api.RouteVMs, `{"name":"a\u0000b"}`, 400, "use lower-case letters"},
+		{"too many CPUs", "POST", api.RouteVMs, `{"cpus":1000}`, 400, "cpus 1000"},
+		{"too little memory", "POST", api.RouteVMs, `{"ram_mb":16}`, 400, "memory 16 MiB"},
+		{"negative disk", "POST", api.RouteVMs, `{"disk_gb":-1}`, 400, "disk -1 GiB"},
+		{"unknown image", "POST", api.RouteVMs, `{"image":"../../root"}`, 400, `image "../../root"`},
+		{"loader variable", "POST", api.RouteVMs, `{"env":{"LD_PRELOAD":"/x"}}`, 400, "LD_PRELOAD"},
+		{"unknown VM", "GET", api.VMPath(api.RouteVM, "ghost"), "", 404, `no VM named "ghost"`},
+		{"traversal as a VM", "GET", "/v1/vms/..%2f..%2fetc/logs", "", 404, "no VM named"},
+		{"exec on an unknown VM", "POST", api.VMPath(api.RouteVMExec, "ghost"), `{"command":"true"}`, 404, "no VM named"},
+		{"exec with both forms", "POST", api.VMPath(api.RouteVMExec, "ghost"), `{"command":"true","argv":["true"]}`, 400, "exactly one of command and argv"},
+		{"negative timeout", "POST", api.VMPath(api.RouteVMExec, "ghost"), `{"command":"true","timeout_ms":-5}`, 400, "must not be negative"},
+		{"run with a name", "POST", api.RouteRun, `{"name":"x","exec":{"command":"true"}}`, 400, "run takes no name"},
+		{"run without a command", "POST", api.RouteRun, `{"exec":{}}`, 400, "exactly one of command and argv"},
+		{"read without a path", "POST", api.VMPath(api.RouteVMReadFile, "ghost"), `{}`, 400, "path is required"},
+		{"bad encoding", "POST", api.VMPath(api.RouteVMWriteFile, "ghost"), `{"path":"/x","content":"y","encoding":"rot13"}`, 400, `encoding "rot13"`},
+		{"bad base64", "POST", api.VMPath(api.RouteVMWriteFile, "ghost"), `{"path":"/x","content":"%%%","encoding":"base64"}`, 400, "not base64"},
+		{"setuid mode", "POST", api.VMPath(api.RouteVMWriteFile, "ghost"), `{"path":"/x","content":"y","mode":2541}`, 400, "permission bits"},
+		{"bad tail", "GET", api.VMPath(api.RouteVMLogs, "ghost") + "?tail=-3", "", 400, "tail="},
+		{"inspect too many rows", "POST", api.VMPath(api.RouteVMInspect, "ghost"), `{"sql":"SELECT 1","max_rows":99999}`, 400, "max_rows 99999"},
+		{"persist a bad name", "POST", api.VMPath(api.RouteVMPersist, "ghost"), `{"name":"A/B"}`, 400, "use lower-case letters"},
+		{"method not allowed", "PUT", api.RouteVMs, ``, 405, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := do(t, h, tc.method, tc.path, tc.body)
+			msg := body
+			if status != 405 {
+				var e api.Error
+				if json.Unmarshal([]byte(body), &e) != nil || e.Error == "" {
+					t.Fatalf("the refusal is not {\"error\": ...}: %s", body)
+				}
+				msg = e.Error
+			}
+			if status != tc.status || !strings.Contains(msg, tc.want) {
+				t.Fatalf("%d %s, want %d containing %q", status, msg, tc.status, tc.want)
+			}
+		})
+	}
+	if vms := s.List(); len(vms) != 0 {
+		t.Fatalf("refused requests left VMs: %+v", vms)
+	}
+	sessions, _ := os.ReadDir(s.sessions)
+	records, _ := os.ReadDir(s.reg.dir)
+	if len(sessions) != 0 || len(records) != 0 {
+		t.Fatalf("refused requests left %d session dirs and %d records", len(sessions), len(records))
+	}
+}
+
+// TestFailedCreateLeavesNothing: a create whose process cannot start (here
+// the capsem executable is missing) is refused and leaves no record, no
+// session directory and no name taken.
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	s := newTestService(t)
+	h := s.Handler(nil)
+	for range 2 { // the name is free again after the failure
+		status, body := do(t, h, "POST", api.RouteVMs, `{"name":"doomed","ram_mb":256}`)
+		if status != 500 || !strings.Contains(body, "/nonexistent/capsem") {
+			t.Fatalf("%d %s", status, body)
+		}
+	}
+	sessions, _ := os.ReadDir(s.sessions)
+	records, _ := os.ReadDir(s.reg.dir)
+	if len(s.List()) != 0 || len(sessions) != 0 || len(records) != 0 {
+		t.Fatalf("a failed create left %d VMs, %d sessions, %d records", len(s.List()), len(sessions), len(records))
+	}
+}
+
+func TestMemoryAdmission(t *testing.T) {
+	s := newTestService(t)
+	old := memAvailable
+	t.Cleanup(func() { memAvailable = old })
+	memAvailable = func() (int, error) { return 2000, nil }
+	if err := s.checkMemory(1024); err != nil {
+		t.Fatalf("1024 MB of 2000 refused: %v", err)
+	}
+	err := s.checkMemory(1800)
+	if err == nil || StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), "not enough free memory") {
+		t.Fatalf("1800+256 MB of 2000: %v", err)
+	}
+	// RAM promised to a VM that is booting counts.
+	s.vms["vm-000000000001"] = &vm{rec: &record{ID: "vm-000000000001", State: api.StateBooting, RAMMB: 1024}}
+	if err := s.checkMemory(1024); err == nil || !strings.Contains(err.Error(), "promised to VMs that are booting") {
+		t.Fatalf("with a VM booting: %v", err)
+	}
+}
+
+// TestRegistrySurvivesDamage: records are replaced atomically; a damaged
+// or foreign file is set aside, and the others load.
+func TestRegistrySurvivesDamage(t *testing.T) {
+	g := registry{dir: t.TempDir()}
+	good := &record{ID: "vm-0000000000aa", Name: "keep", State: api.StateStopped}
+	if err := g.save(good); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(g.dir, "vm-0000000000bb.json"), []byte(`{"id":`), 0o600)
+	os.WriteFile(filepath.Join(g.dir, "vm-0000000000cc.json"), []byte(`{"id":"vm-0000000000dd"}`), 0o600)
+	os.WriteFile(filepath.Join(g.dir, "vm-0000000000ee.json.123.tmp"), []byte(`{`), 0o600)
+	os.WriteFile(filepath.Join(g.dir, "../../escape.json"), []byte(`{}`), 0o600)
+	recs, errs := g.load()
+	if len(recs) != 1 || recs[0].Name != "keep" || len(errs) != 2 {
+		t.Fatalf("loaded %+v, errors %v", recs, errs)
+	}
+	if _, err := os.Stat(filepath.Join(g.dir, "vm-0000000000bb.json.bad")); err != nil {
+		t.Errorf("the damaged record was not set aside: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(g.dir, "vm-0000000000ee.json.123.tmp")); !os.IsNotExist(err) {
+		t.Errorf("an unfinished write was left: %v", err)
+	}
+	if err := g.save(&record{ID: "../x"}); err == nil {
+		t.Error("a record with a path for an id was saved")
+	}
+}
+
+func TestIsSessionProcess(t *testing.T) {
+	dir := "/r/sessions/vm-0123456789ab"
+	for _, tc := range []struct {
+		cmdline string
+		want    bool
+	}{
+		{"/bin/capsem\x00process\x00--session-dir\x00" + dir + "\x00--socket\x00x\x00", true},
+		{"/bin/capsem\x00process\x00--session-dir\x00" + dir + "-other\x00", false},
+		{"/bin/capsem\x00run\x00--session-dir\x00" + dir + "\x00", false},
+		{"sh\x00-c\x00capsem process --session-dir " + dir + "\x00", false},
+		{"", false},
+	} {
+		if got := isSessionProcess([]byte(tc.cmdline), dir); got != tc.want {
+			t.Errorf("%q: %v, want %v", tc.cmdline, got, tc.want)
+		}
+	}
+}
+
+// FuzzRequestBodies: whatever a client sends as a body, the service answers
+// with a refusal or a result, never a panic or a 5xx (no VM can start
+// here: the executable is missing, so a create that passes every check
+// fails with a 500 that names it, which is allowed).
+func FuzzRequestBodies(f *testing.F) {
+	for _, s := range []string{`{}`, `{"name":"a"}`, `{"exec":{"command":"x"}}`, `{"path":"/x","content":"","encoding":"base64"}`,
+		`{"sql":"SELECT 1"}`, `[]`, `null`, `{"env":{"":"x"}}`, "\xff", `{"name":"a","name":"b"}`} {
+		f.Add(s)
+	}
+	s := newTestService(f)
+	h := s.Handler(nil)
+	routes := []string{api.RouteVMs, api.RouteRun, api.RoutePurge, api.VMPath(api.RouteVMExec, "x"), api.VMPath(api.RouteVMWriteFile, "x"),
+		api.VMPath(api.RouteVMReadFile, "x"), api.VMPath(api.RouteVMInspect, "x"), api.VMPath(api.RouteVMPersist, "x")}
+	f.Fuzz(func(t *testing.T, body string) {
+		for _, route := range routes {
+			status, out := do(t, h, "POST", route, body)
+			if status >= 500 && !strings.Contains(out, "/nonexistent/capsem") {
+				t.Fatalf("%s %q: %d %s", route, body, status, out)
+			}
+		}
+	})
+}
