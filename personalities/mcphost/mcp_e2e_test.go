@@ -458,3 +458,67 @@ func TestServiceRestartAndCrash(t *testing.T) {
 		t.Fatalf("%d VM processes, want 1 (the running VM's)", n)
 	}
 }
+
+// TestTypeScriptSDKClient drives capsem mcp with the official TypeScript
+// MCP SDK client (testdata/tsclient/host.mjs), an independent client of
+// the same flow.
+func TestTypeScriptSDKClient(t *testing.T) {
+	dir := filepath.Join(testkit.ModuleRoot(t), "testdata", "tsclient")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk")); err != nil {
+		t.Fatalf("the TypeScript SDK is not installed (make deps runs npm ci in %s): %v", dir, err)
+	}
+	env, runDir := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	defer func() {
+		stopService(t, env, runDir)
+		if left := vmProcesses(runDir); len(left) > 0 {
+			t.Errorf("VM processes left: %v", left)
+		}
+	}()
+	node := exec.Command("node", filepath.Join(dir, "host.mjs"), testkit.CapsemBinary(t))
+	node.Dir, node.Env, node.Stderr = dir, env, os.Stderr
+	out, err := node.Output()
+	if err != nil {
+		t.Fatalf("TypeScript client: %v\n%s", err, out)
+	}
+	var report struct {
+		ServerVersion        struct{ Name string } `json:"serverVersion"`
+		Instructions         string                `json:"instructions"`
+		Tools                []string              `json:"tools"`
+		AllHaveOutputSchemas bool                  `json:"allHaveOutputSchemas"`
+		Version              hostmcp.VersionOut    `json:"version"`
+		Created              hostmcp.VMOut         `json:"created"`
+		Exec                 hostmcp.ExecOut       `json:"exec"`
+		Read                 hostmcp.ReadFileOut   `json:"read"`
+		Rows                 hostmcp.InspectOut    `json:"rows"`
+		Unknown              struct {
+			IsError bool   `json:"isError"`
+			Text    string `json:"text"`
+		} `json:"unknown"`
+		After hostmcp.ListOut `json:"after"`
+	}
+	if err := json.Unmarshal(out, &report); err != nil {
+		t.Fatalf("report %q: %v", out, err)
+	}
+	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 17 || !report.AllHaveOutputSchemas {
+		t.Errorf("discovery: %+v", report)
+	}
+	if !report.Version.Match || report.Created.State != "running" || report.Created.Name != "ts-vm" {
+		t.Errorf("version/create: %+v %+v", report.Version, report.Created)
+	}
+	if report.Exec.Stdout != "from-ts\n" || report.Exec.Stderr != "oops\n" || report.Exec.ExitCode != 7 {
+		t.Errorf("exec: %+v", report.Exec)
+	}
+	if report.Read.Content != "ünïcode\n" {
+		t.Errorf("read: %+v", report.Read)
+	}
+	if len(report.Rows.Rows) == 0 || !strings.Contains(fmt.Sprint(report.Rows.Rows), "from-ts") {
+		t.Errorf("inspect: %+v", report.Rows)
+	}
+	if !report.Unknown.IsError || !strings.Contains(report.Unknown.Text, `no VM named "no-such-vm"`) {
+		t.Errorf("unknown VM: %+v", report.Unknown)
+	}
+	if len(report.After.VMs) != 0 {
+		t.Errorf("VMs left: %+v", report.After.VMs)
+	}
+}
