@@ -6,6 +6,7 @@ import (
 	"github.com/capsem/capsem/personalities/agent"
 	"github.com/capsem/capsem/personalities/aggregator"
 	"github.com/capsem/capsem/personalities/builtin"
+	"github.com/capsem/capsem/personalities/cli"
 	"github.com/capsem/capsem/personalities/doctor"
 	"github.com/capsem/capsem/personalities/gateway"
 	"github.com/capsem/capsem/personalities/guestdoctor"
@@ -25,6 +26,18 @@ type CLI struct {
 
 	Version       VersionCmd      `cmd:"" help:"Print the version."`
 	Run           run.Cmd         `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`
+	Create        cli.CreateCmd   `cmd:"" group:"VMs" help:"Boot a VM (named: persistent) and print its id."`
+	Exec          cli.ExecCmd     `cmd:"" group:"VMs" help:"Run a command in a VM, streaming its output; exit with its status."`
+	Ls            cli.LsCmd       `cmd:"" group:"VMs" help:"List the VMs."`
+	Info          cli.InfoCmd     `cmd:"" group:"VMs" help:"Describe a VM."`
+	Stop          cli.StopCmd     `cmd:"" group:"VMs" help:"Stop a VM (persistent: kept for resume; ephemeral: removed)."`
+	Resume        cli.ResumeCmd   `cmd:"" group:"VMs" help:"Boot a stopped persistent VM again."`
+	Persist       cli.PersistCmd  `cmd:"" group:"VMs" help:"Name a running ephemeral VM, making it persistent."`
+	Rm            cli.RmCmd       `cmd:"" group:"VMs" help:"Destroy VMs and all their state."`
+	Purge         cli.PurgeCmd    `cmd:"" group:"VMs" help:"Destroy every ephemeral VM (--all: every VM)."`
+	Logs          cli.LogsCmd     `cmd:"" group:"VMs" help:"A VM's serial console and process log (or --service)."`
+	Inspect       cli.InspectCmd  `cmd:"" group:"VMs" help:"Run read-only SQL on a VM's session.db."`
+	Cp            cli.CpCmd       `cmd:"" group:"VMs" help:"Copy a file into or out of a VM (VM:PATH)."`
 	MCP           mcphost.Cmd     `cmd:"" name:"mcp" help:"The MCP server AI agents on the host register (stdio): sandboxes as tools, through the service."`
 	Service       service.Cmd     `cmd:"" help:"The service that owns your VMs (capsem service start|stop|status; alone: serve in the foreground)."`
 	Image         image.Cmd       `cmd:"" help:"Build the guest boot assets."`

@@ -17,6 +17,7 @@ const (
 	RouteSchema      = "/v1/inspect/schema"          // GET: SchemaResult of a new VM's ledger
 	RouteVM          = "/v1/vms/{vm}"                // GET: VM; DELETE: 204
 	RouteVMExec      = "/v1/vms/{vm}/exec"           // POST ExecRequest: ExecResult
+	RouteVMExecLive  = "/v1/vms/{vm}/exec/stream"    // POST ExecRequest: the exec stream (NDJSON ExecEvents)
 	RouteVMStop      = "/v1/vms/{vm}/stop"           // POST: VM
 	RouteVMResume    = "/v1/vms/{vm}/resume"         // POST: VM
 	RouteVMPersist   = "/v1/vms/{vm}/persist"        // POST PersistRequest: VM

@@ -3,11 +3,9 @@
 package apiclient
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -126,28 +124,7 @@ func (c *ProcessClient) Exec(ctx context.Context, r *api.ExecRequest, stdout, st
 	if resp.StatusCode/100 != 2 {
 		return nil, decode(api.RouteExec, resp, nil)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	for sc.Scan() {
-		var ev api.ExecEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return nil, fmt.Errorf("/exec: bad event: %w", err)
-		}
-		switch {
-		case ev.Error != "":
-			return &ev, errors.New(ev.Error)
-		case ev.Done:
-			return &ev, nil
-		case ev.Stream == "stdout" && stdout != nil:
-			stdout.Write(ev.Data)
-		case ev.Stream == "stderr" && stderr != nil:
-			stderr.Write(ev.Data)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("/exec: %w", err)
-	}
-	return nil, errors.New("/exec: the VM process ended the stream without a result")
+	return api.ReadExecStream(resp.Body, stdout, stderr)
 }
 
 // ReadFile reads a guest file (GET files/content, raw body). follow reads

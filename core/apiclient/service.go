@@ -74,12 +74,7 @@ func (c *ServiceClient) call(ctx context.Context, method, route string, query ur
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var e api.Error
-		if json.Unmarshal(b, &e) == nil && e.Error != "" {
-			return &StatusError{Status: resp.StatusCode, Message: e.Error}
-		}
-		return &StatusError{Status: resp.StatusCode, Message: fmt.Sprintf("%s: HTTP %d: %s", route, resp.StatusCode, bytes.TrimSpace(b))}
+		return statusError(route, resp)
 	}
 	if out == nil {
 		return nil
@@ -88,6 +83,16 @@ func (c *ServiceClient) call(ctx context.Context, method, route string, query ur
 		return fmt.Errorf("%s: decoding the answer: %w", route, err)
 	}
 	return nil
+}
+
+// statusError is the refusal a non-2xx answer carries.
+func statusError(route string, resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var e api.Error
+	if json.Unmarshal(b, &e) == nil && e.Error != "" {
+		return &StatusError{Status: resp.StatusCode, Message: e.Error}
+	}
+	return &StatusError{Status: resp.StatusCode, Message: fmt.Sprintf("%s: HTTP %d: %s", route, resp.StatusCode, bytes.TrimSpace(b))}
 }
 
 func logQuery(tail int, grep string) url.Values {
@@ -135,6 +140,30 @@ func (c *ServiceClient) Info(ctx context.Context, vm string) (api.VM, error) {
 func (c *ServiceClient) Exec(ctx context.Context, vm string, req api.ExecRequest) (api.ExecResult, error) {
 	var v api.ExecResult
 	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMExec, vm), nil, req, &v)
+}
+
+// ExecStream runs a command in a VM, writing its output to stdout and
+// stderr as it comes, and returns the final event.
+func (c *ServiceClient) ExecStream(ctx context.Context, vm string, req api.ExecRequest, stdout, stderr io.Writer) (*api.ExecEvent, error) {
+	route := api.VMPath(api.RouteVMExecLive, vm)
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://capsem"+route, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("the capsem service: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, statusError(route, resp)
+	}
+	return api.ReadExecStream(resp.Body, stdout, stderr)
 }
 
 // Stop stops a VM.

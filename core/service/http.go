@@ -73,6 +73,24 @@ func (s *Service) Handler(stop func()) http.Handler {
 			reply(w, http.StatusOK, out, err)
 		}
 	})
+	mux.HandleFunc("POST "+api.RouteVMExecLive, func(w http.ResponseWriter, r *http.Request) {
+		var req api.ExecRequest
+		if !decode(w, r, &req, maxRequestBody) {
+			return
+		}
+		run, err := s.ExecStream(r.PathValue("vm"), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		stream := api.NewExecStream(w)
+		ev, err := run(r.Context(), stream.Stdout(), stream.Stderr())
+		if err != nil {
+			stream.Final(api.ExecEvent{Error: err.Error()})
+			return
+		}
+		stream.Final(*ev)
+	})
 	mux.HandleFunc("POST "+api.RouteVMStop, func(w http.ResponseWriter, r *http.Request) {
 		out, err := s.Stop(r.Context(), r.PathValue("vm"))
 		reply(w, http.StatusOK, out, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"io"
 	"io/fs"
 	"maps"
 	"net/http"
@@ -43,17 +44,41 @@ func (c *cappedBuffer) Write(p []byte) (int, error) {
 // stderr apart. It has no timeout unless the request gives one; cancelling
 // ctx (the caller went away) kills the guest command.
 func (s *Service) Exec(ctx context.Context, ref string, req api.ExecRequest) (api.ExecResult, error) {
-	if (len(req.Argv) == 0) == (req.Command == "") {
-		return api.ExecResult{}, badRequest("give exactly one of command and argv")
-	}
-	if req.TimeoutMS < 0 {
-		return api.ExecResult{}, badRequest("timeout_ms must not be negative")
-	}
-	v, c, err := s.running(ref)
+	run, err := s.prepareExec(ref, &req)
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	// The VM's env applies to every command; the request's wins.
+	stdout, stderr := &cappedBuffer{max: MaxExecOutput}, &cappedBuffer{max: MaxExecOutput}
+	start := time.Now()
+	ev, err := run(ctx, stdout, stderr)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	return api.ExecResult{Stdout: stdout.buf.String(), Stderr: stderr.buf.String(), ExitCode: ev.ExitCode, Signal: ev.Signal,
+		TimedOut: ev.TimedOut, StdoutTruncated: ev.StdoutTruncated || stdout.cut, StderrTruncated: ev.StderrTruncated || stderr.cut,
+		DurationMS: cmpDuration(ev.DurationMS, time.Since(start))}, nil
+}
+
+// ExecStream checks req against ref's VM and returns the function that
+// runs it there, its output going to stdout and stderr as it comes (for a
+// client that streams it); errors that stop it from starting come first.
+func (s *Service) ExecStream(ref string, req api.ExecRequest) (func(ctx context.Context, stdout, stderr io.Writer) (*api.ExecEvent, error), error) {
+	return s.prepareExec(ref, &req)
+}
+
+// prepareExec checks req and returns the function that runs it in ref's VM
+// with the VM's env under the request's.
+func (s *Service) prepareExec(ref string, req *api.ExecRequest) (func(ctx context.Context, stdout, stderr io.Writer) (*api.ExecEvent, error), error) {
+	if (len(req.Argv) == 0) == (req.Command == "") {
+		return nil, badRequest("give exactly one of command and argv")
+	}
+	if req.TimeoutMS < 0 {
+		return nil, badRequest("timeout_ms must not be negative")
+	}
+	v, c, err := s.running(ref)
+	if err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	env := maps.Clone(v.rec.Env)
 	s.mu.Unlock()
@@ -64,15 +89,13 @@ func (s *Service) Exec(ctx context.Context, ref string, req api.ExecRequest) (ap
 		maps.Copy(env, req.Env)
 		req.Env = env
 	}
-	stdout, stderr := &cappedBuffer{max: MaxExecOutput}, &cappedBuffer{max: MaxExecOutput}
-	start := time.Now()
-	ev, err := c.Exec(ctx, &req, stdout, stderr)
-	if err != nil {
-		return api.ExecResult{}, s.vmError(v, err)
-	}
-	return api.ExecResult{Stdout: stdout.buf.String(), Stderr: stderr.buf.String(), ExitCode: ev.ExitCode, Signal: ev.Signal,
-		TimedOut: ev.TimedOut, StdoutTruncated: ev.StdoutTruncated || stdout.cut, StderrTruncated: ev.StderrTruncated || stderr.cut,
-		DurationMS: cmpDuration(ev.DurationMS, time.Since(start))}, nil
+	return func(ctx context.Context, stdout, stderr io.Writer) (*api.ExecEvent, error) {
+		ev, err := c.Exec(ctx, req, stdout, stderr)
+		if err != nil {
+			return nil, s.vmError(v, err)
+		}
+		return ev, nil
+	}, nil
 }
 
 func cmpDuration(guestMS int64, d time.Duration) int64 {

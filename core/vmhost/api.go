@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/guestwire"
@@ -71,29 +70,6 @@ func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {
 	go v.Stop(context.Background())
 }
 
-// eventWriter streams exec output as NDJSON events.
-type eventWriter struct {
-	mu     *sync.Mutex
-	w      http.ResponseWriter
-	stream string
-}
-
-func (e *eventWriter) Write(p []byte) (int, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	b, err := json.Marshal(api.ExecEvent{Stream: e.stream, Data: p})
-	if err != nil {
-		return 0, err
-	}
-	if _, err := e.w.Write(append(b, '\n')); err != nil {
-		return 0, err
-	}
-	if f, ok := e.w.(http.Flusher); ok {
-		f.Flush()
-	}
-	return len(p), nil
-}
-
 func (v *VM) handleExec(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
 	if !decodeBody(w, r, &req) {
@@ -103,14 +79,8 @@ func (v *VM) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	var mu sync.Mutex
-	final := v.Exec(r.Context(), &req, &eventWriter{mu: &mu, w: w, stream: "stdout"}, &eventWriter{mu: &mu, w: w, stream: "stderr"})
-	mu.Lock()
-	defer mu.Unlock()
-	b, _ := json.Marshal(final)
-	w.Write(append(b, '\n'))
+	stream := api.NewExecStream(w)
+	stream.Final(v.Exec(r.Context(), &req, stream.Stdout(), stream.Stderr()))
 }
 
 func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {

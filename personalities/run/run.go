@@ -22,12 +22,12 @@ import (
 // Cmd is `capsem run [--name N] [--env K=V]... -- CMD...`.
 type Cmd struct {
 	Name         string        `help:"A name for the VM (shown in logs); the VM is removed when the command ends."`
-	Env          []string      `short:"e" help:"Environment variable for the command, K=V (repeatable)."`
+	Env          []string      `short:"e" sep:"none" help:"Environment variable for the command, K=V (repeatable)."`
 	Timeout      time.Duration `help:"Kill the command after this long (default: no timeout)."`
 	BootLimit    time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
 	Config       string        `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
 	NoAutodetect bool          `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
-	CPUs         int           `default:"2" help:"Virtual CPUs."`
+	CPUs         int           `name:"cpus" default:"2" help:"Virtual CPUs."`
 	MemoryMiB    int           `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	DiskGiB      int           `name:"disk-gib" default:"8" help:"Size of the VM's disk (sparse, removed with the VM); 0: none, the guest runs from RAM."`
 	GuestBin     string        `name:"guest-binary" type:"path" hidden:"" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`

@@ -1,0 +1,98 @@
+// Package cli holds the CLI verbs a person drives sandboxes with (capsem
+// create, exec, ls, info, stop, resume, persist, rm, purge, logs, inspect,
+// cp), one file per verb. Every verb goes through the capsem service,
+// which the first one starts when none answers.
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/service"
+)
+
+// client is the service's client, starting a service when none answers.
+func client() (*apiclient.ServiceClient, error) { return service.Ensuring("", nil) }
+
+// printJSON prints v as indented JSON.
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// table prints rows under a header, aligned.
+func table(header []string, rows [][]string) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
+	}
+	w.Flush()
+}
+
+// envMap parses K=V pairs.
+func envMap(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	env := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--env %q: want KEY=VALUE", kv)
+		}
+		env[k] = v
+	}
+	return env, nil
+}
+
+// age is a short "how long ago".
+func age(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := time.Since(t).Round(time.Second)
+	switch {
+	case d < time.Minute:
+		return d.String()
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// printVM prints one VM as "key: value" lines.
+func printVM(v api.VM) {
+	rows := [][2]string{{"id", v.ID}, {"name", orDash(v.Name)}, {"state", v.State}, {"persistent", fmt.Sprint(v.Persistent)},
+		{"memory", fmt.Sprintf("%d MB", v.RAMMB)}, {"cpus", fmt.Sprint(v.CPUs)}, {"image", v.Image},
+		{"created", v.CreatedAt.Local().Format(time.DateTime)}, {"session", v.SessionDir}}
+	if v.PID > 0 {
+		rows = append(rows, [2]string{"pid", fmt.Sprint(v.PID)})
+	}
+	if v.Process != nil {
+		rows = append(rows, [2]string{"accelerator", v.Process.Accel + " (" + v.Process.AccelReason + ")"},
+			[2]string{"boot", fmt.Sprintf("%s, %d ms", v.Process.Start, v.Process.BootTimings["total"])})
+	}
+	if v.LastLog != "" {
+		rows = append(rows, [2]string{"last log", "\n" + v.LastLog})
+	}
+	for _, r := range rows {
+		fmt.Printf("%-12s %s\n", r[0]+":", r[1])
+	}
+}

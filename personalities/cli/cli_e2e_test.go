@@ -1,0 +1,135 @@
+package cli_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/testkit"
+)
+
+type capsemCLI struct {
+	t   *testing.T
+	env []string
+}
+
+// run runs `capsem ARGS...` and returns its stdout, stderr and status.
+func (c capsemCLI) run(args ...string) (string, string, int) {
+	c.t.Helper()
+	cmd := exec.Command(testkit.CapsemBinary(c.t), args...)
+	cmd.Env = c.env
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), errb.String(), 0
+	case errors.As(err, &exit):
+		return out.String(), errb.String(), exit.ExitCode()
+	}
+	c.t.Fatalf("capsem %v: %v", args, err)
+	return "", "", 0
+}
+
+func (c capsemCLI) must(args ...string) string {
+	c.t.Helper()
+	out, errOut, code := c.run(args...)
+	if code != 0 {
+		c.t.Fatalf("capsem %v: exit %d\n%s%s", args, code, out, errOut)
+	}
+	return out
+}
+
+// TestCLIVerbs drives a VM with the CLI a person uses: every verb goes
+// through a service the first one starts.
+func TestCLIVerbs(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	c := capsemCLI{t: t, env: env}
+	defer func() {
+		c.run("purge", "--all")
+		c.run("service", "stop")
+		if out, _ := exec.Command("pgrep", "-f", "capsem process --session-dir "+runDir).Output(); len(bytes.TrimSpace(out)) > 0 {
+			t.Errorf("VM processes left: %s", out)
+		}
+	}()
+
+	id := strings.TrimSpace(c.must("create", "dev", "--ram-mb", "512", "--cpus", "1", "-e", "WHO=cli"))
+	if !strings.HasPrefix(id, "vm-") {
+		t.Fatalf("create printed %q, want an id", id)
+	}
+	out, errOut, code := c.run("exec", "dev", "--", "sh", "-c", `echo "out $WHO"; echo err >&2; exit 5`)
+	if out != "out cli\n" || errOut != "err\n" || code != 5 {
+		t.Fatalf("exec: %q %q %d", out, errOut, code)
+	}
+	if _, errOut, code := c.run("exec", "--timeout", "1s", "dev", "--", "sleep", "30"); code != 124 || !strings.Contains(errOut, "timed out") {
+		t.Fatalf("exec with a timeout: exit %d %q", code, errOut)
+	}
+	if _, errOut, code := c.run("exec", "ghost", "--", "true"); code != 1 || !strings.Contains(errOut, `no VM named "ghost"`) {
+		t.Fatalf("exec on an unknown VM: exit %d %q", code, errOut)
+	}
+
+	var vms []api.VM
+	if err := json.Unmarshal([]byte(c.must("ls", "--json")), &vms); err != nil || len(vms) != 1 || vms[0].Name != "dev" || vms[0].ID != id {
+		t.Fatalf("ls --json: %+v %v", vms, err)
+	}
+	if table := c.must("ls"); !strings.Contains(table, "dev") || !strings.Contains(table, "running") || !strings.Contains(table, "persistent") {
+		t.Fatalf("ls: %s", table)
+	}
+	var info api.VM
+	if err := json.Unmarshal([]byte(c.must("info", "dev", "--json")), &info); err != nil || info.Process == nil || info.Process.Accel == "" {
+		t.Fatalf("info --json: %+v %v", info, err)
+	}
+
+	dir := t.TempDir()
+	src := filepath.Join(dir, "in.bin")
+	blob := append([]byte("binary\x00\xff\xfe"), bytes.Repeat([]byte{0x80}, 1<<20)...)
+	os.WriteFile(src, blob, 0o600)
+	c.must("cp", src, "dev:/root/workspace/in.bin")
+	back := filepath.Join(dir, "back.bin")
+	c.must("cp", "dev:/root/workspace/in.bin", back)
+	if got, _ := os.ReadFile(back); !bytes.Equal(got, blob) {
+		t.Fatalf("cp round trip: %d bytes back, want %d", len(got), len(blob))
+	}
+	if _, errOut, code := c.run("cp", src, back); code == 0 || !strings.Contains(errOut, "exactly one of") {
+		t.Fatalf("cp host to host: exit %d %q", code, errOut)
+	}
+
+	if q := c.must("inspect", "dev", "SELECT command FROM exec_events ORDER BY timestamp LIMIT 1"); !strings.Contains(q, "COMMAND") && !strings.Contains(q, "command") {
+		t.Fatalf("inspect: %s", q)
+	}
+	if _, errOut, code := c.run("inspect", "dev", "DELETE FROM exec_events"); code == 0 || !strings.Contains(errOut, "refused") {
+		t.Fatalf("inspect a write: exit %d %q", code, errOut)
+	}
+	if schema := c.must("inspect", "dev", "--schema"); !strings.Contains(schema, "CREATE TABLE mcp_calls") {
+		t.Fatalf("inspect --schema: %s", schema)
+	}
+	if logs := c.must("logs", "dev", "-n", "3"); !strings.Contains(logs, "== serial console ==") {
+		t.Fatalf("logs: %s", logs)
+	}
+
+	c.must("stop", "dev")
+	if _, errOut, code := c.run("exec", "dev", "--", "true"); code == 0 || !strings.Contains(errOut, "not running") {
+		t.Fatalf("exec on a stopped VM: exit %d %q", code, errOut)
+	}
+	c.must("resume", "dev")
+	if out := c.must("exec", "dev", "--", "cat", "/root/workspace/in.bin"); out != string(blob) {
+		t.Fatalf("the workspace after resume: %d bytes", len(out))
+	}
+	eph := strings.TrimSpace(c.must("create", "--ram-mb", "512", "--cpus", "1"))
+	c.must("persist", eph, "second")
+	c.must("rm", "dev", "second")
+	if out := c.must("ls", "--json"); strings.TrimSpace(out) != "[]" {
+		t.Fatalf("VMs left: %s", out)
+	}
+	if status := c.must("service", "status"); !strings.Contains(status, "0 VM(s)") {
+		t.Fatalf("service status: %s", status)
+	}
+}

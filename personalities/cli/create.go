@@ -1,0 +1,38 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/capsem/capsem/core/api"
+)
+
+// CreateCmd is `capsem create [NAME]`.
+type CreateCmd struct {
+	Name  string   `arg:"" optional:"" help:"A name makes the VM persistent (stop keeps its state for resume); without one it is removed when it stops."`
+	RAMMB int      `name:"ram-mb" help:"Guest memory in MB (default 1024)."`
+	CPUs  int      `name:"cpus" help:"Virtual CPUs (default 2)."`
+	Env   []string `short:"e" sep:"none" help:"Environment variable for every command in the VM, K=V (repeatable)."`
+	JSON  bool     `help:"Print the VM as JSON."`
+}
+
+// Run creates the VM and prints it.
+func (c *CreateCmd) Run(ctx context.Context) error {
+	env, err := envMap(c.Env)
+	if err != nil {
+		return err
+	}
+	cl, err := client()
+	if err != nil {
+		return err
+	}
+	v, err := cl.Create(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Env: env})
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(v)
+	}
+	fmt.Println(v.ID)
+	return nil
+}

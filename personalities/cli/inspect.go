@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/capsem/capsem/core/api"
+)
+
+// InspectCmd is `capsem inspect VM SQL` (or --schema).
+type InspectCmd struct {
+	VM      string `arg:"" help:"The VM's name or id."`
+	SQL     string `arg:"" optional:"" help:"One read-only SQL statement on the VM's session.db."`
+	Schema  bool   `help:"Print the ledger's CREATE TABLE statements."`
+	MaxRows int    `help:"At most this many rows (default 100)."`
+	JSON    bool   `help:"Print the answer as JSON."`
+}
+
+// Run queries the VM's ledger.
+func (c *InspectCmd) Run(ctx context.Context) error {
+	cl, err := client()
+	if err != nil {
+		return err
+	}
+	if c.Schema {
+		r, err := cl.Schema(ctx, c.VM)
+		if err != nil {
+			return err
+		}
+		fmt.Println(strings.Join(r.Tables, ";\n\n") + ";")
+		return nil
+	}
+	if c.SQL == "" {
+		return fmt.Errorf("give a SQL statement, or --schema")
+	}
+	r, err := cl.Inspect(ctx, c.VM, api.InspectRequest{SQL: c.SQL, MaxRows: c.MaxRows})
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(r)
+	}
+	rows := make([][]string, len(r.Rows))
+	for i, row := range r.Rows {
+		for _, v := range row {
+			rows[i] = append(rows[i], cell(v))
+		}
+	}
+	table(r.Columns, rows)
+	if r.Truncated {
+		fmt.Printf("(more rows: raise --max-rows)\n")
+	}
+	return nil
+}
+
+func cell(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return "NULL"
+	case float64:
+		if v == float64(int64(v)) {
+			return fmt.Sprint(int64(v))
+		}
+	case string:
+		return strings.NewReplacer("\n", `\n`, "\t", `\t`).Replace(v)
+	}
+	return fmt.Sprint(v)
+}
