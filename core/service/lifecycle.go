@@ -77,7 +77,20 @@ func (s *Service) Create(ctx context.Context, req api.CreateRequest) (api.VM, er
 		s.discard(v)
 		return api.VM{}, err
 	}
-	return s.view(v), nil
+	return s.runningView(ctx, v), nil
+}
+
+// runningView is v's description with its process's own report.
+func (s *Service) runningView(ctx context.Context, v *vm) api.VM {
+	out := s.view(v)
+	if c := s.runningClient(v); c != nil {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if info, err := c.Info(ictx); err == nil {
+			out.Process = info
+		}
+	}
+	return out
 }
 
 // reserve records a new VM as booting, its name taken and its memory
@@ -114,6 +127,7 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 	if err := s.update(v, func(*record) {}); err != nil {
 		return err
 	}
+	t0 := time.Now()
 	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
 		NoAutodetect: s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB}
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(), Detach: true})
@@ -125,9 +139,11 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 		proc.Kill()
 		return err
 	}
+	launched := time.Since(t0)
 	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
-	if _, err := proc.WaitReady(bctx); err != nil {
+	info, err := proc.WaitReady(bctx)
+	if err != nil {
 		proc.Kill()
 		return fmt.Errorf("VM %s did not boot: %w", r.label(), err)
 	}
@@ -138,7 +154,8 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 		s.log.Error("VM registry", "vm", r.ID, "err", err)
 	}
 	go s.watch(v, proc.Done())
-	s.log.Info("VM running", "vm", r.ID, "name", r.Name, "pid", proc.PID())
+	s.log.Info("VM running", "vm", r.ID, "name", r.Name, "pid", proc.PID(), "launch_ms", launched.Milliseconds(),
+		"ready_ms", time.Since(t0).Milliseconds(), "process_boot_ms", info.BootTimings["total"])
 	return nil
 }
 

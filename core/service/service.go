@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
@@ -146,15 +145,7 @@ func (s *Service) Info(ctx context.Context, ref string) (api.VM, error) {
 	if err != nil {
 		return api.VM{}, err
 	}
-	out := s.view(v)
-	if c := s.runningClient(v); c != nil {
-		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if info, err := c.Info(ictx); err == nil {
-			out.Process = info
-		}
-	}
-	return out, nil
+	return s.runningView(ctx, v), nil
 }
 
 // runningClient is v's API client when it runs, else nil.

@@ -114,7 +114,10 @@ func vmBench(capsem string, runs int) error {
 		}
 		fmt.Println()
 	}
-	return warmVM(capsem, home, guest)
+	if err := warmVM(capsem, home, guest); err != nil {
+		return err
+	}
+	return serviceBench(capsem, home, guest, runs)
 }
 
 func fileSize(p string) int64 {

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/vmhost"
+)
+
+// serviceBench measures the service and capsem mcp: list and info round
+// trips through capsem mcp beside the service's own HTTP latency, create →
+// exec-ready through the service beside a per-VM process launched
+// directly, and 8 VMs created at once (time to the last ready, host RSS
+// per VM outside guest RAM).
+func serviceBench(capsem, home, guest string, runs int) error {
+	runDir, err := os.MkdirTemp("", "csb-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(runDir)
+	env := append(os.Environ(), "CAPSEM_HOME="+home, "CAPSEM_RUN_DIR="+runDir, "CAPSEM_NO_AUTODETECT=1", "CAPSEM_LOG_LEVEL=warn")
+	ctx := context.Background()
+	cmd := exec.Command(capsem, "mcp")
+	cmd.Env = env
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 5 * time.Second}, nil)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	svc := apiclient.NewServiceClient(filepath.Join(runDir, "service.sock"), nil)
+	defer func() {
+		svc.Purge(ctx, true)
+		svc.StopService(ctx)
+	}()
+	callTool := func(name string, args map[string]any) error {
+		res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		if err == nil && res.IsError {
+			err = fmt.Errorf("%s: %v", name, res.Content)
+		}
+		return err
+	}
+	if err := callTool("capsem_version", map[string]any{}); err != nil { // starts the service
+		return err
+	}
+	// One VM first, so that the saved boot of the configuration exists
+	// (it boots and saves once) and every create below resumes.
+	warm, err := svc.Create(ctx, api.CreateRequest{Name: "warm", RAMMB: 1024, CPUs: 2})
+	if err != nil {
+		return err
+	}
+
+	fmt.Printf("\nService and capsem mcp (%s)\n", runDir)
+	lat := func(n int, f func() error) ([]time.Duration, error) {
+		var out []time.Duration
+		for i := 0; i < n+20; i++ {
+			t := time.Now()
+			if err := f(); err != nil {
+				return nil, err
+			}
+			if i >= 20 {
+				out = append(out, time.Since(t))
+			}
+		}
+		slices.Sort(out)
+		return out, nil
+	}
+	p := func(d []time.Duration) string {
+		return fmt.Sprintf("p50 %s p99 %s", us(d[len(d)/2]), us(d[len(d)*99/100]))
+	}
+	for _, m := range []struct {
+		name      string
+		mcp, http func() error
+	}{
+		{"list", func() error { return callTool("capsem_list", map[string]any{}) }, func() error { _, err := svc.List(ctx); return err }},
+		{"info", func() error { return callTool("capsem_info", map[string]any{"id": "warm"}) }, func() error { _, err := svc.Info(ctx, "warm"); return err }},
+	} {
+		viaMCP, err := lat(300, m.mcp)
+		if err != nil {
+			return err
+		}
+		viaHTTP, err := lat(300, m.http)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("  capsem_%s through capsem mcp: %s   service HTTP on its socket: %s\n", m.name, p(viaMCP), p(viaHTTP))
+	}
+	if err := svc.Delete(ctx, warm.ID); err != nil {
+		return err
+	}
+
+	// create → exec-ready: through the service, and a per-VM process
+	// launched directly (vmhost.Launch, as the service does), interleaved,
+	// both resuming the saved boot in the assets' directory.
+	var viaService, direct []time.Duration
+	for range runs {
+		t := time.Now()
+		v, err := svc.Create(ctx, api.CreateRequest{RAMMB: 1024, CPUs: 2})
+		if err != nil {
+			return err
+		}
+		viaService = append(viaService, time.Since(t))
+		if _, err := svc.Exec(ctx, v.ID, api.ExecRequest{Argv: []string{"true"}}); err != nil {
+			return err
+		}
+		if err := svc.Delete(ctx, v.ID); err != nil {
+			return err
+		}
+		h, took, _, err := startProcess(capsem, home, guest, func(c *vmhost.ProcessConfig) { c.NoAutodetect = true }, "restored")
+		if err != nil {
+			return fmt.Errorf("direct: %w", err)
+		}
+		direct = append(direct, took)
+		h.stop()
+	}
+	added := median(viaService) - median(direct)
+	fmt.Printf("  create → exec-ready through the service: %s   launched directly: %s   added %s (%.0f%%; target ≤ 10%% or ≤ 30 ms), %d runs, medians\n",
+		ms(median(viaService)), ms(median(direct)), ms(added), 100*float64(added)/float64(median(direct)), runs)
+
+	// 8 VMs at once.
+	const n = 8
+	var wg sync.WaitGroup
+	ready := make([]time.Duration, n)
+	ids := make([]string, n)
+	errs := make([]error, n)
+	t := time.Now()
+	for i := range n {
+		wg.Go(func() {
+			v, err := svc.Create(ctx, api.CreateRequest{RAMMB: 512, CPUs: 1})
+			ready[i], ids[i], errs[i] = time.Since(t), v.ID, err
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return fmt.Errorf("8 at once: %w", err)
+		}
+	}
+	for _, id := range ids {
+		if r, err := svc.Exec(ctx, id, api.ExecRequest{Argv: []string{"true"}}); err != nil || r.ExitCode != 0 {
+			return fmt.Errorf("8 at once: exec on %s: %v %+v", id, err, r)
+		}
+	}
+	slices.Sort(ready)
+	var perVM, guestRAM []int64
+	for _, id := range ids {
+		info, err := svc.Info(ctx, id)
+		if err != nil {
+			return err
+		}
+		own, ram := treeRSS(info.PID, info.Process.QEMUPID, 512)
+		perVM, guestRAM = append(perVM, own), append(guestRAM, ram)
+	}
+	slices.Sort(perVM)
+	fmt.Printf("  %d VMs created at once (512 MB, 1 CPU each): all answering exec; first ready %s, last %s\n", n, ms(ready[0]), ms(ready[n-1]))
+	fmt.Printf("  host RSS per VM outside guest RAM (per-VM process, gateway processes, QEMU's own): median %d MB, max %d MB (target ≤ 40 MB); guest RAM touched: median %d MB\n",
+		perVM[n/2]>>10, perVM[n-1]>>10, medianInt(guestRAM)>>10)
+	return nil
+}
+
+func medianInt(v []int64) int64 {
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// treeRSS sums the RSS (kB) of pid and its descendants, except for QEMU's
+// guest RAM (its mapping of ramMB), which it returns apart.
+func treeRSS(pid, qemuPID, ramMB int) (own, guest int64) {
+	for _, p := range append([]int{pid}, descendants(pid)...) {
+		if p == qemuPID {
+			o, g := qemuRSS(p, ramMB)
+			own, guest = own+o, guest+g
+			continue
+		}
+		own += statusKB(p, "VmRSS")
+	}
+	return own, guest
+}
+
+func descendants(pid int) []int {
+	var out []int
+	for _, c := range children(pid) {
+		out = append(out, c)
+		out = append(out, descendants(c)...)
+	}
+	return out
+}
+
+func statusKB(pid int, field string) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, field+":"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
+
+// qemuRSS splits QEMU's RSS (kB) into the guest RAM mapping (the one of
+// ramMB) and the rest.
+func qemuRSS(pid, ramMB int) (own, guest int64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	var size int64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		switch fields[0] {
+		case "Size:":
+			size, _ = strconv.ParseInt(fields[1], 10, 64)
+		case "Rss:":
+			rss, _ := strconv.ParseInt(fields[1], 10, 64)
+			if size >= int64(ramMB)<<10 {
+				guest += rss
+			} else {
+				own += rss
+			}
+		}
+	}
+	return own, guest
+}
