@@ -10,6 +10,7 @@ package hostmcp
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -74,8 +75,11 @@ func progress(ctx context.Context, req *mcp.CallToolRequest, stage string) func(
 	if tok == nil || req.Session == nil {
 		return func(string) {}
 	}
+	var mu sync.Mutex // the heartbeat notifies from its own goroutine
 	n := 0.0
 	notify := func(msg string) {
+		mu.Lock()
+		defer mu.Unlock()
 		n++
 		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: n, Message: msg})
 	}
@@ -83,11 +87,13 @@ func progress(ctx context.Context, req *mcp.CallToolRequest, stage string) func(
 	return notify
 }
 
-// heartbeat calls tick every interval until the returned stop is called.
+// heartbeat calls tick every interval until the returned stop is called;
+// stop returns once no tick runs any more.
 func heartbeat(interval time.Duration, tick func(elapsed time.Duration)) (stop func()) {
-	done := make(chan struct{})
+	done, exited := make(chan struct{}), make(chan struct{})
 	start := time.Now()
 	go func() {
+		defer close(exited)
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
@@ -99,5 +105,5 @@ func heartbeat(interval time.Duration, tick func(elapsed time.Duration)) (stop f
 			}
 		}
 	}()
-	return func() { close(done) }
+	return func() { close(done); <-exited }
 }

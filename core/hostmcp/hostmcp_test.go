@@ -251,6 +251,8 @@ func TestCreateSendsProgress(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if !strings.HasPrefix(msgs[0], "booting the VM") || !strings.Contains(strings.Join(msgs, "|"), "s)") {
 		t.Errorf("progress: %q", msgs)
 	}

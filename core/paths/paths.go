@@ -10,6 +10,7 @@
 //	    ├── service.sock   the service's API ($CAPSEM_UDS_PATH)
 //	    ├── service.lock   held by the serving service
 //	    ├── service.log    the service's log
+//	    ├── mcp.log        capsem mcp's log
 //	    ├── accel.json     the accelerator verdict (here even when $CAPSEM_RUN_DIR moves the rest)
 //	    ├── scratch/       sandboxed children's homes
 //	    ├── endpoints/     policy-reload sockets, one per MCP endpoint
@@ -89,6 +90,9 @@ func ServiceLock() (string, error) { return runJoin("service.lock") }
 
 // ServiceLog is the service's log (JSON lines).
 func ServiceLog() (string, error) { return runJoin("service.log") }
+
+// MCPLog is `capsem mcp`'s log (JSON lines).
+func MCPLog() (string, error) { return runJoin("mcp.log") }
 
 // ScratchRoot holds per-child scratch directories (HOME, TMPDIR).
 func ScratchRoot() (string, error) { return runJoin("scratch") }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
 )
 
@@ -129,9 +130,9 @@ func Launch(cfg ProcessConfig, o LaunchOptions) (*Process, error) {
 		return nil, fmt.Errorf("creating the session directory: %w", err)
 	}
 	logPath := paths.Session{Dir: cfg.SessionDir}.ProcessLog()
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logFile, err := logs.OpenRotated(logPath)
 	if err != nil {
-		return nil, fmt.Errorf("opening the process log: %w", err)
+		return nil, err
 	}
 	defer logFile.Close() // the child has its own copy
 	cmd := exec.Command(self, append([]string{"process"}, cfg.Args()...)...)

@@ -349,6 +349,36 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 		}
 	})
 
+	t.Run("a boot blocks nothing else", func(t *testing.T) {
+		other := startMCP(t, env, runDir)
+		done := make(chan string, 1)
+		go func() {
+			var vm hostmcp.VMOut
+			done <- c.call("capsem_create", map[string]any{"name": "slow", "ramMb": 512, "cpuCount": 1}, &vm)
+		}()
+		// While it boots, the other VM and the list answer, and show it
+		// booting.
+		seen := false
+		for !seen {
+			var l hostmcp.ListOut
+			other.must("capsem_list", map[string]any{}, &l)
+			for _, v := range l.VMs {
+				seen = seen || v.Name == "slow" && v.State == "booting"
+			}
+			select {
+			case msg := <-done:
+				t.Fatalf("the create finished (%q) before list or exec ever saw it booting", msg)
+			default:
+			}
+		}
+		var r hostmcp.ExecOut
+		other.must("capsem_exec", map[string]any{"id": "dev", "command": "echo meanwhile"}, &r)
+		if msg := <-done; msg != "" {
+			t.Fatal(msg)
+		}
+		c.must("capsem_delete", map[string]any{"id": "slow"}, nil)
+	})
+
 	t.Run("two clients at once", func(t *testing.T) {
 		other := startMCP(t, env, runDir)
 		var wg sync.WaitGroup
@@ -439,6 +469,30 @@ func TestServiceRestartAndCrash(t *testing.T) {
 		t.Fatalf("no service process of %s among %q", runDir, out)
 		return 0
 	}
+
+	// A VM whose process dies is defunct, with its log's last lines, and
+	// a persistent one resumes.
+	var victim hostmcp.VMOut
+	c.must("capsem_create", map[string]any{"name": "victim", "ramMb": 512, "cpuCount": 1}, &victim)
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		c.must("capsem_info", map[string]any{"id": "victim"}, &victim)
+		if victim.State == "defunct" {
+			break
+		}
+		if i > 200 {
+			t.Fatalf("a killed VM is still %s", victim.State)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	if victim.LastLog == "" {
+		t.Errorf("a defunct VM without its last log lines: %+v", victim)
+	}
+	c.refused("capsem_exec", map[string]any{"id": "victim", "command": "true"}, "defunct")
+	c.must("capsem_resume", map[string]any{"name": "victim"}, &victim)
+	c.must("capsem_delete", map[string]any{"id": "victim"}, nil)
 
 	stopService(t, env, runDir)
 	check("after a clean restart") // the call starts a new service

@@ -6,11 +6,16 @@ package mcphost
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/hostmcp"
+	"github.com/capsem/capsem/core/logs"
+	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/service"
 	"github.com/capsem/capsem/core/version"
 )
@@ -21,6 +26,17 @@ type Cmd struct{}
 // Run serves MCP on stdin/stdout until the client goes away. The service
 // is started on the first call that finds none.
 func (Cmd) Run(ctx context.Context) error {
+	// Its log goes to run/mcp.log as well as to stderr (which the AI client
+	// may or may not keep): its stdout is the protocol.
+	if path, err := paths.MCPLog(); err == nil {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err == nil {
+			if f, err := logs.OpenRotated(path); err == nil {
+				defer f.Close()
+				slog.SetDefault(logs.New(io.MultiWriter(os.Stderr, f), os.Getenv("CAPSEM_LOG_LEVEL")))
+			}
+		}
+	}
+	slog.Info("capsem mcp serving on stdio", "pid", os.Getpid())
 	svc, err := service.Ensuring("", os.Environ())
 	if err != nil {
 		return err
