@@ -34,7 +34,7 @@ type (
 		Command string            `json:"command" jsonschema:"shell command to run (/bin/sh -c)"`
 		Timeout int               `json:"timeout,omitempty" jsonschema:"seconds after which the command's process group is killed; none unless the user asked for a deadline"`
 		Env     map[string]string `json:"env,omitempty" jsonschema:"environment variables for this command (over the VM's)"`
-		Workdir string            `json:"workdir,omitempty" jsonschema:"working directory (default /root/workspace)"`
+		Workdir string            `json:"workdir,omitempty" jsonschema:"working directory in the guest"`
 	}
 	ResumeIn struct {
 		Name string `json:"name" jsonschema:"the stopped VM's name (or id)"`

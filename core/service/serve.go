@@ -70,8 +70,14 @@ func lockService(ctx context.Context, sock string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the run directory: %w", err)
+	}
+	// The run directory holds the sockets and the VMs' sessions: the
+	// owner's alone, whatever made it first.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("securing the run directory %s: %w", dir, err)
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // newTestService is a service over a fresh run directory, with no VMs.
@@ -207,4 +209,31 @@ func FuzzRequestBodies(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestServiceLock: the run directory becomes the owner's alone, and while
+// one service holds the lock and serves, a second is told so at once.
+func TestServiceLock(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CAPSEM_RUN_DIR", run)
+	sock := filepath.Join(run, "service.sock")
+	unlock, err := lockService(context.Background(), sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if st, _ := os.Stat(run); st.Mode().Perm() != 0o700 {
+		t.Errorf("run directory mode %v, want 0700", st.Mode().Perm())
+	}
+	ln, err := unixsock.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, err := lockService(context.Background(), sock); !errors.Is(err, ErrAlreadyServing) {
+		t.Fatalf("a second service: %v, want ErrAlreadyServing", err)
+	}
 }
