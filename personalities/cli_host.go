@@ -28,6 +28,7 @@ type CLI struct {
 	Run           run.Cmd         `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`
 	Create        cli.CreateCmd   `cmd:"" group:"VMs" help:"Boot a VM (named: persistent) and print its id."`
 	Exec          cli.ExecCmd     `cmd:"" group:"VMs" help:"Run a command in a VM, streaming its output; exit with its status."`
+	Shell         cli.ShellCmd    `cmd:"" group:"VMs" help:"An interactive shell in a VM, on this terminal."`
 	Ls            cli.LsCmd       `cmd:"" group:"VMs" help:"List the VMs."`
 	Info          cli.InfoCmd     `cmd:"" group:"VMs" help:"Describe a VM."`
 	Stop          cli.StopCmd     `cmd:"" group:"VMs" help:"Stop a VM (persistent: kept for resume; ephemeral: removed)."`

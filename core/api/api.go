@@ -95,3 +95,22 @@ type Info struct {
 type Error struct {
 	Error string `json:"error"`
 }
+
+// RouteTerminal opens an interactive terminal in the guest (POST
+// TermRequest, answered 101 Switching Protocols; the connection then
+// carries the terminal stream of guestwire's TermDataKind, TermResizeKind
+// and TermExitKind frames).
+const RouteTerminal = "/v1/terminal"
+
+// TermUpgrade is the Upgrade token of a terminal connection.
+const TermUpgrade = "capsem-terminal"
+
+// TermRequest opens a terminal: the program (default a login shell), its
+// environment additions, working directory and window size.
+type TermRequest struct {
+	Argv []string          `json:"argv,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	Rows uint16            `json:"rows,omitempty"`
+	Cols uint16            `json:"cols,omitempty"`
+}

@@ -18,6 +18,7 @@ const (
 	RouteVM          = "/v1/vms/{vm}"                // GET: VM; DELETE: 204
 	RouteVMExec      = "/v1/vms/{vm}/exec"           // POST ExecRequest: ExecResult
 	RouteVMExecLive  = "/v1/vms/{vm}/exec/stream"    // POST ExecRequest: the exec stream (NDJSON ExecEvents)
+	RouteVMTerminal  = "/v1/vms/{vm}/terminal"       // POST TermRequest: 101, then the terminal stream (see RouteTerminal)
 	RouteVMStop      = "/v1/vms/{vm}/stop"           // POST: VM
 	RouteVMResume    = "/v1/vms/{vm}/resume"         // POST: VM
 	RouteVMPersist   = "/v1/vms/{vm}/persist"        // POST PersistRequest: VM

@@ -91,6 +91,7 @@ func (s *Service) Handler(stop func()) http.Handler {
 		}
 		stream.Final(*ev)
 	})
+	mux.HandleFunc("POST "+api.RouteVMTerminal, s.handleTerminal)
 	mux.HandleFunc("POST "+api.RouteVMStop, func(w http.ResponseWriter, r *http.Request) {
 		out, err := s.Stop(r.Context(), r.PathValue("vm"))
 		reply(w, http.StatusOK, out, err)

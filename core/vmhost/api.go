@@ -30,6 +30,7 @@ func (v *VM) routes() http.Handler {
 	mux.HandleFunc("POST "+api.RouteFileMkdir, v.handleFile)
 	mux.HandleFunc("POST "+api.RouteStop, v.handleStop)
 	mux.HandleFunc("GET "+api.RouteLogs, v.handleLogs)
+	mux.HandleFunc("POST "+api.RouteTerminal, v.handleTerminal)
 	return mux
 }
 

@@ -205,6 +205,11 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	}
 	bridgeCtx, stopBridge := context.WithCancel(ctx)
 	defer stopBridge()
+	if termLn, err := ch.Listen(guestchan.PortTerminal); err != nil {
+		log.Error("terminal sessions unavailable", "err", err)
+	} else {
+		go srv.ServeTerminals(bridgeCtx, termLn)
+	}
 	go func() {
 		if err := ServeMCPBridge(bridgeCtx, log, guestwire.GuestMCPSocket, ch.Dial); err != nil {
 			log.Error("MCP bridge", "err", err)

@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/testkit"
@@ -131,5 +136,122 @@ func TestCLIVerbs(t *testing.T) {
 	}
 	if status := c.must("service", "status"); !strings.Contains(status, "0 VM(s)") {
 		t.Fatalf("service status: %s", status)
+	}
+}
+
+// ptyOutput collects what a program writes to its pseudo-terminal.
+type ptyOutput struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *ptyOutput) Write(p []byte) (int, error) { o.mu.Lock(); defer o.mu.Unlock(); return o.buf.Write(p) }
+
+// waitFor waits until the output since from holds want, and returns the
+// offset past it.
+func (o *ptyOutput) waitFor(t *testing.T, from int, want string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		o.mu.Lock()
+		s := o.buf.String()
+		o.mu.Unlock()
+		if i := strings.Index(s[from:], want); i >= 0 {
+			return from + i + len(want)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal never showed %q; it shows:\n%q", want, s[from:])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestShell drives `capsem shell` through a pseudo-terminal, as a person
+// at a terminal would: a command typed and its output read, a window
+// resize seen by stty, Ctrl-C interrupting sleep, and the shell's exit
+// status returned.
+func TestShell(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	c := capsemCLI{t: t, env: env}
+	defer func() {
+		c.run("purge", "--all")
+		c.run("service", "stop")
+		if out, _ := exec.Command("pgrep", "-f", "capsem process --session-dir "+runDir).Output(); len(bytes.TrimSpace(out)) > 0 {
+			t.Errorf("VM processes left: %s", out)
+		}
+	}()
+	c.must("create", "term", "--ram-mb", "512", "--cpus", "1")
+
+	cmd := exec.Command(testkit.CapsemBinary(t), "shell", "term")
+	cmd.Env = append(env, "TERM=xterm")
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	var out ptyOutput
+	go io.Copy(&out, ptmx)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Kill()
+		}
+	}()
+
+	type_ := func(s string) {
+		if _, err := ptmx.Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type_("echo hello-$((40+2)) $TERM\r")
+	at := out.waitFor(t, 0, "hello-42 xterm")
+	type_("stty size\r")
+	at = out.waitFor(t, at, "24 80")
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// The resize travels asynchronously: ask until the guest sees it.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		type_("stty size\r")
+		out.mu.Lock()
+		seen := strings.Contains(out.buf.String()[at:], "40 100")
+		out.mu.Unlock()
+		if seen {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the guest never saw the resize")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	at = out.waitFor(t, at, "40 100")
+	type_("sleep 100\r")
+	time.Sleep(500 * time.Millisecond)
+	type_("\x03") // Ctrl-C
+	type_("echo after-int-$((1+1))\r")
+	at = out.waitFor(t, at, "after-int-2")
+	type_("exit 7\r")
+	select {
+	case err := <-exited:
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 7 {
+			t.Fatalf("capsem shell ended with %v, want exit status 7", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("capsem shell did not exit after the shell did")
+	}
+	// The session is on the record.
+	q := c.must("inspect", "term", "SELECT exit_code FROM exec_events WHERE source = 'terminal'", "--json")
+	var r api.InspectResult
+	if err := json.Unmarshal([]byte(q), &r); err != nil || len(r.Rows) != 1 || r.Rows[0][0] != 7.0 {
+		t.Fatalf("the terminal session's row: %s %v", q, err)
+	}
+	if _, errOut, code := c.run("shell", "ghost"); code == 0 || !strings.Contains(errOut, `no VM named "ghost"`) {
+		t.Fatalf("shell into an unknown VM: exit %d %q", code, errOut)
 	}
 }
