@@ -145,7 +145,11 @@ type ptyOutput struct {
 	buf bytes.Buffer
 }
 
-func (o *ptyOutput) Write(p []byte) (int, error) { o.mu.Lock(); defer o.mu.Unlock(); return o.buf.Write(p) }
+func (o *ptyOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
 
 // waitFor waits until the output since from holds want, and returns the
 // offset past it.
