@@ -12,9 +12,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/filelock"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/unixsock"
@@ -79,27 +78,17 @@ func lockService(ctx context.Context, sock string) (func(), error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("securing the run directory %s: %w", dir, err)
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("opening the service lock: %w", err)
-	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("locking %s: %w", path, err)
+		unlock, ok, err := filelock.TryLock(path)
+		if err != nil || ok {
+			return unlock, err
 		}
 		if unixsock.Live(sock) || time.Now().After(deadline) {
-			f.Close()
 			return nil, ErrAlreadyServing
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
 			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}

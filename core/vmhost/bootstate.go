@@ -1,6 +1,7 @@
 package vmhost
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -11,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/capsem/capsem/core/filelock"
 )
 
 // A VM normally starts by resuming a saved one instead of booting. For the
@@ -82,6 +85,19 @@ func newBootState(dir string, argv []string, sessionDir string) (*bootState, err
 }
 
 func (s *bootState) metaPath() string { return filepath.Join(s.dir, s.key+".json") }
+
+// saveLockTimeout bounds the wait for another process's save of the same
+// configuration (a boot and a save take seconds, more with many at once).
+const saveLockTimeout = 3 * time.Minute
+
+// lockSave takes the lock that lets one VM at a time boot to save this
+// configuration: VMs started together then resume from one saved boot
+// instead of each booting and saving its own.
+func (s *bootState) lockSave(ctx context.Context) (func(), error) {
+	ctx, cancel := context.WithTimeout(ctx, saveLockTimeout)
+	defer cancel()
+	return filelock.Lock(ctx, filepath.Join(s.dir, s.key+".save.lock"))
+}
 
 // lookup returns the metadata when a complete one is there.
 // It checks the metadata and the state file's size; the state's bytes are

@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -240,4 +242,31 @@ func qemuRSS(t *testing.T, pid int) int64 {
 	}
 	t.Fatalf("no VmRSS in /proc/%d/status", pid)
 	return 0
+}
+
+// TestFirstStartsTogetherSaveOnce: VMs of a configuration with no saved
+// boot, started at once, boot and save it once; the others wait for that
+// save and resume from it.
+func TestFirstStartsTogetherSaveOnce(t *testing.T) {
+	states := bootStateDir(t)
+	const n = 3
+	vms := make([]*vmProc, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			vms[i] = startVM(t, fmt.Sprintf("together-%d", i), func(c *vmhost.ProcessConfig) { c.BootStateDir = states })
+		})
+	}
+	wg.Wait()
+	starts := map[string]int{}
+	for _, v := range vms {
+		if v == nil {
+			t.Fatal("a VM did not start")
+		}
+		defer v.stop(t)
+		starts[v.info.Start]++
+	}
+	if starts[vmhost.ModeBootAndSave.String()] != 1 || starts[vmhost.ModeResume.String()] != n-1 {
+		t.Fatalf("starts %v, want one %s and %d %s", starts, vmhost.ModeBootAndSave, n-1, vmhost.ModeResume)
+	}
 }

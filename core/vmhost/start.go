@@ -152,7 +152,31 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir s
 	if err != nil {
 		return ModeBoot, err
 	}
-	plan := v.planBoot(key, assetsDir, canSave)
+	// One VM of a configuration boots to save it; the others started with
+	// it wait for that save, then resume from it. The lock is held until
+	// the save is published, or this start ends.
+	var unlockSave func()
+	defer func() {
+		if unlockSave != nil {
+			unlockSave()
+		}
+	}()
+	lockForSave := func(p bootPlan) bootPlan {
+		if p.mode != ModeBootAndSave || unlockSave != nil {
+			return p
+		}
+		unlock, err := p.saved.lockSave(ctx)
+		if err != nil {
+			v.log.Warn("waiting for another VM's save of this configuration; booting without saving", "err", err)
+			return bootPlan{mode: ModeBoot}
+		}
+		unlockSave = unlock
+		if m, ok := p.saved.lookup(); ok {
+			return bootPlan{mode: ModeResume, saved: p.saved, meta: m}
+		}
+		return p
+	}
+	plan := lockForSave(v.planBoot(key, assetsDir, canSave))
 	justSaved := false
 	for {
 		t := time.Now()
@@ -165,6 +189,10 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir s
 			// only the guest RAM it uses (the save read all of it).
 			v.timings["boot_and_save"] = time.Since(t).Milliseconds()
 			justSaved = true
+			if unlockSave != nil { // published: the VMs waiting for it may resume now
+				unlockSave()
+				unlockSave = nil
+			}
 			if m, ok := plan.saved.lookup(); ok {
 				plan = bootPlan{mode: ModeResume, saved: plan.saved, meta: m}
 			} else { // replaced and removed by a concurrent first start
@@ -187,7 +215,7 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir s
 		plan.saved.remove(plan.meta)
 		next := bootPlan{mode: ModeBoot}
 		if canSave && !justSaved {
-			next = bootPlan{mode: ModeBootAndSave, saved: plan.saved}
+			next = lockForSave(bootPlan{mode: ModeBootAndSave, saved: plan.saved})
 		}
 		plan = next
 	}

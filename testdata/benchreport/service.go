@@ -25,7 +25,7 @@ import (
 // exec-ready through the service beside a per-VM process launched
 // directly, and 8 VMs created at once (time to the last ready, host RSS
 // per VM outside guest RAM).
-func serviceBench(capsem, home, guest string, runs int) error {
+func serviceBench(capsem, home, guest, assetsDir string, runs int) error {
 	runDir, err := os.MkdirTemp("", "csb-")
 	if err != nil {
 		return err
@@ -129,7 +129,25 @@ func serviceBench(capsem, home, guest string, runs int) error {
 	fmt.Printf("  create → exec-ready through the service: %s   launched directly: %s   added %s (%.0f%%; target ≤ 10%% or ≤ 30 ms), %d runs, medians\n",
 		ms(median(viaService)), ms(median(direct)), ms(added), 100*float64(added)/float64(median(direct)), runs)
 
-	// 8 VMs at once.
+	// 8 VMs at once, twice: of a configuration not saved yet (one of
+	// them boots to save it, the others wait and resume from it), then of
+	// the same configuration again, saved.
+	for i, round := range []string{"cold: no saved boot yet", "warm: resumed from the saved boot"} {
+		if i == 0 {
+			if err := os.RemoveAll(filepath.Join(assetsDir, "boot-states")); err != nil {
+				return err
+			}
+		}
+		if err := manyAtOnce(ctx, svc, round); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// manyAtOnce creates 8 VMs at once, checks that each answers exec, prints
+// the time to the first and last ready and their memory, and deletes them.
+func manyAtOnce(ctx context.Context, svc *apiclient.ServiceClient, round string) error {
 	const n = 8
 	var wg sync.WaitGroup
 	ready := make([]time.Duration, n)
@@ -163,10 +181,15 @@ func serviceBench(capsem, home, guest string, runs int) error {
 		m := vmMemory(info.PID, info.Process.QEMUPID, 512)
 		ours, qemuOwn, guestRAM, rssAll = append(ours, m.ours), append(qemuOwn, m.qemuOwn), append(guestRAM, m.guest), append(rssAll, m.rss)
 	}
-	fmt.Printf("  %d VMs created at once (512 MB, 1 CPU each): all answering exec; first ready %s, last %s\n", n, ms(ready[0]), ms(ready[n-1]))
+	fmt.Printf("  %d VMs created at once (512 MB, 1 CPU each), %s: all answering exec; first ready %s, last %s\n", n, round, ms(ready[0]), ms(ready[n-1]))
 	fmt.Printf("  host memory per VM outside guest RAM, proportional (PSS: the shared capsem and QEMU text counted once across VMs): %d MB (target ≤ 40 MB) =\n", (medianInt(ours)+medianInt(qemuOwn))>>10)
 	fmt.Printf("    per-VM process + aggregator + builtin %d MB, QEMU's own %d MB (its TCG translation cache included); guest RAM touched %d MB; plain RSS of the tree outside guest RAM %d MB\n",
 		medianInt(ours)>>10, medianInt(qemuOwn)>>10, medianInt(guestRAM)>>10, medianInt(rssAll)>>10)
+	for _, id := range ids {
+		if err := svc.Delete(ctx, id); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -117,7 +117,7 @@ func vmBench(capsem string, runs int) error {
 	if err := warmVM(capsem, home, guest); err != nil {
 		return err
 	}
-	return serviceBench(capsem, home, guest, runs)
+	return serviceBench(capsem, home, guest, assets.Dir, runs)
 }
 
 func fileSize(p string) int64 {

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/filelock"
 	"github.com/capsem/capsem/vmm"
 )
 
@@ -194,7 +194,7 @@ func (b *Backend) Verdict(ctx context.Context, files BootFiles) (Verdict, error)
 		}
 		return b.prove(ctx, files, key), nil
 	}
-	unlock, err := lockFile(ctx, b.VerdictPath+".lock")
+	unlock, err := filelock.Lock(ctx, b.VerdictPath+".lock")
 	if err != nil {
 		return Verdict{}, err
 	}
@@ -232,7 +232,7 @@ func (b *Backend) DemoteKVM(ctx context.Context, files BootFiles, why error) err
 	if b.VerdictPath == "" {
 		return nil
 	}
-	unlock, err := lockFile(ctx, b.VerdictPath+".lock")
+	unlock, err := filelock.Lock(ctx, b.VerdictPath+".lock")
 	if err != nil {
 		return err
 	}
@@ -423,34 +423,6 @@ func writeVerdict(path string, f verdictFile, v Verdict) error {
 		return fmt.Errorf("qemu: writing the accelerator verdict: %w", err)
 	}
 	return nil
-}
-
-// lockFile takes an exclusive flock on path (created 0600), waiting until
-// ctx ends.
-func lockFile(ctx context.Context, path string) (func(), error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("qemu: lock directory: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("qemu: lock: %w", err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("qemu: lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("qemu: waiting for the lock %s: %w", path, context.Cause(ctx))
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 func sha256File(path string) (string, error) {
