@@ -44,8 +44,7 @@ func normalize(req *api.CreateRequest) error {
 	if req.Image != DefaultImage {
 		return badRequest("image %q: only %q is available", req.Image, DefaultImage)
 	}
-	cfg := vmhost.ProcessConfig{SessionDir: "/", Socket: "/", CPUs: req.CPUs, MemoryMiB: req.RAMMB, DiskGiB: req.DiskGB}
-	if err := cfg.Check(); err != nil {
+	if err := vmhost.CheckResources(req.CPUs, req.RAMMB, req.DiskGB); err != nil {
 		return badRequest("%v", err)
 	}
 	if len(req.Env) > maxEnv {

@@ -44,7 +44,7 @@ func (c *cappedBuffer) Write(p []byte) (int, error) {
 // stderr apart. It has no timeout unless the request gives one; cancelling
 // ctx (the caller went away) kills the guest command.
 func (s *Service) Exec(ctx context.Context, ref string, req api.ExecRequest) (api.ExecResult, error) {
-	run, err := s.prepareExec(ref, &req)
+	run, err := s.ExecStream(ref, req)
 	if err != nil {
 		return api.ExecResult{}, err
 	}
@@ -60,15 +60,10 @@ func (s *Service) Exec(ctx context.Context, ref string, req api.ExecRequest) (ap
 }
 
 // ExecStream checks req against ref's VM and returns the function that
-// runs it there, its output going to stdout and stderr as it comes (for a
-// client that streams it); errors that stop it from starting come first.
+// runs it there, with the VM's env under the request's, its output going
+// to stdout and stderr as it comes; errors that keep it from starting (bad
+// input, an unknown or stopped VM) come first.
 func (s *Service) ExecStream(ref string, req api.ExecRequest) (func(ctx context.Context, stdout, stderr io.Writer) (*api.ExecEvent, error), error) {
-	return s.prepareExec(ref, &req)
-}
-
-// prepareExec checks req and returns the function that runs it in ref's VM
-// with the VM's env under the request's.
-func (s *Service) prepareExec(ref string, req *api.ExecRequest) (func(ctx context.Context, stdout, stderr io.Writer) (*api.ExecEvent, error), error) {
 	if (len(req.Argv) == 0) == (req.Command == "") {
 		return nil, badRequest("give exactly one of command and argv")
 	}
@@ -90,7 +85,7 @@ func (s *Service) prepareExec(ref string, req *api.ExecRequest) (func(ctx contex
 		req.Env = env
 	}
 	return func(ctx context.Context, stdout, stderr io.Writer) (*api.ExecEvent, error) {
-		ev, err := c.Exec(ctx, req, stdout, stderr)
+		ev, err := c.Exec(ctx, &req, stdout, stderr)
 		if err != nil {
 			return nil, s.vmError(v, err)
 		}

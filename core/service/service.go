@@ -24,6 +24,7 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/version"
 	"github.com/capsem/capsem/core/vmhost"
 )
 
@@ -182,7 +183,7 @@ func (s *Service) sessionOf(v *vm) paths.Session {
 
 // Version is the service's build.
 func (s *Service) Version() api.Version {
-	return api.Version{Version: versionString(), PID: os.Getpid()}
+	return api.Version{Version: version.Version, PID: os.Getpid()}
 }
 
 // sessionDirFor is where the VM with id keeps its state.

@@ -52,12 +52,19 @@ func (c ProcessConfig) Check() error {
 		return errors.New("no session directory")
 	case c.Socket == "":
 		return errors.New("no API socket")
-	case c.CPUs < 1 || c.CPUs > MaxCPUs:
-		return fmt.Errorf("cpus %d: want 1 to %d", c.CPUs, MaxCPUs)
-	case c.MemoryMiB < MinMemoryMiB || c.MemoryMiB > MaxMemoryMiB:
-		return fmt.Errorf("memory %d MiB: want %d to %d", c.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
-	case c.DiskGiB < 0 || c.DiskGiB > MaxDiskGiB:
-		return fmt.Errorf("disk %d GiB: want 0 (no per-VM disk) to %d", c.DiskGiB, MaxDiskGiB)
+	}
+	return CheckResources(c.CPUs, c.MemoryMiB, c.DiskGiB)
+}
+
+// CheckResources reports which of a VM's resources is out of bounds.
+func CheckResources(cpus, memoryMiB, diskGiB int) error {
+	switch {
+	case cpus < 1 || cpus > MaxCPUs:
+		return fmt.Errorf("cpus %d: want 1 to %d", cpus, MaxCPUs)
+	case memoryMiB < MinMemoryMiB || memoryMiB > MaxMemoryMiB:
+		return fmt.Errorf("memory %d MiB: want %d to %d", memoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	case diskGiB < 0 || diskGiB > MaxDiskGiB:
+		return fmt.Errorf("disk %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
 	}
 	return nil
 }
