@@ -202,6 +202,8 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir s
 			continue
 		case err == nil && justSaved:
 			return ModeBootAndSave, nil
+		case err == nil && plan.mode == ModeBootAndSave:
+			return ModeBoot, nil // its save failed: it booted on, unsaved
 		case err == nil:
 			return plan.mode, nil
 		case plan.mode != ModeResume || v.ctl != nil:

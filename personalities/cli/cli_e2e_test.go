@@ -103,6 +103,13 @@ func TestCLIVerbs(t *testing.T) {
 	if got, _ := os.ReadFile(back); !bytes.Equal(got, blob) {
 		t.Fatalf("cp round trip: %d bytes back, want %d", len(got), len(blob))
 	}
+	// Into a directory, either way, the file keeps its name.
+	c.must("cp", src, "dev:/tmp/")
+	os.Mkdir(filepath.Join(dir, "sub"), 0o700)
+	c.must("cp", "dev:/tmp/in.bin", filepath.Join(dir, "sub"))
+	if got, _ := os.ReadFile(filepath.Join(dir, "sub", "in.bin")); !bytes.Equal(got, blob) {
+		t.Fatalf("cp into directories: %d bytes", len(got))
+	}
 	if _, errOut, code := c.run("cp", src, back); code == 0 || !strings.Contains(errOut, "exactly one of") {
 		t.Fatalf("cp host to host: exit %d %q", code, errOut)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
+	"path/filepath"
 	"strings"
 
 	"github.com/capsem/capsem/core/api"
@@ -38,6 +40,10 @@ func (c *CpCmd) Run(ctx context.Context) error {
 		return err
 	}
 	if toGuest {
+		// A destination that names a directory gets the source's name.
+		if strings.HasSuffix(dstPath, "/") {
+			dstPath += filepath.Base(c.Src)
+		}
 		data, err := os.ReadFile(c.Src)
 		if err != nil {
 			return err
@@ -56,5 +62,9 @@ func (c *CpCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cp: the service sent bad base64: %w", err)
 	}
-	return os.WriteFile(c.Dst, data, fs.FileMode(0o644))
+	dst := c.Dst
+	if st, err := os.Stat(dst); err == nil && st.IsDir() {
+		dst = filepath.Join(dst, path.Base(srcPath))
+	}
+	return os.WriteFile(dst, data, fs.FileMode(0o644))
 }
