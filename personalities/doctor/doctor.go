@@ -8,8 +8,9 @@
 // boot files and saved boots), storage ($CAPSEM_HOME, free space, mkfs.ext4,
 // sparse files), sandbox (what privilege-separated children get on this
 // kernel), config (policy files, auto-detected servers, capsem's own
-// registration), gateway (a throwaway gateway and every configured server)
-// and vm (an ephemeral VM running the guest's capsem-doctor).
+// registration), gateway (a throwaway gateway and every configured server),
+// service (whether the service serves and is this build, its run directory,
+// its VMs) and vm (an ephemeral VM running the guest's capsem-doctor).
 package doctor
 
 import (
@@ -30,7 +31,7 @@ import (
 
 // Cmd is `capsem doctor`.
 type Cmd struct {
-	Groups       []string `short:"k" name:"group" help:"Check group to run (repeatable; default all): accel, qemu, assets, storage, sandbox, config, gateway, vm."`
+	Groups       []string `short:"k" name:"group" help:"Check group to run (repeatable; default all): accel, qemu, assets, storage, sandbox, config, gateway, service, vm."`
 	JSON         bool     `name:"json" help:"Print JSON lines: one per check, then a summary."`
 	Config       string   `optional:"" type:"path" help:"Policy file to check in place of $CAPSEM_HOME/user.toml (corp.toml still applies)."`
 	NoAutodetect bool     `help:"Leave out the mcpServers of Claude Code and Gemini CLI settings."`
@@ -142,6 +143,11 @@ func (h *host) groups() []doctor.Group {
 		}},
 		{Name: "gateway", Hint: "run capsem gateway --log-level debug to see the gateway's own log", Checks: []doctor.Check{
 			{Name: "gateway", Run: h.checkGateway},
+		}},
+		{Name: "service", Hint: "see capsem service status and capsem logs --service", Checks: []doctor.Check{
+			{Name: "serving", Run: h.checkService},
+			{Name: "run-dir", Run: h.checkRunDir},
+			{Name: "vms", Run: h.checkVMs},
 		}},
 		{Name: "vm", Hint: "run capsem run -- true to see why a VM does not start", Checks: []doctor.Check{
 			{Name: "guest-doctor", Run: h.checkVM},

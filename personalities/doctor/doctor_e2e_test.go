@@ -3,13 +3,16 @@ package doctor_test
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/capsem/capsem/core/doctor"
 	"github.com/capsem/capsem/core/testkit"
@@ -92,7 +95,7 @@ func TestDoctorPassesHere(t *testing.T) {
 			t.Errorf("%s: %s %s (%s)", k, r.Status, r.Detail, r.Hint)
 		}
 	}
-	for _, g := range []string{"accel", "qemu", "assets", "storage", "sandbox", "config", "gateway", "vm"} {
+	for _, g := range []string{"accel", "qemu", "assets", "storage", "sandbox", "config", "gateway", "service", "vm"} {
 		if !groups[g] {
 			t.Errorf("group %s reported nothing", g)
 		}
@@ -189,4 +192,64 @@ func TestDoctorNamesFaults(t *testing.T) {
 			t.Errorf("the broken server took the gateway down: %+v %+v", results["gateway/gateway"], results["gateway/server builtin"])
 		}
 	})
+}
+
+// TestDoctorServiceGroup: with no service the group passes and says one
+// starts on first use; with one serving it names it; a VM whose process
+// died warns with the VM and the fix; a run directory open to others warns.
+func TestDoctorServiceGroup(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	extra := []string{"CAPSEM_RUN_DIR=" + runDir, "CAPSEM_NO_AUTODETECT=1"}
+	capsem := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(testkit.CapsemBinary(t), args...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("capsem %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	defer func() {
+		cmd := exec.Command(testkit.CapsemBinary(t), "purge", "--all")
+		cmd.Env = env
+		cmd.Run()
+		cmd = exec.Command(testkit.CapsemBinary(t), "service", "stop")
+		cmd.Env = env
+		cmd.Run()
+	}()
+	results, _, code, _ := runDoctor(t, extra, "-k", "service")
+	if code != 0 || results["service/serving"].Status != doctor.OK || !strings.Contains(results["service/serving"].Detail, "starts one") {
+		t.Fatalf("no service: exit %d %+v", code, results)
+	}
+	capsem("create", "dies", "--ram-mb", "512", "--cpus", "1")
+	var info struct{ PID int }
+	if err := json.Unmarshal([]byte(capsem("info", "dies", "--json")), &info); err != nil || info.PID == 0 {
+		t.Fatalf("info: %v", err)
+	}
+	if err := syscall.Kill(info.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(capsem("ls"), "defunct") {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed VM never went defunct")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	os.Chmod(runDir, 0o755)
+	results, _, code, _ = runDoctor(t, extra, "-k", "service")
+	if r := results["service/serving"]; r.Status != doctor.OK || !strings.Contains(r.Detail, "serving on") {
+		t.Errorf("serving: %+v", r)
+	}
+	if r := results["service/vms"]; r.Status != doctor.Warn || !strings.Contains(r.Detail, "1 defunct") || !strings.Contains(r.Hint, "capsem logs vm-") {
+		t.Errorf("vms: %+v", r)
+	}
+	if r := results["service/run-dir"]; r.Status != doctor.Warn || !strings.Contains(r.Detail, "mode 0755") {
+		t.Errorf("run-dir: %+v", r)
+	}
+	if code != 0 {
+		t.Errorf("warnings alone exit %d, want 0", code)
+	}
 }
