@@ -23,7 +23,6 @@ type Service interface {
 	Version(ctx context.Context) (api.Version, error)
 	List(ctx context.Context) ([]api.VM, error)
 	Create(ctx context.Context, req api.CreateRequest) (api.VM, error)
-	Run(ctx context.Context, req api.RunRequest) (api.ExecResult, error)
 	Info(ctx context.Context, vm string) (api.VM, error)
 	Exec(ctx context.Context, vm string, req api.ExecRequest) (api.ExecResult, error)
 	Stop(ctx context.Context, vm string) (api.VM, error)

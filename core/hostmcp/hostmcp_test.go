@@ -50,9 +50,6 @@ func (f *fakeService) Create(_ context.Context, req api.CreateRequest) (api.VM, 
 	return api.VM{ID: "vm-aaaaaaaaaaaa", Name: req.Name, State: api.StateRunning, RAMMB: req.RAMMB, CPUs: req.CPUs,
 		Process: &api.Info{Accel: "tcg", BootTimings: map[string]int64{"total": 700}}}, nil
 }
-func (f *fakeService) Run(context.Context, api.RunRequest) (api.ExecResult, error) {
-	return api.ExecResult{Stdout: "hi\n"}, nil
-}
 func (f *fakeService) Info(_ context.Context, vm string) (api.VM, error) {
 	if vm == "ghost" {
 		return api.VM{}, errUnknown
@@ -284,6 +281,82 @@ func TestCancelReachesTheService(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the service's exec was not cancelled")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRunStagesAndCleanup: capsem_run reports its stages (boot, the
+// command, removal) and removes its VM, also when the command's call is
+// cancelled.
+func TestRunStagesAndCleanup(t *testing.T) {
+	var mu sync.Mutex
+	var msgs []string
+	f := &fakeService{}
+	cs := connect(t, f, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+		mu.Lock()
+		msgs = append(msgs, r.Params.Message)
+		mu.Unlock()
+	}})
+	params := &mcp.CallToolParams{Name: "capsem_run", Arguments: map[string]any{"command": "echo hi"}}
+	params.SetProgressToken(7)
+	res, err := cs.CallTool(context.Background(), params)
+	if err != nil || res.IsError {
+		t.Fatalf("run: %v %+v", err, res)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		all := strings.Join(msgs, "|")
+		mu.Unlock()
+		if strings.Contains(all, "removing the VM") {
+			if !strings.HasPrefix(all, "booting a temporary VM") || !strings.Contains(all, "running the command") {
+				t.Fatalf("stages: %q", all)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stages: %q", all)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.mu.Lock()
+	calls := strings.Join(f.calls, ",")
+	f.mu.Unlock()
+	if calls != "delete vm-aaaaaaaaaaaa" {
+		t.Fatalf("the service saw %q, want the VM deleted once", calls)
+	}
+
+	// Cancelled while its command runs: the VM is still removed.
+	g := &fakeService{block: make(chan struct{})}
+	cs = connect(t, g, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "capsem_run", Arguments: map[string]any{"command": "sleep 1000"}})
+		done <- err
+	}()
+	for {
+		g.mu.Lock()
+		started := g.execReq.Command != ""
+		g.mu.Unlock()
+		if started {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		g.mu.Lock()
+		calls := strings.Join(g.calls, ",")
+		g.mu.Unlock()
+		if calls == "delete vm-aaaaaaaaaaaa" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a cancelled run the service saw %q", calls)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -222,13 +222,25 @@ func (t *tools) run(ctx context.Context, req *mcp.CallToolRequest, in RunIn) (*m
 	if err != nil {
 		return nil, ExecOut{}, err
 	}
-	notify := progress(ctx, req, "booting a temporary VM, then running the command")
+	if in.Command == "" {
+		return nil, ExecOut{}, fmt.Errorf("command is empty")
+	}
+	// Create, exec and delete, each its own stage for progress; the VM is
+	// removed whatever happens, the call's cancellation included.
+	notify := progress(ctx, req, "booting a temporary VM")
 	stop := heartbeat(2*time.Second, func(d time.Duration) { notify(fmt.Sprintf("working (%ds)", int(d.Seconds()))) })
-	r, err := t.svc.Run(ctx, api.RunRequest{Exec: api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env}})
-	stop()
+	defer stop()
+	vm, err := t.svc.Create(ctx, api.CreateRequest{})
 	if err != nil {
 		return nil, ExecOut{}, err
 	}
+	defer t.svc.Delete(context.WithoutCancel(ctx), vm.ID)
+	notify("running the command")
+	r, err := t.svc.Exec(ctx, vm.ID, api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env})
+	if err != nil {
+		return nil, ExecOut{}, err
+	}
+	notify("removing the VM")
 	return nil, execOut(r), nil
 }
 
