@@ -32,7 +32,7 @@ func (Cmd) Run(ctx context.Context) error {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err == nil {
 			if f, err := logs.OpenRotated(path); err == nil {
 				defer f.Close()
-				slog.SetDefault(logs.New(io.MultiWriter(os.Stderr, f), os.Getenv("CAPSEM_LOG_LEVEL")))
+				slog.SetDefault(logs.New(io.MultiWriter(os.Stderr, f), levelOf(ctx, slog.Default())))
 			}
 		}
 	}
@@ -46,4 +46,15 @@ func (Cmd) Run(ctx context.Context) error {
 		return fmt.Errorf("capsem mcp: %w", err)
 	}
 	return nil
+}
+
+// levelOf is the lowest level log enables (what --log-level set), as its
+// name.
+func levelOf(ctx context.Context, log *slog.Logger) string {
+	for _, l := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn} {
+		if log.Enabled(ctx, l) {
+			return l.String()
+		}
+	}
+	return slog.LevelError.String()
 }
