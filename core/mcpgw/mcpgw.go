@@ -214,7 +214,8 @@ type grants struct {
 
 // set records the grants of cfg and reports whether they changed.
 func (gr *grants) set(cfg *config.File) bool {
-	read, write := existingPaths(cfg.SandboxPaths())
+	read, write := cfg.SandboxPaths()
+	read, write = privsep.ExistingPaths(slog.Default(), read), privsep.ExistingPaths(slog.Default(), write)
 	gr.mu.Lock()
 	defer gr.mu.Unlock()
 	changed := !slices.Equal(read, gr.read) || !slices.Equal(write, gr.write)
@@ -226,24 +227,6 @@ func (gr *grants) get() (read, write []string) {
 	gr.mu.Lock()
 	defer gr.mu.Unlock()
 	return gr.read, gr.write
-}
-
-// existingPaths drops grants for paths that do not exist (a server whose
-// command is missing then fails alone, with its own clear error, instead of
-// keeping the whole aggregator from starting).
-func existingPaths(read, write []string) ([]string, []string) {
-	keep := func(in []string) []string {
-		var out []string
-		for _, p := range in {
-			if _, err := os.Stat(p); err != nil {
-				slog.Warn("sandbox grant skipped", "path", p, "err", err)
-				continue
-			}
-			out = append(out, p)
-		}
-		return out
-	}
-	return keep(read), keep(write)
 }
 
 // Close stops the aggregator and, if it opened it, the ledger.

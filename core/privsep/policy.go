@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -330,4 +331,20 @@ func decodePolicy(s string) (policy, error) {
 		}
 	}
 	return p, nil
+}
+
+// ExistingPaths returns the paths that exist, logging each one dropped
+// (for a grant to a path that is missing, the child that needs it then
+// fails alone, with its own clear error, instead of its whole sandbox
+// failing to start).
+func ExistingPaths(log *slog.Logger, paths []string, attrs ...any) []string {
+	var out []string
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			log.Warn("sandbox grant skipped", append(attrs, "path", p, "err", err)...)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }

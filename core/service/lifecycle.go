@@ -108,8 +108,8 @@ func (s *Service) reserve(req api.CreateRequest) (*vm, error) {
 		return nil, err
 	}
 	id := newID()
-	r := &record{ID: id, Name: req.Name, Persistent: req.Name != "", State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
-		DiskGB: req.DiskGB, Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id)}
+	r := &record{VM: api.VM{ID: id, Name: req.Name, Persistent: req.Name != "", State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
+		Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id)}, DiskGB: req.DiskGB}
 	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
 	v := &vm{rec: r}
 	v.mu.Lock()
@@ -213,15 +213,11 @@ func (s *Service) discard(v *vm) {
 // Stop stops a running VM. A persistent VM keeps its state for resume;
 // an ephemeral one is removed.
 func (s *Service) Stop(ctx context.Context, ref string) (api.VM, error) {
-	v, err := s.lookup(ref)
+	v, r, err := s.lockVM(ref)
 	if err != nil {
 		return api.VM{}, err
 	}
-	v.mu.Lock()
 	defer v.mu.Unlock()
-	s.mu.Lock()
-	r := *v.rec
-	s.mu.Unlock()
 	if r.State != api.StateRunning {
 		return api.VM{}, refuse(http.StatusConflict, "VM %s is %s, not running", r.label(), r.State)
 	}
@@ -270,15 +266,11 @@ func (s *Service) halt(ctx context.Context, v *vm) {
 
 // Resume boots a stopped (or defunct) persistent VM again from its state.
 func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
-	v, err := s.lookup(ref)
+	v, r, err := s.lockVM(ref)
 	if err != nil {
 		return api.VM{}, err
 	}
-	v.mu.Lock()
 	defer v.mu.Unlock()
-	s.mu.Lock()
-	r := *v.rec
-	s.mu.Unlock()
 	switch {
 	case !r.Persistent:
 		return api.VM{}, conflict("VM %s is ephemeral: only a named VM can be resumed (capsem_persist names it)", r.label())
@@ -303,11 +295,10 @@ func (s *Service) Persist(ref, name string) (api.VM, error) {
 	if err := CheckName(name); err != nil {
 		return api.VM{}, err
 	}
-	v, err := s.lookup(ref)
+	v, _, err := s.lockVM(ref)
 	if err != nil {
 		return api.VM{}, err
 	}
-	v.mu.Lock()
 	defer v.mu.Unlock()
 	s.mu.Lock()
 	if v.rec.Persistent {
@@ -331,11 +322,10 @@ func (s *Service) Persist(ref, name string) (api.VM, error) {
 
 // Delete stops a VM if it runs and removes it with all its state.
 func (s *Service) Delete(ctx context.Context, ref string) error {
-	v, err := s.lookup(ref)
+	v, _, err := s.lockVM(ref)
 	if err != nil {
 		return err
 	}
-	v.mu.Lock()
 	defer v.mu.Unlock()
 	s.halt(ctx, v)
 	s.discard(v)

@@ -103,9 +103,7 @@ func cmpDuration(guestMS int64, d time.Duration) int64 {
 // vmError turns a per-VM API failure into a refusal: a VM that stopped
 // meanwhile is 503, a guest's refusal (no such file) is 400.
 func (s *Service) vmError(v *vm, err error) error {
-	s.mu.Lock()
-	r := *v.rec
-	s.mu.Unlock()
+	r := s.snapshot(v)
 	if r.State != api.StateRunning {
 		return notRunning(&r)
 	}

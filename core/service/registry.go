@@ -9,35 +9,20 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/capsem/capsem/core/api"
 )
 
-// record is what the registry keeps of one VM, across service restarts.
+// record is what the registry keeps of one VM, across service restarts:
+// its description (whose Process it never holds: that is asked of the
+// running VM) and what only the service needs.
 type record struct {
-	ID         string            `json:"id"`
-	Name       string            `json:"name,omitempty"`
-	Persistent bool              `json:"persistent"`
-	State      string            `json:"state"`
-	RAMMB      int               `json:"ram_mb"`
-	CPUs       int               `json:"cpus"`
-	DiskGB     int               `json:"disk_gb"`
-	Env        map[string]string `json:"env,omitempty"`
-	Image      string            `json:"image"`
-	CreatedAt  time.Time         `json:"created_at"`
-	StartedAt  time.Time         `json:"started_at,omitzero"`
-	PID        int               `json:"pid,omitempty"`
-	SessionDir string            `json:"session_dir"`
-	Socket     string            `json:"socket"`
-	LastLog    string            `json:"last_log,omitempty"`
+	api.VM
+	DiskGB int    `json:"disk_gb"`
+	Socket string `json:"socket"`
 }
 
-func (r *record) view() api.VM {
-	return api.VM{ID: r.ID, Name: r.Name, Persistent: r.Persistent, State: r.State, RAMMB: r.RAMMB, CPUs: r.CPUs,
-		Env: r.Env, Image: r.Image, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, PID: r.PID,
-		SessionDir: r.SessionDir, LastLog: r.LastLog}
-}
+func (r *record) view() api.VM { return r.VM }
 
 // registry stores one JSON file per VM in dir. Each write replaces the
 // file atomically (a temporary file renamed over it), so a crash leaves

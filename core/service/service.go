@@ -112,11 +112,28 @@ func (s *Service) lookup(ref string) (*vm, error) {
 	return nil, notFound(ref)
 }
 
-// view is a VM's description under the service's lock.
-func (s *Service) view(v *vm) api.VM {
+// snapshot is a copy of v's record, taken under the service's lock.
+func (s *Service) snapshot(v *vm) record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return v.rec.view()
+	return *v.rec
+}
+
+// view is a VM's description.
+func (s *Service) view(v *vm) api.VM {
+	r := s.snapshot(v)
+	return r.view()
+}
+
+// lockVM finds a VM by id or name and takes its lifecycle lock (the
+// caller releases v.mu) and a copy of its record under it.
+func (s *Service) lockVM(ref string) (*vm, record, error) {
+	v, err := s.lookup(ref)
+	if err != nil {
+		return nil, record{}, err
+	}
+	v.mu.Lock()
+	return v, s.snapshot(v), nil
 }
 
 // update changes v's record under the service's lock and saves it.
@@ -167,9 +184,8 @@ func (s *Service) running(ref string) (*vm, *apiclient.ProcessClient, error) {
 	}
 	c := s.runningClient(v)
 	if c == nil {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return nil, nil, notRunning(v.rec)
+		r := s.snapshot(v)
+		return nil, nil, notRunning(&r)
 	}
 	return v, c, nil
 }

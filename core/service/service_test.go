@@ -137,7 +137,7 @@ func TestMemoryAdmission(t *testing.T) {
 		t.Fatalf("1800+256 MB of 2000: %v", err)
 	}
 	// RAM promised to a VM that is booting counts.
-	s.vms["vm-000000000001"] = &vm{rec: &record{ID: "vm-000000000001", State: api.StateBooting, RAMMB: 1024}}
+	s.vms["vm-000000000001"] = &vm{rec: &record{VM: api.VM{ID: "vm-000000000001", State: api.StateBooting, RAMMB: 1024}}}
 	if err := s.checkMemory(1024); err == nil || !strings.Contains(err.Error(), "promised to VMs that are booting") {
 		t.Fatalf("with a VM booting: %v", err)
 	}
@@ -147,7 +147,7 @@ func TestMemoryAdmission(t *testing.T) {
 // or foreign file is set aside, and the others load.
 func TestRegistrySurvivesDamage(t *testing.T) {
 	g := registry{dir: t.TempDir()}
-	good := &record{ID: "vm-0000000000aa", Name: "keep", State: api.StateStopped}
+	good := &record{VM: api.VM{ID: "vm-0000000000aa", Name: "keep", State: api.StateStopped}}
 	if err := g.save(good); err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestRegistrySurvivesDamage(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(g.dir, "vm-0000000000ee.json.123.tmp")); !os.IsNotExist(err) {
 		t.Errorf("an unfinished write was left: %v", err)
 	}
-	if err := g.save(&record{ID: "../x"}); err == nil {
+	if err := g.save(&record{VM: api.VM{ID: "../x"}}); err == nil {
 		t.Error("a record with a path for an id was saved")
 	}
 }

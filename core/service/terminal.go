@@ -31,7 +31,7 @@ func (s *Service) handleTerminal(w http.ResponseWriter, r *http.Request) {
 	vmConn, err := apiclient.DialTerminal(ctx, sock, api.RouteTerminal, req)
 	cancel()
 	if err != nil {
-		writeError(w, refuse(StatusOfClient(err), "VM %s: terminal: %v", r.PathValue("vm"), err))
+		writeError(w, refuse(statusOfClient(err), "VM %s: terminal: %v", r.PathValue("vm"), err))
 		return
 	}
 	defer vmConn.Close()
@@ -60,8 +60,8 @@ func (s *Service) handleTerminal(w http.ResponseWriter, r *http.Request) {
 	<-done
 }
 
-// StatusOfClient is the status a per-VM API refusal carried, else 503.
-func StatusOfClient(err error) int {
+// statusOfClient is the status a per-VM API refusal carried, else 503.
+func statusOfClient(err error) int {
 	if se, ok := err.(*apiclient.StatusError); ok {
 		return se.Status
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -274,7 +275,8 @@ func NoCorpConfig(t testing.TB) string {
 // accelerator verdict) and cache, no corp configuration, no AI CLI
 // settings, and a fresh run directory (socket, registry, sessions), which
 // is returned too. The directory's path is short: Unix socket paths are
-// bounded.
+// bounded. When the test ends, every VM of it is removed and its service
+// stopped, and a VM process left running fails the test.
 func ServiceEnv(t testing.TB) (env []string, runDir string) {
 	t.Helper()
 	runDir, err := os.MkdirTemp("", "csr-")
@@ -284,5 +286,23 @@ func ServiceEnv(t testing.TB) (env []string, runDir string) {
 	t.Cleanup(func() { os.RemoveAll(runDir) })
 	env = append(os.Environ(), "CAPSEM_HOME="+CapsemHome(t), "CAPSEM_CACHE_DIR="+CacheDir(t), NoCorpConfig(t),
 		"CAPSEM_RUN_DIR="+runDir, "CAPSEM_NO_AUTODETECT=1")
+	capsem := CapsemBinary(t)
+	t.Cleanup(func() {
+		for _, args := range [][]string{{"purge", "--all"}, {"service", "stop"}} {
+			cmd := exec.Command(capsem, args...)
+			cmd.Env = env
+			cmd.Run()
+		}
+		if left := VMProcesses(runDir); len(left) > 0 {
+			t.Errorf("VM processes left running: %v", left)
+		}
+	})
 	return env, runDir
+}
+
+// VMProcesses lists the pids of the per-VM processes whose session lies in
+// runDir.
+func VMProcesses(runDir string) []string {
+	out, _ := exec.Command("pgrep", "-f", "capsem process --session-dir "+runDir).Output()
+	return strings.Fields(string(out))
 }

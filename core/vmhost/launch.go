@@ -265,13 +265,9 @@ func (p *Process) LogTail(n int) string { return LogTail(p.logf, n) }
 
 // LogTail returns the last n lines of the log at path, or why it cannot.
 func LogTail(path string, n int) string {
-	b, err := os.ReadFile(path)
+	text, err := logs.Tail(path, n, "")
 	if err != nil {
 		return err.Error()
 	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return strings.TrimRight(text, "\n")
 }

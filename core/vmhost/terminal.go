@@ -60,7 +60,7 @@ func (v *VM) handleTerminal(w http.ResponseWriter, r *http.Request) {
 	if err := rw.Flush(); err != nil {
 		return
 	}
-	code, err := SpliceTerminal(rw.Reader, conn, guest)
+	code, err := spliceTerminal(rw.Reader, conn, guest)
 	command := "(terminal) " + strings.Join(open.Argv, " ")
 	if len(open.Argv) == 0 {
 		command = "(terminal) /bin/sh -l"
@@ -77,11 +77,11 @@ func (v *VM) handleTerminal(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// SpliceTerminal carries a terminal stream between a client (its reads
+// spliceTerminal carries a terminal stream between a client (its reads
 // from clientR, which may hold bytes already buffered, its writes to
 // client) and the guest, until the guest's exit frame, whose status it
 // returns, or until either side goes away.
-func SpliceTerminal(clientR io.Reader, client io.Writer, guest net.Conn) (int32, error) {
+func spliceTerminal(clientR io.Reader, client io.Writer, guest net.Conn) (int32, error) {
 	go func() {
 		io.Copy(guest, clientR)
 		// The client went away: the guest hangs the session up.

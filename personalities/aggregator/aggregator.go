@@ -363,28 +363,14 @@ func (a *Aggregator) serverCommand(ctx context.Context, def aggwire.ServerDef) (
 			return nil, err
 		}
 		spec.Run = append([]string{program}, def.Args...)
-		spec.Exec = a.existing(def.Name, def.ReadPaths)
-		spec.ReadWrite = a.existing(def.Name, def.WritePaths)
+		spec.Exec = privsep.ExistingPaths(a.log, def.ReadPaths, "server", def.Name)
+		spec.ReadWrite = privsep.ExistingPaths(a.log, def.WritePaths, "server", def.Name)
 	}
 	cmd, err := privsep.Command(ctx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("sandboxing: %w", err)
 	}
 	return cmd, nil
-}
-
-// existing drops grants of paths that do not exist, as the endpoint does
-// for the aggregator's own: the server then fails alone if it needs one.
-func (a *Aggregator) existing(server string, paths []string) []string {
-	var out []string
-	for _, p := range paths {
-		if _, err := os.Stat(p); err != nil {
-			a.log.Warn("sandbox grant skipped", "server", server, "path", p, "err", err)
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
 }
 
 // lookPath finds name as exec.LookPath would, but in the given PATH (the

@@ -55,16 +55,9 @@ func (c capsemCLI) must(args ...string) string {
 // TestCLIVerbs drives a VM with the CLI a person uses: every verb goes
 // through a service the first one starts.
 func TestCLIVerbs(t *testing.T) {
-	env, runDir := testkit.ServiceEnv(t)
+	env, _ := testkit.ServiceEnv(t)
 	testkit.GuestBinary(t)
 	c := capsemCLI{t: t, env: env}
-	defer func() {
-		c.run("purge", "--all")
-		c.run("service", "stop")
-		if out, _ := exec.Command("pgrep", "-f", "capsem process --session-dir "+runDir).Output(); len(bytes.TrimSpace(out)) > 0 {
-			t.Errorf("VM processes left: %s", out)
-		}
-	}()
 
 	id := strings.TrimSpace(c.must("create", "dev", "--ram-mb", "512", "--cpus", "1", "-e", "WHO=cli"))
 	if !strings.HasPrefix(id, "vm-") {
@@ -182,16 +175,9 @@ func (o *ptyOutput) waitFor(t *testing.T, from int, want string) int {
 // resize seen by stty, Ctrl-C interrupting sleep, and the shell's exit
 // status returned.
 func TestShell(t *testing.T) {
-	env, runDir := testkit.ServiceEnv(t)
+	env, _ := testkit.ServiceEnv(t)
 	testkit.GuestBinary(t)
 	c := capsemCLI{t: t, env: env}
-	defer func() {
-		c.run("purge", "--all")
-		c.run("service", "stop")
-		if out, _ := exec.Command("pgrep", "-f", "capsem process --session-dir "+runDir).Output(); len(bytes.TrimSpace(out)) > 0 {
-			t.Errorf("VM processes left: %s", out)
-		}
-	}()
 	c.must("create", "term", "--ram-mb", "512", "--cpus", "1")
 
 	cmd := exec.Command(testkit.CapsemBinary(t), "shell", "term")

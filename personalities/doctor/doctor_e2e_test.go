@@ -211,14 +211,6 @@ func TestDoctorServiceGroup(t *testing.T) {
 		}
 		return string(out)
 	}
-	defer func() {
-		cmd := exec.Command(testkit.CapsemBinary(t), "purge", "--all")
-		cmd.Env = env
-		cmd.Run()
-		cmd = exec.Command(testkit.CapsemBinary(t), "service", "stop")
-		cmd.Env = env
-		cmd.Run()
-	}()
 	results, _, code, _ := runDoctor(t, extra, "-k", "service")
 	if code != 0 || results["service/serving"].Status != doctor.OK || !strings.Contains(results["service/serving"].Detail, "starts one") {
 		t.Fatalf("no service: exit %d %+v", code, results)

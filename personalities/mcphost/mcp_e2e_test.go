@@ -87,9 +87,8 @@ func (c *capsemMCP) refused(name string, args map[string]any, want string) {
 	}
 }
 
-// stopService stops the service of this run directory and checks that no
-// process of its VMs is left.
-func stopService(t *testing.T, env []string, runDir string) {
+// stopService stops the service of env.
+func stopService(t *testing.T, env []string) {
 	t.Helper()
 	cmd := exec.Command(testkit.CapsemBinary(t), "service", "stop")
 	cmd.Env = env
@@ -98,22 +97,9 @@ func stopService(t *testing.T, env []string, runDir string) {
 	}
 }
 
-// vmProcesses lists the per-VM processes whose session lies in runDir.
-func vmProcesses(runDir string) []string {
-	out, _ := exec.Command("pgrep", "-f", "capsem process --session-dir "+runDir).Output()
-	return strings.Fields(string(out))
-}
-
 func TestMCPDrivesSandboxes(t *testing.T) {
 	env, runDir := testkit.ServiceEnv(t)
 	c := startMCP(t, env, runDir)
-	defer func() {
-		c.call("capsem_purge", map[string]any{"all": true}, nil)
-		stopService(t, env, runDir)
-		if left := vmProcesses(runDir); len(left) > 0 {
-			t.Errorf("VM processes left after purge: %v", left)
-		}
-	}()
 
 	tools, err := c.s.ListTools(context.Background(), nil)
 	if err != nil || len(tools.Tools) != 17 {
@@ -423,13 +409,6 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 func TestServiceRestartAndCrash(t *testing.T) {
 	env, runDir := testkit.ServiceEnv(t)
 	c := startMCP(t, env, runDir)
-	defer func() {
-		c.call("capsem_purge", map[string]any{"all": true}, nil)
-		stopService(t, env, runDir)
-		if left := vmProcesses(runDir); len(left) > 0 {
-			t.Errorf("VM processes left: %v", left)
-		}
-	}()
 	var vm hostmcp.VMOut
 	c.must("capsem_create", map[string]any{"name": "up", "ramMb": 512, "cpuCount": 1}, &vm)
 	c.must("capsem_create", map[string]any{"name": "down", "ramMb": 512, "cpuCount": 1}, &vm)
@@ -494,7 +473,7 @@ func TestServiceRestartAndCrash(t *testing.T) {
 	c.must("capsem_resume", map[string]any{"name": "victim"}, &victim)
 	c.must("capsem_delete", map[string]any{"id": "victim"}, nil)
 
-	stopService(t, env, runDir)
+	stopService(t, env)
 	check("after a clean restart") // the call starts a new service
 
 	old := servicePID()
@@ -508,7 +487,7 @@ func TestServiceRestartAndCrash(t *testing.T) {
 	if now := servicePID(); now == old {
 		t.Fatalf("still service %d", now)
 	}
-	if n := len(vmProcesses(runDir)); n != 1 {
+	if n := len(testkit.VMProcesses(runDir)); n != 1 {
 		t.Fatalf("%d VM processes, want 1 (the running VM's)", n)
 	}
 }
@@ -521,14 +500,8 @@ func TestTypeScriptSDKClient(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk")); err != nil {
 		t.Fatalf("the TypeScript SDK is not installed (make deps runs npm ci in %s): %v", dir, err)
 	}
-	env, runDir := testkit.ServiceEnv(t)
+	env, _ := testkit.ServiceEnv(t)
 	testkit.GuestBinary(t)
-	defer func() {
-		stopService(t, env, runDir)
-		if left := vmProcesses(runDir); len(left) > 0 {
-			t.Errorf("VM processes left: %v", left)
-		}
-	}()
 	node := exec.Command("node", filepath.Join(dir, "host.mjs"), testkit.CapsemBinary(t))
 	node.Dir, node.Env, node.Stderr = dir, env, os.Stderr
 	out, err := node.Output()
