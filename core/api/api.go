@@ -34,8 +34,11 @@ const (
 const ReadyLine = "ready\n"
 
 // ExecEvent is one line of the streamed exec response: output chunks, then
-// exactly one final event with Done set (or Error).
+// exactly one final event with Done set (or Error). A run's stream starts
+// with an event carrying the VM, once it is ready.
 type ExecEvent struct {
+	VM *VM `json:"vm,omitempty"`
+
 	Stream string `json:"stream,omitempty"` // "stdout" | "stderr"
 	Data   []byte `json:"data,omitempty"`   // base64 in JSON
 

@@ -35,6 +35,9 @@ func (s *ExecStream) Stderr() io.Writer { return streamWriter{s, "stderr"} }
 // Final writes the final event.
 func (s *ExecStream) Final(ev ExecEvent) { s.write(ev) }
 
+// Ready writes the event of a run's stream that says its VM is ready.
+func (s *ExecStream) Ready(vm VM) { s.write(ExecEvent{VM: &vm}) }
+
 func (s *ExecStream) write(ev ExecEvent) error {
 	b, err := json.Marshal(ev)
 	if err != nil {
@@ -71,6 +74,12 @@ const maxExecEventLine = 16 << 20
 // stderr (either may be nil) as it comes, and returns the final event; a
 // final event with Error is also an error.
 func ReadExecStream(r io.Reader, stdout, stderr io.Writer) (*ExecEvent, error) {
+	return ReadRunStream(r, nil, stdout, stderr)
+}
+
+// ReadRunStream is ReadExecStream for a run's stream: ready, when not
+// nil, is called with the VM once it is ready.
+func ReadRunStream(r io.Reader, ready func(VM), stdout, stderr io.Writer) (*ExecEvent, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxExecEventLine)
 	for sc.Scan() {
@@ -83,6 +92,10 @@ func ReadExecStream(r io.Reader, stdout, stderr io.Writer) (*ExecEvent, error) {
 			return &ev, errors.New(ev.Error)
 		case ev.Done:
 			return &ev, nil
+		case ev.VM != nil:
+			if ready != nil {
+				ready(*ev.VM)
+			}
 		case ev.Stream == "stdout" && stdout != nil:
 			stdout.Write(ev.Data)
 		case ev.Stream == "stderr" && stderr != nil:

@@ -11,6 +11,7 @@ const (
 	RouteVersion     = "/v1/version"                 // GET: Version
 	RouteVMs         = "/v1/vms"                     // GET: []VM; POST CreateRequest: VM
 	RouteRun         = "/v1/run"                     // POST RunRequest: ExecResult (an ephemeral VM, removed after)
+	RouteRunLive     = "/v1/run/stream"              // POST RunRequest: the exec stream, its first event the ready VM; the VM is removed before the final event, or when the client goes away
 	RoutePurge       = "/v1/purge"                   // POST PurgeRequest: PurgeResult
 	RouteServiceLogs = "/v1/service/logs"            // GET ?tail=&grep=: LogsResult
 	RouteServiceStop = "/v1/service/stop"            // POST: 204, then the service exits (its VMs keep running)
@@ -46,12 +47,21 @@ const (
 // keeps its disk, workspace and session.db for resume. Without a name it
 // is ephemeral, removed when it stops.
 type CreateRequest struct {
-	Name   string            `json:"name,omitempty"`
-	RAMMB  int               `json:"ram_mb,omitempty"` // default 1024
-	CPUs   int               `json:"cpus,omitempty"`   // default 2
-	Env    map[string]string `json:"env,omitempty"`    // for every exec in the VM
-	Image  string            `json:"image,omitempty"`  // "" or "default": the built-in guest image
-	DiskGB int               `json:"disk_gb,omitempty"`
+	Name  string            `json:"name,omitempty"`
+	RAMMB int               `json:"ram_mb,omitempty"` // default 1024
+	CPUs  int               `json:"cpus,omitempty"`   // default 2
+	Env   map[string]string `json:"env,omitempty"`    // for every exec in the VM
+	Image string            `json:"image,omitempty"`  // "" or "default": the built-in guest image
+	// DiskGB sizes the VM's disk (default 8); 0: none, the guest runs
+	// from RAM.
+	DiskGB *int `json:"disk_gb,omitempty"`
+	// Config is the absolute path of a TOML file with the VM's [mcp]
+	// policy and servers, in place of the user's user.toml (corp.toml
+	// still applies); it is read again on every boot and policy reload.
+	Config string `json:"config,omitempty"`
+	// NoAutodetect keeps the mcpServers of Claude Code and Gemini CLI
+	// settings out of this VM's gateway.
+	NoAutodetect bool `json:"no_autodetect,omitempty"`
 }
 
 // VM is one VM as the service knows it.
@@ -68,6 +78,9 @@ type VM struct {
 	StartedAt  time.Time         `json:"started_at,omitzero"`
 	PID        int               `json:"pid,omitempty"`
 	SessionDir string            `json:"session_dir"`
+	// Config and NoAutodetect are the create request's.
+	Config       string `json:"config,omitempty"`
+	NoAutodetect bool   `json:"no_autodetect,omitempty"`
 	// LastLog holds the last lines of a defunct VM's process log.
 	LastLog string `json:"last_log,omitempty"`
 	// Process is the running VM's own report (accelerator, boot timings).
@@ -75,6 +88,8 @@ type VM struct {
 }
 
 // RunRequest runs one command in a fresh ephemeral VM, removed after.
+// A name here only names the VM while it runs (its hostname, and a handle
+// for exec or shell meanwhile): the VM stays ephemeral.
 type RunRequest struct {
 	CreateRequest
 	Exec ExecRequest `json:"exec"`

@@ -145,8 +145,20 @@ func (c *ServiceClient) Exec(ctx context.Context, vm string, req api.ExecRequest
 // ExecStream runs a command in a VM, writing its output to stdout and
 // stderr as it comes, and returns the final event.
 func (c *ServiceClient) ExecStream(ctx context.Context, vm string, req api.ExecRequest, stdout, stderr io.Writer) (*api.ExecEvent, error) {
-	route := api.VMPath(api.RouteVMExecLive, vm)
-	b, err := json.Marshal(req)
+	return c.stream(ctx, api.VMPath(api.RouteVMExecLive, vm), req, nil, stdout, stderr)
+}
+
+// RunStream runs one command in a fresh ephemeral VM, calling ready (when
+// not nil) with the VM once it is ready, writing the command's output to
+// stdout and stderr as it comes, and returns the final event, sent once
+// the VM is removed. Cancelling ctx kills the command and removes the VM.
+func (c *ServiceClient) RunStream(ctx context.Context, req api.RunRequest, ready func(api.VM), stdout, stderr io.Writer) (*api.ExecEvent, error) {
+	return c.stream(ctx, api.RouteRunLive, req, ready, stdout, stderr)
+}
+
+// stream posts in to route and reads the exec stream it answers.
+func (c *ServiceClient) stream(ctx context.Context, route string, in any, ready func(api.VM), stdout, stderr io.Writer) (*api.ExecEvent, error) {
+	b, err := json.Marshal(in)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +175,7 @@ func (c *ServiceClient) ExecStream(ctx context.Context, vm string, req api.ExecR
 	if resp.StatusCode/100 != 2 {
 		return nil, statusError(route, resp)
 	}
-	return api.ReadExecStream(resp.Body, stdout, stderr)
+	return api.ReadRunStream(resp.Body, ready, stdout, stderr)
 }
 
 // Stop stops a VM.

@@ -37,6 +37,29 @@ func (s *Service) Handler(stop func()) http.Handler {
 			reply(w, http.StatusOK, out, err)
 		}
 	})
+	mux.HandleFunc("POST "+api.RouteRunLive, func(w http.ResponseWriter, r *http.Request) {
+		var req api.RunRequest
+		if !decode(w, r, &req, maxRequestBody) {
+			return
+		}
+		// The stream starts once the VM is ready: a refusal before that
+		// (bad input, a name taken, no memory, a failed boot) keeps its
+		// own status.
+		var stream *api.ExecStream
+		ev, err := s.RunStream(r.Context(), req, func(vm api.VM) (io.Writer, io.Writer) {
+			stream = api.NewExecStream(w)
+			stream.Ready(vm)
+			return stream.Stdout(), stream.Stderr()
+		})
+		switch {
+		case stream == nil:
+			writeError(w, err)
+		case err != nil:
+			stream.Final(api.ExecEvent{Error: err.Error()})
+		default:
+			stream.Final(*ev)
+		}
+	})
 	mux.HandleFunc("POST "+api.RoutePurge, func(w http.ResponseWriter, r *http.Request) {
 		var req api.PurgeRequest
 		if decode(w, r, &req, maxRequestBody) {

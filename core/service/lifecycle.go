@@ -8,12 +8,15 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/vmhost"
@@ -30,28 +33,66 @@ const (
 	stopTimeout = 30 * time.Second
 )
 
-// normalize fills req's defaults and checks it.
-func normalize(req *api.CreateRequest) error {
+// normalize fills req's defaults and checks it; the VM's disk size is
+// returned apart (the request's is optional: 0 means no disk).
+func (s *Service) normalize(req *api.CreateRequest) (diskGB int, err error) {
 	req.RAMMB = cmp.Or(req.RAMMB, DefaultRAMMB)
 	req.CPUs = cmp.Or(req.CPUs, DefaultCPUs)
-	req.DiskGB = cmp.Or(req.DiskGB, vmhost.DefaultDiskGiB)
 	req.Image = cmp.Or(req.Image, DefaultImage)
+	diskGB = vmhost.DefaultDiskGiB
+	if req.DiskGB != nil {
+		diskGB = *req.DiskGB
+	}
 	if req.Name != "" {
 		if err := CheckName(req.Name); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if req.Image != DefaultImage {
-		return badRequest("image %q: only %q is available", req.Image, DefaultImage)
+		return 0, badRequest("image %q: only %q is available", req.Image, DefaultImage)
 	}
-	if err := vmhost.CheckResources(req.CPUs, req.RAMMB, req.DiskGB); err != nil {
-		return badRequest("%v", err)
+	if err := vmhost.CheckResources(req.CPUs, req.RAMMB, diskGB); err != nil {
+		return 0, badRequest("%v", err)
 	}
-	if len(req.Env) > maxEnv {
-		return badRequest("env has %d variables, more than %d", len(req.Env), maxEnv)
+	if err := checkEnv(req.Env); err != nil {
+		return 0, err
 	}
-	for _, k := range slices.Sorted(maps.Keys(req.Env)) {
-		if err := privsep.CheckEnv(k, req.Env[k]); err != nil {
+	req.NoAutodetect = req.NoAutodetect || s.o.NoAutodetect
+	return diskGB, checkConfig(req.Config, req.NoAutodetect)
+}
+
+// checkConfig refuses a VM configuration that the VM's process would
+// refuse after its assets are made: the same files, parsed the same way,
+// so that a bad one is a 400 naming the problem and no VM is started.
+func checkConfig(path string, noAutodetect bool) error {
+	if path != "" {
+		if !filepath.IsAbs(path) {
+			return badRequest("config %q: want an absolute path (the service does not share the client's working directory)", path)
+		}
+		if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+			if err == nil {
+				err = errors.New("not a regular file")
+			}
+			return badRequest("config %s: %v", path, err)
+		}
+	}
+	sources, err := mcpgw.SourcesFor(path, !noAutodetect)
+	if err == nil {
+		_, err = config.LoadHierarchy(sources)
+	}
+	if err != nil {
+		return badRequest("configuration: %v", err)
+	}
+	return nil
+}
+
+// checkEnv refuses env variables that privsep would refuse.
+func checkEnv(env map[string]string) error {
+	if len(env) > maxEnv {
+		return badRequest("env has %d variables, more than %d", len(env), maxEnv)
+	}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if err := privsep.CheckEnv(k, env[k]); err != nil {
 			return badRequest("env: %v", err)
 		}
 	}
@@ -64,10 +105,16 @@ const maxEnv = 256
 // fails (bad input, a name taken, too little memory, a boot that fails or
 // is cancelled) leaves nothing behind.
 func (s *Service) Create(ctx context.Context, req api.CreateRequest) (api.VM, error) {
-	if err := normalize(&req); err != nil {
+	return s.create(ctx, req, req.Name != "")
+}
+
+// create is Create, with the VM persistent or not.
+func (s *Service) create(ctx context.Context, req api.CreateRequest, persistent bool) (api.VM, error) {
+	diskGB, err := s.normalize(&req)
+	if err != nil {
 		return api.VM{}, err
 	}
-	v, err := s.reserve(req)
+	v, err := s.reserve(req, diskGB, persistent)
 	if err != nil {
 		return api.VM{}, err
 	}
@@ -94,7 +141,7 @@ func (s *Service) runningView(ctx context.Context, v *vm) api.VM {
 
 // reserve records a new VM as booting, its name taken and its memory
 // counted, and returns it locked.
-func (s *Service) reserve(req api.CreateRequest) (*vm, error) {
+func (s *Service) reserve(req api.CreateRequest, diskGB int, persistent bool) (*vm, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if req.Name != "" {
@@ -108,8 +155,9 @@ func (s *Service) reserve(req api.CreateRequest) (*vm, error) {
 		return nil, err
 	}
 	id := newID()
-	r := &record{VM: api.VM{ID: id, Name: req.Name, Persistent: req.Name != "", State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
-		Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id)}, DiskGB: req.DiskGB}
+	r := &record{VM: api.VM{ID: id, Name: req.Name, Persistent: persistent, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
+		Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id),
+		Config: req.Config, NoAutodetect: req.NoAutodetect}, DiskGB: diskGB}
 	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
 	v := &vm{rec: r}
 	v.mu.Lock()
@@ -128,7 +176,7 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 	}
 	t0 := time.Now()
 	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
-		NoAutodetect: s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB}
+		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB}
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(), Detach: true})
 	if err != nil {
 		return err

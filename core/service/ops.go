@@ -64,11 +64,8 @@ func (s *Service) Exec(ctx context.Context, ref string, req api.ExecRequest) (ap
 // to stdout and stderr as it comes; errors that keep it from starting (bad
 // input, an unknown or stopped VM) come first.
 func (s *Service) ExecStream(ref string, req api.ExecRequest) (func(ctx context.Context, stdout, stderr io.Writer) (*api.ExecEvent, error), error) {
-	if (len(req.Argv) == 0) == (req.Command == "") {
-		return nil, badRequest("give exactly one of command and argv")
-	}
-	if req.TimeoutMS < 0 {
-		return nil, badRequest("timeout_ms must not be negative")
+	if err := checkCommand(req); err != nil {
+		return nil, err
 	}
 	v, c, err := s.running(ref)
 	if err != nil {
@@ -91,6 +88,17 @@ func (s *Service) ExecStream(ref string, req api.ExecRequest) (func(ctx context.
 		}
 		return ev, nil
 	}, nil
+}
+
+// checkCommand refuses an exec request without exactly one command.
+func checkCommand(req api.ExecRequest) error {
+	if (len(req.Argv) == 0) == (req.Command == "") {
+		return badRequest("give exactly one of command and argv")
+	}
+	if req.TimeoutMS < 0 {
+		return badRequest("timeout_ms must not be negative")
+	}
+	return nil
 }
 
 func cmpDuration(guestMS int64, d time.Duration) int64 {
@@ -258,18 +266,37 @@ func (s *Service) Inspect(ctx context.Context, ref string, req api.InspectReques
 
 // Run boots an ephemeral VM, runs one command in it and removes the VM.
 func (s *Service) Run(ctx context.Context, req api.RunRequest) (api.ExecResult, error) {
-	if req.Name != "" {
-		return api.ExecResult{}, badRequest("run takes no name: its VM is removed when the command ends")
+	if err := checkCommand(req.Exec); err != nil {
+		return api.ExecResult{}, err
 	}
-	if (len(req.Exec.Argv) == 0) == (req.Exec.Command == "") {
-		return api.ExecResult{}, badRequest("give exactly one of command and argv")
-	}
-	created, err := s.Create(ctx, req.CreateRequest)
+	created, err := s.create(ctx, req.CreateRequest, false)
 	if err != nil {
 		return api.ExecResult{}, err
 	}
 	defer s.Delete(context.WithoutCancel(ctx), created.ID)
 	return s.Exec(ctx, created.ID, req.Exec)
+}
+
+// RunStream is Run with the command's output streamed: once the VM is
+// ready, started is called with it and returns where stdout and stderr
+// go. The VM is removed before RunStream returns, whatever happened
+// (cancelling ctx, the client going away, kills the command first).
+// started is not called when the VM never became ready.
+func (s *Service) RunStream(ctx context.Context, req api.RunRequest, started func(api.VM) (stdout, stderr io.Writer)) (*api.ExecEvent, error) {
+	if err := checkCommand(req.Exec); err != nil {
+		return nil, err
+	}
+	created, err := s.create(ctx, req.CreateRequest, false)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Delete(context.WithoutCancel(ctx), created.ID)
+	run, err := s.ExecStream(created.ID, req.Exec)
+	if err != nil {
+		return nil, err
+	}
+	stdout, stderr := started(created)
+	return run(ctx, stdout, stderr)
 }
 
 // freshSchema is the schema of a new ledger, made in a scratch directory.

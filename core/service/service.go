@@ -133,7 +133,15 @@ func (s *Service) lockVM(ref string) (*vm, record, error) {
 		return nil, record{}, err
 	}
 	v.mu.Lock()
-	return v, s.snapshot(v), nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.vms[v.rec.ID] != v {
+		// Removed while this caller waited for it (a delete, a purge or
+		// an ephemeral VM's stop).
+		v.mu.Unlock()
+		return nil, record{}, notFound(ref)
+	}
+	return v, *v.rec, nil
 }
 
 // update changes v's record under the service's lock and saves it.

@@ -43,6 +43,10 @@ func do(t testing.TB, h http.Handler, method, path, body string) (int, string) {
 func TestHostileRequests(t *testing.T) {
 	s := newTestService(t)
 	h := s.Handler(nil)
+	badConfig := filepath.Join(t.TempDir(), "bad.toml")
+	if err := os.WriteFile(badConfig, []byte("[mcp]\ndefault = \"perhaps\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, method, path, body string
 		status                   int
@@ -69,8 +73,14 @@ func TestHostileRequests(t *testing.T) {
 		{"exec on an unknown VM", "POST", api.VMPath(api.RouteVMExec, "ghost"), `{"command":"true"}`, 404, "no VM named"},
 		{"exec with both forms", "POST", api.VMPath(api.RouteVMExec, "ghost"), `{"command":"true","argv":["true"]}`, 400, "exactly one of command and argv"},
 		{"negative timeout", "POST", api.VMPath(api.RouteVMExec, "ghost"), `{"command":"true","timeout_ms":-5}`, 400, "must not be negative"},
-		{"run with a name", "POST", api.RouteRun, `{"name":"x","exec":{"command":"true"}}`, 400, "run takes no name"},
 		{"run without a command", "POST", api.RouteRun, `{"exec":{}}`, 400, "exactly one of command and argv"},
+		{"run stream without a command", "POST", api.RouteRunLive, `{"exec":{"argv":[]}}`, 400, "exactly one of command and argv"},
+		{"run stream with a bad name", "POST", api.RouteRunLive, `{"name":"../x","exec":{"command":"true"}}`, 400, "use lower-case letters"},
+		{"relative config", "POST", api.RouteVMs, `{"config":"policy.toml","no_autodetect":true}`, 400, "want an absolute path"},
+		{"missing config", "POST", api.RouteVMs, `{"config":"/nonexistent/p.toml","no_autodetect":true}`, 400, "config /nonexistent/p.toml"},
+		{"config that is a directory", "POST", api.RouteVMs, `{"config":"/","no_autodetect":true}`, 400, "not a regular file"},
+		{"config that does not parse", "POST", api.RouteVMs, `{"config":"` + badConfig + `","no_autodetect":true}`, 400, `"perhaps" is not a decision`},
+		{"run stream with a bad config", "POST", api.RouteRunLive, `{"config":"` + badConfig + `","exec":{"command":"true"}}`, 400, `"perhaps" is not a decision`},
 		{"read without a path", "POST", api.VMPath(api.RouteVMReadFile, "ghost"), `{}`, 400, "path is required"},
 		{"bad encoding", "POST", api.VMPath(api.RouteVMWriteFile, "ghost"), `{"path":"/x","content":"y","encoding":"rot13"}`, 400, `encoding "rot13"`},
 		{"bad base64", "POST", api.VMPath(api.RouteVMWriteFile, "ghost"), `{"path":"/x","content":"%%%","encoding":"base64"}`, 400, "not base64"},

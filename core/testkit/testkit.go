@@ -242,14 +242,21 @@ func copyFile(t testing.TB, src, dst string) {
 	}
 }
 
-// CapsemRun runs `capsem run --no-autodetect ARGS...` (a real VM) with the
-// shared CAPSEM_HOME and no corp policy, and returns its output and exit
-// status.
+// CapsemRun runs `capsem run --no-autodetect ARGS...` (a real VM) through
+// a service of this test's own (ServiceEnv), and returns its output and
+// exit status.
 func CapsemRun(t testing.TB, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	all := append([]string{"run", "--no-autodetect", "--guest-binary", GuestBinary(t)}, args...)
-	cmd := exec.Command(CapsemBinary(t), all...)
-	cmd.Env = append(os.Environ(), "CAPSEM_HOME="+CapsemHome(t), "CAPSEM_CACHE_DIR="+CacheDir(t), NoCorpConfig(t))
+	env, _ := ServiceEnv(t)
+	return CapsemRunIn(t, env, args...)
+}
+
+// CapsemRunIn is CapsemRun with the environment of a ServiceEnv given.
+func CapsemRunIn(t testing.TB, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	GuestBinary(t) // the service's, next to capsem
+	cmd := exec.Command(CapsemBinary(t), append([]string{"run", "--no-autodetect"}, args...)...)
+	cmd.Env = env
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

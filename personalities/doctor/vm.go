@@ -4,44 +4,71 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
-	"os/exec"
+	"io"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/doctor"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/vmhost"
 )
 
 // vmTimeout bounds the vm group: a boot (the first builds the assets and
 // proves KVM), the guest's checks and the VM's removal.
 const vmTimeout = 15 * time.Minute
 
-// checkVM boots an ephemeral VM with `capsem run`, runs the guest's
-// capsem-doctor in it and relays each of its results as it comes (group
-// vm, named after the guest's group and check); the VM is removed after.
+// checkVM boots an ephemeral VM, runs the guest's capsem-doctor in it and
+// relays each of its results as it comes (group vm, named after the
+// guest's group and check); the VM is removed after. The VM's process is
+// started here, not through the service: this group proves that a VM
+// runs on this host whatever the service's state (the service group
+// reports on that).
 func (h *host) checkVM(ctx context.Context, r *doctor.Reporter) {
 	ctx, cancel := context.WithTimeout(ctx, vmTimeout)
 	defer cancel()
-	args := []string{"--log-level", "warn", "run", "--guest-binary", h.guestBin}
-	if h.cmd.Config != "" {
-		args = append(args, "--config", h.cmd.Config)
+	sessions, err := paths.SessionsDir()
+	if err == nil {
+		err = os.MkdirAll(sessions, 0o700)
 	}
-	if h.cmd.NoAutodetect {
-		args = append(args, "--no-autodetect")
+	var dir string
+	if err == nil {
+		dir, err = os.MkdirTemp(sessions, "doctor-")
 	}
-	args = append(args, "--", "capsem-doctor", "--json")
-	cmd := exec.CommandContext(ctx, h.self, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
 	if err != nil {
-		r.Failf("", "%v", err)
+		r.Failf("", "a session directory for the VM: %v", err)
 		return
 	}
-	if err := cmd.Start(); err != nil {
-		r.Failf("", "starting capsem run: %v", err)
+	defer os.RemoveAll(dir)
+	cfg := vmhost.ProcessConfig{SessionDir: dir, Socket: paths.Session{Dir: dir}.APISocket(), Name: "capsem-doctor",
+		Config: h.cmd.Config, NoAutodetect: h.cmd.NoAutodetect, CPUs: 2, MemoryMiB: 1024, GuestBin: h.guestBin, DiskGiB: vmhost.DefaultDiskGiB}
+	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: h.self, Env: os.Environ()})
+	if err != nil {
+		r.Failf("", "starting the VM's process: %v", err)
 		return
 	}
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer scancel()
+		if proc.Stop(sctx) != nil {
+			proc.Kill()
+		}
+	}()
+	if _, err := proc.WaitReady(ctx); err != nil {
+		r.Failf("the other groups' failures say why", "the VM did not become ready: %v", err)
+		return
+	}
+	out, in := io.Pipe()
+	var stderr bytes.Buffer
+	var ev *api.ExecEvent
+	var execErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ev, execErr = proc.Client.Exec(ctx, &api.ExecRequest{Argv: []string{"capsem-doctor", "--json"}}, in, &stderr)
+		in.Close()
+	}()
 	var sum *doctor.Summary
 	var other []string
 	sc := bufio.NewScanner(out)
@@ -59,18 +86,20 @@ func (h *host) checkVM(ctx context.Context, r *doctor.Reporter) {
 			sum = s
 		}
 	}
-	err = cmd.Wait()
-	var exit *exec.ExitError
+	io.Copy(io.Discard, out) // a line over the bound: let the exec finish
+	<-done
 	switch {
+	case execErr != nil || ev == nil:
+		r.Failf("", "running capsem-doctor in the VM: %v: %s", execErr, tail(stderr.String()))
 	case sum == nil:
-		r.Failf("the other groups' failures say why; the VM's own log is in the output above",
-			"no VM ran the guest doctor (%v): %s", err, tail(stderr.String()+strings.Join(other, "\n")))
-	case sum.Result == "PASS" && err == nil:
+		r.Failf("the VM's process log says more: "+paths.Session{Dir: dir}.ProcessLog(),
+			"capsem-doctor in the VM gave no summary (exit %d): %s", ev.ExitCode, tail(stderr.String()+strings.Join(other, "\n")))
+	case sum.Result == "PASS" && ev.ExitCode == 0:
 		r.Okf("an ephemeral VM ran capsem-doctor: %d ok, %d warn; the VM is removed", sum.OK, sum.Warn)
-	case sum.Result == "FAIL" && errors.As(err, &exit) && exit.ExitCode() == 1:
+	case sum.Result == "FAIL" && ev.ExitCode == 1:
 		r.Failf("the vm/... lines above name each failed guest check", "capsem-doctor in the VM: %d failed", sum.Fail)
 	default:
-		r.Failf("", "capsem-doctor in the VM said %s, and capsem run ended %v", sum.Result, err)
+		r.Failf("", "capsem-doctor in the VM said %s, and exited %d", sum.Result, ev.ExitCode)
 	}
 }
 

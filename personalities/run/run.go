@@ -1,27 +1,31 @@
 // Package run is `capsem run`: boot an ephemeral VM, run one command in it,
-// stream its output, exit with its exit code, and remove the VM.
+// stream its output, exit with its exit code, and remove the VM. Like
+// every verb of the CLI it goes through the capsem service (started when
+// none answers), which owns the VM: it counts against the host's memory,
+// `capsem ls` shows it while it runs, and it is removed even when this
+// command is killed.
 package run
 
 import (
-	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/exitcode"
-	"github.com/capsem/capsem/core/paths"
-	"github.com/capsem/capsem/core/vmhost"
+	"github.com/capsem/capsem/core/service"
 )
 
 // Cmd is `capsem run [--name N] [--env K=V]... -- CMD...`.
 type Cmd struct {
-	Name         string        `help:"A name for the VM (shown in logs); the VM is removed when the command ends."`
+	Name         string        `help:"A name for the VM while it runs (its hostname; capsem exec and shell reach it by it); the VM is removed when the command ends."`
 	Env          []string      `short:"e" sep:"none" help:"Environment variable for the command, K=V (repeatable)."`
 	Timeout      time.Duration `help:"Kill the command after this long (default: no timeout)."`
 	BootLimit    time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
@@ -30,78 +34,93 @@ type Cmd struct {
 	CPUs         int           `name:"cpus" default:"2" help:"Virtual CPUs."`
 	MemoryMiB    int           `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	DiskGiB      int           `name:"disk-gib" default:"8" help:"Size of the VM's disk (sparse, removed with the VM); 0: none, the guest runs from RAM."`
-	GuestBin     string        `name:"guest-binary" type:"path" hidden:"" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 	Command      []string      `arg:"" passthrough:"" help:"The command and its arguments."`
 }
 
 // Run boots, executes and cleans up.
 func (c *Cmd) Run(ctx context.Context) error {
-	if len(c.Command) > 0 && c.Command[0] == "--" {
-		c.Command = c.Command[1:]
-	}
-	if len(c.Command) == 0 {
-		return fmt.Errorf("no command given: capsem run -- CMD [ARGS...]")
-	}
-	env := map[string]string{}
-	for _, kv := range c.Env {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return fmt.Errorf("--env %q: want KEY=VALUE", kv)
-		}
-		env[k] = v
+	req, err := c.request()
+	if err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
-	runDir, err := paths.SessionsDir()
+	cl, err := service.Ensuring("", nil)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(runDir, 0o700); err != nil {
-		return fmt.Errorf("creating %s: %w", runDir, err)
-	}
-	sessionDir, err := os.MkdirTemp(runDir, "run-")
-	if err != nil {
-		return fmt.Errorf("creating the session directory: %w", err)
-	}
-	defer os.RemoveAll(sessionDir) // ephemeral: nothing of the VM remains
-
-	cfg := vmhost.ProcessConfig{SessionDir: sessionDir, Socket: paths.Session{Dir: sessionDir}.APISocket(), Name: cmp.Or(c.Name, "capsem"),
-		Config: c.Config, NoAutodetect: c.NoAutodetect, CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBin: c.GuestBin, DiskGiB: c.DiskGiB}
-	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		select {
-		case <-proc.Done():
-		case <-time.After(30 * time.Second):
-			proc.Kill()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	bootLimit := time.AfterFunc(c.BootLimit, func() {
+		cancel(fmt.Errorf("the VM was not ready after %s (--boot-timeout)", c.BootLimit))
+	})
+	defer bootLimit.Stop()
+	var vmID string
+	ready := func(vm api.VM) {
+		bootLimit.Stop()
+		vmID = vm.ID
+		if p := vm.Process; p != nil {
+			slog.Info("VM ready", "vm", vm.ID, "accel", p.Accel, "why", p.AccelReason, "start", p.Start)
 		}
-	}()
-	bootCtx, cancelBoot := context.WithTimeout(ctx, c.BootLimit)
-	info, err := proc.WaitReady(bootCtx)
-	cancelBoot()
+	}
+	ev, err := cl.RunStream(ctx, req, ready, os.Stdout, os.Stderr)
+	if ctx.Err() != nil {
+		// The service removes the VM when the stream breaks; asking for
+		// it here waits until it is gone, so nothing of it outlives
+		// this command.
+		if vmID != "" {
+			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer dcancel()
+			cl.Delete(dctx, vmID)
+		}
+		return errors.Join(context.Cause(ctx), err)
+	}
 	if err != nil {
-		return fmt.Errorf("the VM did not become ready: %w", err)
+		return err
 	}
-	client := proc.Client
-	slog.Info("VM ready", "accel", info.Accel, "why", info.AccelReason, "start", info.Start)
-	ev, execErr := client.Exec(ctx, &api.ExecRequest{Argv: c.Command, Env: env, TimeoutMS: c.Timeout.Milliseconds()}, os.Stdout, os.Stderr)
-	stopCtx, cancelStop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancelStop()
-	if err := proc.Stop(stopCtx); err != nil {
-		slog.Warn("stopping the VM", "err", err)
-	}
-	if execErr != nil {
-		return execErr
-	}
-	if ev.TimedOut {
+	switch {
+	case ev.TimedOut:
 		fmt.Fprintf(os.Stderr, "capsem: command timed out after %s\n", c.Timeout)
 		return exitcode.Error{Code: 124}
-	}
-	if ev.ExitCode != 0 {
+	case ev.Signal > 0:
+		return exitcode.Error{Code: 128 + ev.Signal}
+	case ev.ExitCode != 0:
 		return exitcode.Error{Code: ev.ExitCode}
 	}
 	return nil
+}
+
+// request is the service request the flags describe.
+func (c *Cmd) request() (api.RunRequest, error) {
+	argv := c.Command
+	if len(argv) > 0 && argv[0] == "--" {
+		argv = argv[1:]
+	}
+	if len(argv) == 0 {
+		return api.RunRequest{}, errors.New("no command given: capsem run -- CMD [ARGS...]")
+	}
+	var env map[string]string
+	for _, kv := range c.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return api.RunRequest{}, fmt.Errorf("--env %q: want KEY=VALUE", kv)
+		}
+		if env == nil {
+			env = map[string]string{}
+		}
+		env[k] = v
+	}
+	cfg := c.Config
+	if cfg != "" {
+		abs, err := filepath.Abs(cfg)
+		if err != nil {
+			return api.RunRequest{}, fmt.Errorf("--config %s: %w", cfg, err)
+		}
+		cfg = abs
+	}
+	disk := c.DiskGiB
+	return api.RunRequest{
+		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.MemoryMiB, CPUs: c.CPUs, DiskGB: &disk, Config: cfg, NoAutodetect: c.NoAutodetect},
+		Exec:          api.ExecRequest{Argv: argv, Env: env, TimeoutMS: c.Timeout.Milliseconds()},
+	}, nil
 }

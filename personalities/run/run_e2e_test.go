@@ -2,8 +2,8 @@ package run_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,8 +17,9 @@ import (
 func TestRunStreamsAndExits(t *testing.T) {
 	// Other tests' VMs come and go in the same home: this one is known by
 	// its name, which its process log carries.
-	name := fmt.Sprintf("streams-%d", time.Now().UnixNano())
-	stdout, stderr, code := testkit.CapsemRun(t, "--name", name, "--env", "GREETING=hello", "--", "sh", "-c", `echo "$GREETING from $(hostname)"; echo to-stderr >&2; exit 3`)
+	env, runDir := testkit.ServiceEnv(t)
+	name := "streams"
+	stdout, stderr, code := testkit.CapsemRunIn(t, env, "--name", name, "--env", "GREETING=hello", "--", "sh", "-c", `echo "$GREETING from $(hostname)"; echo to-stderr >&2; exit 3`)
 	if code != 3 {
 		t.Fatalf("exit code %d, want 3\nstdout %s\nstderr %s", code, stdout, stderr)
 	}
@@ -28,13 +29,17 @@ func TestRunStreamsAndExits(t *testing.T) {
 	if !strings.Contains(stderr, "to-stderr") {
 		t.Errorf("stderr %q", stderr)
 	}
-	logs, _ := filepath.Glob(filepath.Join(testkit.CapsemHome(t), "run", "sessions", "*", "process.log"))
-	for _, l := range logs {
-		if b, err := os.ReadFile(l); err == nil && strings.Contains(string(b), `"vm":"`+name+`"`) {
-			t.Errorf("the ephemeral VM's session directory was left behind: %s", filepath.Dir(l))
-		}
+	// Removed before capsem run exits: its session, its record, its name.
+	if left, _ := filepath.Glob(filepath.Join(runDir, "sessions", "*")); len(left) > 0 {
+		t.Errorf("the ephemeral VM's session directory was left behind: %v", left)
 	}
-	if _, _, code := testkit.CapsemRun(t, "--env", "NOEQUALS", "--", "true"); code == 0 {
+	if left, _ := filepath.Glob(filepath.Join(runDir, "vms", "*.json")); len(left) > 0 {
+		t.Errorf("the ephemeral VM's record was left behind: %v", left)
+	}
+	if stdout, stderr, code := testkit.CapsemRunIn(t, env, "--name", name, "--", "hostname"); code != 0 || stdout != name+"\n" {
+		t.Errorf("the name was not free again after the run: exit %d, %q %q", code, stdout, stderr)
+	}
+	if _, _, code := testkit.CapsemRunIn(t, env, "--env", "NOEQUALS", "--", "true"); code == 0 {
 		t.Error("a malformed --env was accepted")
 	}
 }
@@ -58,19 +63,26 @@ func TestRunAppliesPolicy(t *testing.T) {
 	}
 }
 
-// TestRunReportsAProcessThatDiesBeforeReady: the VM process refuses a bad
-// configuration before booting anything; `capsem run` learns it from the
-// readiness pipe closing, at once, and shows the process's reason.
-func TestRunReportsAProcessThatDiesBeforeReady(t *testing.T) {
+// TestRunRefusesABadConfigurationAtOnce: a configuration the VM's
+// process would refuse is refused before anything boots, with its reason,
+// and leaves nothing behind.
+func TestRunRefusesABadConfigurationAtOnce(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "bad.toml")
 	os.WriteFile(cfg, []byte("[mcp]\ndefault = \"perhaps\"\n"), 0o600)
+	env, runDir := testkit.ServiceEnv(t)
 	start := time.Now()
-	_, stderr, code := testkit.CapsemRun(t, "--config", cfg, "--", "true")
-	if code == 0 || !strings.Contains(stderr, `"perhaps" is not a decision`) {
-		t.Fatalf("exit %d, stderr %q: want a failure with the process's reason", code, stderr)
+	_, stderr, code := testkit.CapsemRunIn(t, env, "--config", cfg, "--", "true")
+	if code == 0 || !strings.Contains(stderr, `"perhaps" is not a decision`) || !strings.Contains(stderr, "bad.toml") {
+		t.Fatalf("exit %d, stderr %q: want a failure naming the file and its problem", code, stderr)
 	}
 	if d := time.Since(start); d > 30*time.Second {
-		t.Errorf("took %v to report a process that failed before booting", d)
+		t.Errorf("took %v to refuse a configuration before booting", d)
+	}
+	if left, _ := filepath.Glob(filepath.Join(runDir, "sessions", "*")); len(left) > 0 {
+		t.Errorf("a refused run left a session behind: %v", left)
+	}
+	if procs := testkit.VMProcesses(runDir); len(procs) > 0 {
+		t.Errorf("a refused run started a VM process: %v", procs)
 	}
 }
 
@@ -118,5 +130,62 @@ func TestRunNamesTheAccelerator(t *testing.T) {
 			!(strings.HasPrefix(ready.Why, "KVM present but cannot run this kernel") || strings.HasPrefix(ready.Why, "KVM passed the probe")) {
 			t.Errorf("/dev/kvm opens, yet %s: %s", ready.Accel, ready.Why)
 		}
+	}
+}
+
+// TestRunKilledLeavesNothing: while it runs, a run's VM is a VM of the
+// service like any other (listed, ephemeral, reached by its name); a
+// capsem run killed with SIGKILL mid-command, which cannot clean up, still
+// leaves nothing: the service sees its stream break, kills the command and
+// removes the VM.
+func TestRunKilledLeavesNothing(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	capsem := func(args ...string) (string, error) {
+		cmd := exec.Command(testkit.CapsemBinary(t), args...)
+		cmd.Env = env
+		out, err := cmd.Output()
+		return string(out), err
+	}
+	testkit.GuestBinary(t)
+	run := exec.Command(testkit.CapsemBinary(t), "run", "--no-autodetect", "--name", "sleeper", "--", "sleep", "600")
+	run.Env = env
+	var runErr strings.Builder
+	run.Stderr = &runErr
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer run.Process.Kill()
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		out, err := capsem("exec", "sleeper", "--", "hostname")
+		if err == nil && out == "sleeper\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run's VM never answered exec by its name: %q %v; capsem run: %s", out, err, runErr.String())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	out, err := capsem("ls", "--json")
+	var vms []struct {
+		Name       string `json:"name"`
+		Persistent bool   `json:"persistent"`
+		State      string `json:"state"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &vms) != nil || len(vms) != 1 || vms[0].Name != "sleeper" || vms[0].Persistent || vms[0].State != "running" {
+		t.Fatalf("capsem ls during the run: %v %s", err, out)
+	}
+	run.Process.Kill()
+	run.Wait()
+	for {
+		out, err := capsem("ls", "--json")
+		left, _ := filepath.Glob(filepath.Join(runDir, "sessions", "*"))
+		if err == nil && strings.TrimSpace(out) == "[]" && len(left) == 0 && len(testkit.VMProcesses(runDir)) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed run's VM was not removed: ls %s (%v), sessions %v, processes %v", out, err, left, testkit.VMProcesses(runDir))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
