@@ -14,7 +14,7 @@
 //	    ├── accel.json     the accelerator verdict (here even when $CAPSEM_RUN_DIR moves the rest)
 //	    ├── scratch/       sandboxed children's homes
 //	    ├── endpoints/     policy-reload sockets, one per MCP endpoint
-//	    ├── vms/           the service's VM registry
+//	    ├── vms/           the service's VM registry (core/vmrecord)
 //	    └── sessions/<id>/ one VM's session directory (see Session)
 package paths
 

@@ -20,6 +20,7 @@ import (
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/vmhost"
+	"github.com/capsem/capsem/core/vmrecord"
 )
 
 // Defaults of a CreateRequest.
@@ -155,7 +156,7 @@ func (s *Service) reserve(req api.CreateRequest, diskGB int, persistent bool) (*
 		return nil, err
 	}
 	id := newID()
-	r := &record{VM: api.VM{ID: id, Name: req.Name, Persistent: persistent, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
+	r := &vmrecord.Record{VM: api.VM{ID: id, Name: req.Name, Persistent: persistent, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
 		Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id),
 		Config: req.Config, NoAutodetect: req.NoAutodetect}, DiskGB: diskGB}
 	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
@@ -171,7 +172,7 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 	r := *v.rec
 	v.rec.State, v.rec.LastLog, v.stopping = api.StateBooting, "", false
 	s.mu.Unlock()
-	if err := s.update(v, func(*record) {}); err != nil {
+	if err := s.update(v, func(*vmrecord.Record) {}); err != nil {
 		return err
 	}
 	t0 := time.Now()
@@ -181,8 +182,8 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 	if err != nil {
 		return err
 	}
-	// On the record at once: a service that dies now finds the process.
-	if err := s.update(v, func(r *record) { r.PID = proc.PID() }); err != nil {
+	// On the vmrecord.Record at once: a service that dies now finds the process.
+	if err := s.update(v, func(r *vmrecord.Record) { r.PID = proc.PID() }); err != nil {
 		proc.Kill()
 		return err
 	}
@@ -192,12 +193,12 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 	info, err := proc.WaitReady(bctx)
 	if err != nil {
 		proc.Kill()
-		return fmt.Errorf("VM %s did not boot: %w", r.label(), err)
+		return fmt.Errorf("VM %s did not boot: %w", r.Label(), err)
 	}
 	s.mu.Lock()
 	v.proc, v.client, v.gone = proc, proc.Client, proc.Done()
 	s.mu.Unlock()
-	if err := s.update(v, func(r *record) { r.State, r.StartedAt = api.StateRunning, time.Now().UTC() }); err != nil {
+	if err := s.update(v, func(r *vmrecord.Record) { r.State, r.StartedAt = api.StateRunning, time.Now().UTC() }); err != nil {
 		s.log.Error("VM registry", "vm", r.ID, "err", err)
 	}
 	go s.watch(v, proc.Done())
@@ -222,7 +223,7 @@ func (s *Service) watch(v *vm, gone <-chan struct{}) {
 		return
 	}
 	s.log.Error("VM process died", "vm", r.ID, "name", r.Name, "last_log", r.LastLog)
-	if err := s.reg.save(&r); err != nil {
+	if err := s.reg.Save(&r); err != nil {
 		s.log.Error("VM registry", "vm", r.ID, "err", err)
 	}
 }
@@ -253,7 +254,7 @@ func (s *Service) discard(v *vm) {
 	if err := os.RemoveAll(r.SessionDir); err != nil {
 		s.log.Error("removing a failed VM's session", "vm", r.ID, "err", err)
 	}
-	if err := s.reg.remove(r.ID); err != nil {
+	if err := s.reg.Remove(r.ID); err != nil {
 		s.log.Error("VM registry", "vm", r.ID, "err", err)
 	}
 }
@@ -267,16 +268,16 @@ func (s *Service) Stop(ctx context.Context, ref string) (api.VM, error) {
 	}
 	defer v.mu.Unlock()
 	if r.State != api.StateRunning {
-		return api.VM{}, refuse(http.StatusConflict, "VM %s is %s, not running", r.label(), r.State)
+		return api.VM{}, refuse(http.StatusConflict, "VM %s is %s, not running", r.Label(), r.State)
 	}
 	s.halt(ctx, v)
 	if !r.Persistent {
 		s.discard(v)
-		out := r.view()
+		out := r.VM
 		out.State = api.StateStopped
 		return out, nil
 	}
-	if err := s.update(v, func(r *record) { r.State, r.PID = api.StateStopped, 0 }); err != nil {
+	if err := s.update(v, func(r *vmrecord.Record) { r.State, r.PID = api.StateStopped, 0 }); err != nil {
 		return api.VM{}, err
 	}
 	return s.view(v), nil
@@ -321,15 +322,15 @@ func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
 	defer v.mu.Unlock()
 	switch {
 	case !r.Persistent:
-		return api.VM{}, conflict("VM %s is ephemeral: only a named VM can be resumed (capsem_persist names it)", r.label())
+		return api.VM{}, conflict("VM %s is ephemeral: only a named VM can be resumed (capsem_persist names it)", r.Label())
 	case r.State == api.StateRunning || r.State == api.StateBooting:
-		return api.VM{}, conflict("VM %s is %s already", r.label(), r.State)
+		return api.VM{}, conflict("VM %s is %s already", r.Label(), r.State)
 	}
 	if err := s.checkMemory(r.RAMMB); err != nil {
 		return api.VM{}, err
 	}
 	if err := s.boot(ctx, v); err != nil {
-		s.update(v, func(r *record) {
+		s.update(v, func(r *vmrecord.Record) {
 			r.State, r.PID = api.StateDefunct, 0
 			r.LastLog = err.Error()
 		})
@@ -351,7 +352,7 @@ func (s *Service) Persist(ref, name string) (api.VM, error) {
 	s.mu.Lock()
 	if v.rec.Persistent {
 		defer s.mu.Unlock()
-		return api.VM{}, conflict("VM %s is persistent already", v.rec.label())
+		return api.VM{}, conflict("VM %s is persistent already", v.rec.Label())
 	}
 	for _, o := range s.vms {
 		if o.rec.Name == name {
@@ -362,10 +363,10 @@ func (s *Service) Persist(ref, name string) (api.VM, error) {
 	v.rec.Name, v.rec.Persistent = name, true
 	r := *v.rec
 	s.mu.Unlock()
-	if err := s.reg.save(&r); err != nil {
+	if err := s.reg.Save(&r); err != nil {
 		return api.VM{}, err
 	}
-	return r.view(), nil
+	return r.VM, nil
 }
 
 // Delete stops a VM if it runs and removes it with all its state.
@@ -409,14 +410,14 @@ func (s *Service) adopt(ctx context.Context, v *vm) {
 		killSessionProcesses(r.SessionDir) // none should run; none may
 		return
 	}
-	if r.PID > 0 && processOf(r.PID, r.SessionDir) {
+	if r.ProcessAlive() {
 		client := apiclient.NewProcessClient(r.Socket)
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		info, err := client.Info(ictx)
 		cancel()
 		if gone, werr := watchPID(r.PID); err == nil && info.State == api.StateRunning && werr == nil {
 			v.client, v.gone, r.State = client, gone, api.StateRunning
-			s.reg.save(r)
+			s.reg.Save(r)
 			go s.watch(v, gone)
 			s.log.Info("re-adopted a running VM", "vm", r.ID, "name", r.Name, "pid", r.PID)
 			return
@@ -428,6 +429,6 @@ func (s *Service) adopt(ctx context.Context, v *vm) {
 	killSessionProcesses(r.SessionDir)
 	r.State, r.PID = api.StateDefunct, 0
 	r.LastLog = vmhost.LogTail(paths.Session{Dir: r.SessionDir}.ProcessLog(), 8)
-	s.reg.save(r)
+	s.reg.Save(r)
 	s.log.Warn("a VM's process was gone at start; defunct", "vm", r.ID, "name", r.Name)
 }

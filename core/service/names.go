@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+
+	"github.com/capsem/capsem/core/vmrecord"
 )
 
 // MaxNameLen bounds a VM name (it is the guest's host name, at most 63).
@@ -26,7 +28,7 @@ func CheckName(name string) error {
 			return badRequest("VM name %q: use lower-case letters, digits and '-', starting with a letter or digit", name)
 		}
 	}
-	if idRe.MatchString(name) {
+	if vmrecord.IDPattern.MatchString(name) {
 		return badRequest("VM name %q has the form of a VM id", name)
 	}
 	return nil
@@ -42,21 +44,13 @@ func notFound(ref string) error {
 	return refuse(http.StatusNotFound, "no VM named %q (see capsem_list)", ref)
 }
 
-func notRunning(r *record) error {
-	return refuse(http.StatusServiceUnavailable, "VM %s is %s, not running%s", r.label(), r.State, resumeHint(r))
+func notRunning(r *vmrecord.Record) error {
+	return refuse(http.StatusServiceUnavailable, "VM %s is %s, not running%s", r.Label(), r.State, resumeHint(r))
 }
 
-func resumeHint(r *record) string {
+func resumeHint(r *vmrecord.Record) string {
 	if r.Persistent {
-		return fmt.Sprintf(" (resume it with capsem_resume %s)", r.label())
+		return fmt.Sprintf(" (resume it with capsem_resume %s)", r.Label())
 	}
 	return ""
-}
-
-// label is how messages name a VM: its name, else its id.
-func (r *record) label() string {
-	if r.Name != "" {
-		return r.Name
-	}
-	return r.ID
 }

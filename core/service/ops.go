@@ -115,7 +115,7 @@ func (s *Service) vmError(v *vm, err error) error {
 	if r.State != api.StateRunning {
 		return notRunning(&r)
 	}
-	return refuse(http.StatusBadRequest, "VM %s: %v", r.label(), err)
+	return refuse(http.StatusBadRequest, "VM %s: %v", r.Label(), err)
 }
 
 // ReadFile reads a file in a running VM.

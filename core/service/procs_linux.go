@@ -1,7 +1,6 @@
 package service
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -9,30 +8,9 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/vmrecord"
 )
-
-// processOf reports whether pid is a per-VM process of sessionDir (and not
-// an unrelated process that reused the pid).
-func processOf(pid int, sessionDir string) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && isSessionProcess(b, sessionDir)
-}
-
-// isSessionProcess reports whether cmdline (NUL-separated) is `capsem
-// process` for sessionDir.
-func isSessionProcess(cmdline []byte, sessionDir string) bool {
-	args := bytes.Split(bytes.TrimRight(cmdline, "\x00"), []byte{0})
-	hasProcess, hasDir := false, false
-	for i, a := range args {
-		if string(a) == "process" {
-			hasProcess = true
-		}
-		if string(a) == "--session-dir" && i+1 < len(args) && string(args[i+1]) == sessionDir {
-			hasDir = true
-		}
-	}
-	return hasProcess && hasDir
-}
 
 // killSessionProcesses kills every per-VM process of sessionDir (its QEMU
 // follows, through its parent-death signal).
@@ -43,7 +21,7 @@ func killSessionProcesses(sessionDir string) {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		if b, err := os.ReadFile(m); err == nil && isSessionProcess(b, sessionDir) {
+		if b, err := os.ReadFile(m); err == nil && vmrecord.IsSessionProcess(b, sessionDir) {
 			killPID(pid)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/version"
 	"github.com/capsem/capsem/core/vmhost"
+	"github.com/capsem/capsem/core/vmrecord"
 )
 
 // Options configure a Service.
@@ -45,7 +46,7 @@ type Options struct {
 type Service struct {
 	o        Options
 	log      *slog.Logger
-	reg      registry
+	reg      vmrecord.Registry
 	sessions string
 
 	mu  sync.Mutex
@@ -57,7 +58,7 @@ type Service struct {
 // service's lock; rec's fields are guarded by Service.mu.
 type vm struct {
 	mu       sync.Mutex
-	rec      *record
+	rec      *vmrecord.Record
 	proc     *vmhost.Process // started by this service; nil when adopted
 	client   *apiclient.ProcessClient
 	gone     <-chan struct{} // closed when the running process exits
@@ -83,8 +84,8 @@ func New(ctx context.Context, o Options) (*Service, error) {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	s := &Service{o: o, log: o.Logger, reg: registry{dir: regDir}, sessions: sessions, vms: map[string]*vm{}}
-	recs, errs := s.reg.load()
+	s := &Service{o: o, log: o.Logger, reg: vmrecord.Registry{Dir: regDir}, sessions: sessions, vms: map[string]*vm{}}
+	recs, errs := s.reg.Load()
 	for _, err := range errs {
 		s.log.Error("VM registry", "err", err)
 	}
@@ -112,8 +113,8 @@ func (s *Service) lookup(ref string) (*vm, error) {
 	return nil, notFound(ref)
 }
 
-// snapshot is a copy of v's record, taken under the service's lock.
-func (s *Service) snapshot(v *vm) record {
+// snapshot is a copy of v's vmrecord.Record, taken under the service's lock.
+func (s *Service) snapshot(v *vm) vmrecord.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return *v.rec
@@ -122,15 +123,15 @@ func (s *Service) snapshot(v *vm) record {
 // view is a VM's description.
 func (s *Service) view(v *vm) api.VM {
 	r := s.snapshot(v)
-	return r.view()
+	return r.VM
 }
 
 // lockVM finds a VM by id or name and takes its lifecycle lock (the
-// caller releases v.mu) and a copy of its record under it.
-func (s *Service) lockVM(ref string) (*vm, record, error) {
+// caller releases v.mu) and a copy of its vmrecord.Record under it.
+func (s *Service) lockVM(ref string) (*vm, vmrecord.Record, error) {
 	v, err := s.lookup(ref)
 	if err != nil {
-		return nil, record{}, err
+		return nil, vmrecord.Record{}, err
 	}
 	v.mu.Lock()
 	s.mu.Lock()
@@ -139,18 +140,18 @@ func (s *Service) lockVM(ref string) (*vm, record, error) {
 		// Removed while this caller waited for it (a delete, a purge or
 		// an ephemeral VM's stop).
 		v.mu.Unlock()
-		return nil, record{}, notFound(ref)
+		return nil, vmrecord.Record{}, notFound(ref)
 	}
 	return v, *v.rec, nil
 }
 
-// update changes v's record under the service's lock and saves it.
-func (s *Service) update(v *vm, change func(r *record)) error {
+// update changes v's vmrecord.Record under the service's lock and saves it.
+func (s *Service) update(v *vm, change func(r *vmrecord.Record)) error {
 	s.mu.Lock()
 	change(v.rec)
 	r := *v.rec
 	s.mu.Unlock()
-	return s.reg.save(&r)
+	return s.reg.Save(&r)
 }
 
 // List returns every VM, oldest first.
@@ -158,7 +159,7 @@ func (s *Service) List() []api.VM {
 	s.mu.Lock()
 	out := make([]api.VM, 0, len(s.vms))
 	for _, v := range s.vms {
-		out = append(out, v.rec.view())
+		out = append(out, v.rec.VM)
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b api.VM) int { return a.CreatedAt.Compare(b.CreatedAt) })

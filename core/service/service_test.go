@@ -15,6 +15,7 @@ import (
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/unixsock"
+	"github.com/capsem/capsem/core/vmrecord"
 )
 
 // newTestService is a service over a fresh run directory, with no VMs.
@@ -109,14 +110,14 @@ func TestHostileRequests(t *testing.T) {
 		t.Fatalf("refused requests left VMs: %+v", vms)
 	}
 	sessions, _ := os.ReadDir(s.sessions)
-	records, _ := os.ReadDir(s.reg.dir)
+	records, _ := os.ReadDir(s.reg.Dir)
 	if len(sessions) != 0 || len(records) != 0 {
 		t.Fatalf("refused requests left %d session dirs and %d records", len(sessions), len(records))
 	}
 }
 
 // TestFailedCreateLeavesNothing: a create whose process cannot start (here
-// the capsem executable is missing) is refused and leaves no record, no
+// the capsem executable is missing) is refused and leaves no vmrecord.Record, no
 // session directory and no name taken.
 func TestFailedCreateLeavesNothing(t *testing.T) {
 	s := newTestService(t)
@@ -128,7 +129,7 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 		}
 	}
 	sessions, _ := os.ReadDir(s.sessions)
-	records, _ := os.ReadDir(s.reg.dir)
+	records, _ := os.ReadDir(s.reg.Dir)
 	if len(s.List()) != 0 || len(sessions) != 0 || len(records) != 0 {
 		t.Fatalf("a failed create left %d VMs, %d sessions, %d records", len(s.List()), len(sessions), len(records))
 	}
@@ -147,54 +148,9 @@ func TestMemoryAdmission(t *testing.T) {
 		t.Fatalf("1800+256 MB of 2000: %v", err)
 	}
 	// RAM promised to a VM that is booting counts.
-	s.vms["vm-000000000001"] = &vm{rec: &record{VM: api.VM{ID: "vm-000000000001", State: api.StateBooting, RAMMB: 1024}}}
+	s.vms["vm-000000000001"] = &vm{rec: &vmrecord.Record{VM: api.VM{ID: "vm-000000000001", State: api.StateBooting, RAMMB: 1024}}}
 	if err := s.checkMemory(1024); err == nil || !strings.Contains(err.Error(), "promised to VMs that are booting") {
 		t.Fatalf("with a VM booting: %v", err)
-	}
-}
-
-// TestRegistrySurvivesDamage: records are replaced atomically; a damaged
-// or foreign file is set aside, and the others load.
-func TestRegistrySurvivesDamage(t *testing.T) {
-	g := registry{dir: t.TempDir()}
-	good := &record{VM: api.VM{ID: "vm-0000000000aa", Name: "keep", State: api.StateStopped}}
-	if err := g.save(good); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(g.dir, "vm-0000000000bb.json"), []byte(`{"id":`), 0o600)
-	os.WriteFile(filepath.Join(g.dir, "vm-0000000000cc.json"), []byte(`{"id":"vm-0000000000dd"}`), 0o600)
-	os.WriteFile(filepath.Join(g.dir, "vm-0000000000ee.json.123.tmp"), []byte(`{`), 0o600)
-	os.WriteFile(filepath.Join(g.dir, "../../escape.json"), []byte(`{}`), 0o600)
-	recs, errs := g.load()
-	if len(recs) != 1 || recs[0].Name != "keep" || len(errs) != 2 {
-		t.Fatalf("loaded %+v, errors %v", recs, errs)
-	}
-	if _, err := os.Stat(filepath.Join(g.dir, "vm-0000000000bb.json.bad")); err != nil {
-		t.Errorf("the damaged record was not set aside: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(g.dir, "vm-0000000000ee.json.123.tmp")); !os.IsNotExist(err) {
-		t.Errorf("an unfinished write was left: %v", err)
-	}
-	if err := g.save(&record{VM: api.VM{ID: "../x"}}); err == nil {
-		t.Error("a record with a path for an id was saved")
-	}
-}
-
-func TestIsSessionProcess(t *testing.T) {
-	dir := "/r/sessions/vm-0123456789ab"
-	for _, tc := range []struct {
-		cmdline string
-		want    bool
-	}{
-		{"/bin/capsem\x00process\x00--session-dir\x00" + dir + "\x00--socket\x00x\x00", true},
-		{"/bin/capsem\x00process\x00--session-dir\x00" + dir + "-other\x00", false},
-		{"/bin/capsem\x00run\x00--session-dir\x00" + dir + "\x00", false},
-		{"sh\x00-c\x00capsem process --session-dir " + dir + "\x00", false},
-		{"", false},
-	} {
-		if got := isSessionProcess([]byte(tc.cmdline), dir); got != tc.want {
-			t.Errorf("%q: %v, want %v", tc.cmdline, got, tc.want)
-		}
 	}
 }
 
@@ -209,7 +165,7 @@ func FuzzRequestBodies(f *testing.F) {
 	}
 	s := newTestService(f)
 	h := s.Handler(nil)
-	routes := []string{api.RouteVMs, api.RouteRun, api.RoutePurge, api.VMPath(api.RouteVMExec, "x"), api.VMPath(api.RouteVMWriteFile, "x"),
+	routes := []string{api.RouteVMs, api.RouteRun, api.RouteRunLive, api.RoutePurge, api.VMPath(api.RouteVMExec, "x"), api.VMPath(api.RouteVMWriteFile, "x"),
 		api.VMPath(api.RouteVMReadFile, "x"), api.VMPath(api.RouteVMInspect, "x"), api.VMPath(api.RouteVMPersist, "x")}
 	f.Fuzz(func(t *testing.T, body string) {
 		for _, route := range routes {

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/mcpgw"
@@ -20,6 +21,7 @@ import (
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/reloadctl"
+	"github.com/capsem/capsem/core/vmrecord"
 )
 
 // Cmd is `capsem policy`.
@@ -236,7 +238,8 @@ func Explain(ctx context.Context, w io.Writer, e *policy.Engine, call *policy.Ca
 type ReloadCmd struct{}
 
 // Run asks every running endpoint to reload and reports each answer; the
-// exit status is 1 when any of them kept its previous policy.
+// exit status is 1 when any of them kept its previous policy, or when a
+// VM the service runs did not answer.
 func (ReloadCmd) Run(ctx context.Context) error {
 	endpoints, err := paths.EndpointsDir()
 	if err != nil {
@@ -246,6 +249,15 @@ func (ReloadCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	reg, err := vmrecord.Open()
+	if err != nil {
+		return err
+	}
+	recs, errs := reg.Read()
+	for _, err := range errs {
+		fmt.Fprintf(os.Stderr, "capsem: %v\n", err)
+	}
+	results = withVMs(results, recs, (*vmrecord.Record).ProcessAlive)
 	if len(results) == 0 {
 		fmt.Println("no running gateway or VM to reload")
 		return nil
@@ -263,4 +275,33 @@ func (ReloadCmd) Run(ctx context.Context) error {
 		return exitcode.Error{Code: 1}
 	}
 	return nil
+}
+
+// withVMs names each answer from a VM's process after the service's record
+// of the VM (its name and id), and adds a failure for each running VM
+// (alive says whose process still runs) that did not answer: such a VM
+// keeps the policy it had, and saying nothing would let the caller
+// believe otherwise.
+func withVMs(results []reloadctl.Result, recs []*vmrecord.Record, alive func(*vmrecord.Record) bool) []reloadctl.Result {
+	byPID := map[int]int{}
+	for i, r := range results {
+		byPID[r.PID] = i
+	}
+	for _, rec := range recs {
+		if rec.State != api.StateRunning || !alive(rec) {
+			continue
+		}
+		label := rec.ID
+		if rec.Name != "" {
+			label = rec.Name + " (" + rec.ID + ")"
+		}
+		if i, ok := byPID[rec.PID]; ok {
+			results[i].Kind, results[i].Name = "vm", label
+			continue
+		}
+		results = append(results, reloadctl.Result{PID: rec.PID, Kind: "vm", Name: label,
+			Error: "the VM runs, but its process did not answer on a policy-reload endpoint: it keeps the policy it had (capsem logs " + rec.ID + ")"})
+	}
+	slices.SortFunc(results, func(a, b reloadctl.Result) int { return a.PID - b.PID })
+	return results
 }

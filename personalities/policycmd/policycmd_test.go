@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/policy"
+	"github.com/capsem/capsem/core/reloadctl"
+	"github.com/capsem/capsem/core/vmrecord"
 )
 
 func merged(t *testing.T) *config.Merged {
@@ -87,5 +91,39 @@ func TestExplainResourceIsCanonical(t *testing.T) {
 	}
 	if _, err := resourceURI("everything", "demo://resource/static/1\t"); err == nil {
 		t.Error("a URI with a tab was not refused")
+	}
+}
+
+// TestWithVMs: answers from VM processes are named after the service's
+// records; a running VM without an answer is a failure; a stopped VM, or
+// one whose process is gone, is not expected to answer.
+func TestWithVMs(t *testing.T) {
+	results := []reloadctl.Result{
+		{PID: 30, Kind: "gateway", Name: "/tmp/gw.sock", OK: true},
+		{PID: 10, Kind: "vm", Name: "dev", OK: true},
+		{PID: 50, Kind: "vm", Name: "direct", OK: true}, // a VM no service runs
+	}
+	recs := []*vmrecord.Record{
+		{VM: api.VM{ID: "vm-00000000000a", Name: "dev", State: api.StateRunning, PID: 10}},
+		{VM: api.VM{ID: "vm-00000000000b", State: api.StateRunning, PID: 20}},
+		{VM: api.VM{ID: "vm-00000000000c", Name: "old", State: api.StateStopped}},
+		{VM: api.VM{ID: "vm-00000000000d", State: api.StateRunning, PID: 40}}, // its process died with no service to see it
+	}
+	alive := func(r *vmrecord.Record) bool { return r.PID != 40 }
+	got := withVMs(results, recs, alive)
+	want := []string{"10 vm dev (vm-00000000000a) ok", "20 vm vm-00000000000b FAILED", "30 gateway /tmp/gw.sock ok", "50 vm direct ok"}
+	var lines []string
+	for _, r := range got {
+		status := "ok"
+		if !r.OK {
+			status = "FAILED"
+			if !strings.Contains(r.Error, "did not answer") || !strings.Contains(r.Error, "capsem logs vm-00000000000b") {
+				t.Errorf("failure %q does not say what happened and where to look", r.Error)
+			}
+		}
+		lines = append(lines, fmt.Sprintf("%d %s %s %s", r.PID, r.Kind, r.Name, status))
+	}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
 }
