@@ -46,6 +46,13 @@ type Spec struct {
 	// Accel is "" (choose: kvm when usable, else tcg; CAPSEM_ACCEL forces
 	// one), "kvm" or "tcg".
 	Accel string
+	// TCGCacheMiB bounds the translation cache of a VM that runs under
+	// TCG (QEMU's tb-size). 0 leaves QEMU's default: the cache grows as
+	// the guest runs more code, up to 1 GiB. A small cache keeps host
+	// memory down and costs speed: once full, all translated code is
+	// dropped and translated again (make bench measures both). KVM has
+	// no such cache and ignores it.
+	TCGCacheMiB int
 	// Machine is the machine type; "" means q35 (microvm hangs under TCG;
 	// see DESIGN §2).
 	Machine string
@@ -81,6 +88,12 @@ type Share struct {
 	// owners and modes kept in host xattrs).
 	SecurityModel string
 }
+
+// Bounds of Spec.TCGCacheMiB when set.
+const (
+	MinTCGCacheMiB = 4
+	MaxTCGCacheMiB = 4096
+)
 
 // Accelerators and the default machine type.
 const (
@@ -215,6 +228,9 @@ func (s Spec) Validate() error {
 	case "", AccelKVM, AccelTCG:
 	default:
 		return bad("accel %q: want \"\", %q or %q", s.Accel, AccelKVM, AccelTCG)
+	}
+	if s.TCGCacheMiB != 0 && (s.TCGCacheMiB < MinTCGCacheMiB || s.TCGCacheMiB > MaxTCGCacheMiB) {
+		return bad("TCG cache %d MiB: want 0 (QEMU's default) or %d..%d", s.TCGCacheMiB, MinTCGCacheMiB, MaxTCGCacheMiB)
 	}
 	switch s.Machine {
 	case "", "q35", "pc":

@@ -34,6 +34,7 @@ type ProcessConfig struct {
 	MemoryMiB    int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
+	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
 	NoBootState  bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
 	BootStateDir string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
 }
@@ -103,7 +104,7 @@ type LaunchOptions struct {
 	// Detach gives the process a session of its own and no parent-death
 	// signal, so that it outlives its starter (the service, across a
 	// restart or an upgrade). Otherwise it is killed when the starter's
-	// thread dies (`capsem run`).
+	// thread dies (capsem doctor's check VM).
 	Detach bool
 }
 

@@ -3,8 +3,8 @@
 // one), owns its machine, the guest channel and control protocol, the MCP
 // endpoint on the guest's MCP port with its aggregator and the session
 // ledger, and serves the per-VM API (exec, files, logs, info, stop) on a
-// 0600 Unix socket. `capsem process` runs one VM with it; `capsem run` and
-// the service start such processes through Launch.
+// 0600 Unix socket. `capsem process` runs one VM with it; the service
+// (and capsem doctor's check VM) start such processes through Launch.
 //
 // The machine is used through vmm's interfaces: a backend that decides the
 // accelerator once (vmm.AccelBackend), and, for saved boots, machines that
@@ -51,7 +51,9 @@ type Options struct {
 	NoAutodetect bool
 	CPUs         int
 	MemoryMiB    int
-	GuestBinary  string
+	// TCGCacheMiB bounds the TCG translation cache (vmm.Spec.TCGCacheMiB).
+	TCGCacheMiB int
+	GuestBinary string
 	// NoBootState boots the VM, neither resuming a saved state nor saving
 	// one (as CAPSEM_BOOT_STATE=off does).
 	NoBootState bool
@@ -244,6 +246,7 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		Cmdline:       "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs,
 		CPUs:          o.CPUs,
 		MemoryMiB:     o.MemoryMiB,
+		TCGCacheMiB:   o.TCGCacheMiB,
 		Disks:         disks,
 		Shares:        shares,
 		ChannelSocket: v.session.ChannelSocket(),

@@ -1,6 +1,6 @@
 // Package process is `capsem process` (hidden): one VM's per-VM process,
-// a thin command over core/vmhost, which owns the VM. `capsem run` and the
-// service start it through vmhost.Launch.
+// a thin command over core/vmhost, which owns the VM. The service (and
+// capsem doctor's check VM) start it through vmhost.Launch.
 package process
 
 import (
@@ -38,7 +38,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		Backend:    &qemu.Backend{Log: log, VerdictPath: verdicts},
 		Firmware:   qemu.PreferredFirmware(),
 		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
-		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log,
+		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, TCGCacheMiB: c.TCGCacheMiB, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log,
 		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir,
 	})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/vmhost"
 	"github.com/capsem/capsem/guestfs"
+	"github.com/capsem/capsem/vmm"
 	"github.com/capsem/capsem/vmm/qemu"
 )
 
@@ -60,9 +62,9 @@ func vmBench(capsem string, runs int) error {
 	}
 	resumed, booted := series{phases: map[string][]int64{}}, series{phases: map[string][]int64{}}
 	var bare, runTrue []time.Duration
-	// capsem run goes through a service (started by the first run, which
-	// the median leaves out when there are enough runs) in a run
-	// directory of its own, stopped at the end.
+	// capsem run goes through a service in a run directory of its own,
+	// stopped at the end. The first run starts it (and boots and saves
+	// when the home has no saved boot of the configuration yet), apart.
 	runDir, err := os.MkdirTemp("", "csv-")
 	if err != nil {
 		return err
@@ -74,19 +76,30 @@ func vmBench(capsem string, runs int) error {
 		stop.Env = runEnv
 		stop.Run()
 	}()
+	runOnce := func() (time.Duration, error) {
+		t := time.Now()
+		run := exec.Command(capsem, "--log-level", "warn", "run", "--", "true")
+		run.Env = runEnv
+		if out, err := run.CombinedOutput(); err != nil {
+			return 0, fmt.Errorf("capsem run -- true: %w: %s", err, out)
+		}
+		return time.Since(t), nil
+	}
+	firstRun, err := runOnce()
+	if err != nil {
+		return err
+	}
 	for i := 0; i < runs; i++ {
 		d, err := bareBoot(assets, accel)
 		if err != nil {
 			return fmt.Errorf("bare boot: %w", err)
 		}
 		bare = append(bare, d)
-		t := time.Now()
-		run := exec.Command(capsem, "--log-level", "warn", "run", "--", "true")
-		run.Env = runEnv
-		if out, err := run.CombinedOutput(); err != nil {
-			return fmt.Errorf("capsem run -- true: %w: %s", err, out)
+		d, err = runOnce()
+		if err != nil {
+			return err
 		}
-		runTrue = append(runTrue, time.Since(t))
+		runTrue = append(runTrue, d)
 		for _, m := range []struct {
 			s     *series
 			args  func(*vmhost.ProcessConfig)
@@ -112,7 +125,7 @@ func vmBench(capsem string, runs int) error {
 	fmt.Printf("  capsem create → exec-ready, resumed from the saved boot:                   %s   (%.2f× bare; target ≤ 1.2×)\n", ms(median(resumed.ready)), ratio(median(resumed.ready)))
 	fmt.Printf("  capsem create → exec-ready, booted (--no-boot-state):                      %s   (%.2f× bare)\n", ms(median(booted.ready)), ratio(median(booted.ready)))
 	fmt.Printf("  first VM of a configuration, boots and saves (once): create → exec-ready   %s   (save %d ms, state %d MB)\n", ms(first), firstTimings["save_state"], stateBytes>>20)
-	fmt.Printf("  capsem run -- true (the CLI through the service: boot, exec, remove), resumed from the saved boot: %s   (%.2f× bare)\n", ms(median(runTrue)), ratio(median(runTrue)))
+	fmt.Printf("  capsem run -- true (the CLI through the service: boot, exec, remove), resumed from the saved boot: %s   (%.2f× bare; the first, which started the service: %s)\n", ms(median(runTrue)), ratio(median(runTrue)), ms(firstRun))
 	fmt.Printf("  capsem create → exec `true` → stopped: resumed %s, booted %s (first VM %s)\n", ms(median(resumed.total)), ms(median(booted.total)), ms(firstTotal))
 	keys := []string{"assets", "asset_hash", "state_hash", "disk", "qemu_start", "kernel_to_hello", "guest_kernel_to_init", "guest_modules", "guest_storage", "guest_channel", "guest_after_wake", "ready", "exec", "shutdown"}
 	for _, m := range []struct {
@@ -127,6 +140,9 @@ func vmBench(capsem string, runs int) error {
 			}
 		}
 		fmt.Println()
+	}
+	if err := tcgCacheBench(capsem, home, guest, accel, resumeArgs); err != nil {
+		return err
 	}
 	if err := warmVM(capsem, home, guest); err != nil {
 		return err
@@ -202,8 +218,7 @@ type vmHandle struct {
 	dir    string
 }
 
-// startProcess starts `capsem process` as `capsem run` and the service do
-// (vmhost.Launch), configured as edit says, and waits until it is ready;
+// startProcess starts `capsem process` as the service does (vmhost.Launch), configured as edit says, and waits until it is ready;
 // wantStart, when not "", is how the VM must have started.
 func startProcess(capsem, home, guest string, edit func(*vmhost.ProcessConfig), wantStart string) (*vmHandle, time.Duration, map[string]int64, error) {
 	dir, err := os.MkdirTemp("", "capsem-bench-vm-")
@@ -321,4 +336,86 @@ func rss(pid int, field string) string {
 		}
 	}
 	return "?"
+}
+
+// tcgCacheBench measures what bounding QEMU's TCG translation cache
+// (vmm.Spec.TCGCacheMiB) buys and costs, on VMs resumed from the saved
+// boot: the cache's resident size and QEMU's own memory outside guest RAM
+// once the VM has run `true`, and the time of a Go program in the guest
+// (capsem-doctor) once its code has been translated.
+func tcgCacheBench(capsem, home, guest string, accel qemu.Accel, resume func(*vmhost.ProcessConfig)) error {
+	if accel.Name != vmm.AccelTCG {
+		fmt.Printf("\nTCG translation cache: not measured (VMs run under %s)\n", accel.Name)
+		return nil
+	}
+	const ramMB = 1024
+	fmt.Printf("\nTCG translation cache (QEMU tb-size), one VM (%d MB, 2 CPUs) resumed from the saved boot, 3 runs of capsem-doctor after one to translate it:\n", ramMB)
+	var unbounded time.Duration
+	for _, mib := range []int{0, 32, 16, 8} {
+		h, _, _, err := startProcess(capsem, home, guest, func(c *vmhost.ProcessConfig) { resume(c); c.TCGCacheMiB = mib }, "restored")
+		if err != nil {
+			return fmt.Errorf("TCG cache %d MiB: %w", mib, err)
+		}
+		ctx := context.Background()
+		run := func(command string) (time.Duration, error) {
+			t := time.Now()
+			_, err := h.client.Exec(ctx, &api.ExecRequest{Command: command}, nil, nil)
+			return time.Since(t), err
+		}
+		info, err := h.client.Info(ctx)
+		if err == nil {
+			_, err = run("true")
+		}
+		if err != nil {
+			h.stop()
+			return err
+		}
+		idleCache := tcgResidentKB(info.QEMUPID)
+		own, _, _ := qemuMemory(info.QEMUPID, ramMB)
+		var times []time.Duration
+		for i := range 4 {
+			d, err := run("capsem-doctor --json >/dev/null")
+			if err != nil {
+				h.stop()
+				return err
+			}
+			if i > 0 {
+				times = append(times, d)
+			}
+		}
+		busyCache := tcgResidentKB(info.QEMUPID)
+		h.stop()
+		label, slower := "unbounded (QEMU's default)", ""
+		if mib == 0 {
+			unbounded = median(times)
+		} else {
+			label = fmt.Sprintf("bounded to %d MiB", mib)
+			slower = fmt.Sprintf(" (%.1f× unbounded)", float64(median(times))/float64(unbounded))
+		}
+		fmt.Printf("  %-27s after `true`: cache %d MB resident, QEMU's own %d MB; capsem-doctor %s%s, cache then %d MB\n",
+			label+":", idleCache>>10, own>>10, ms(median(times)), slower, busyCache>>10)
+	}
+	return nil
+}
+
+// tcgResidentKB is the resident size of QEMU's translation cache: its one
+// writable and executable mapping.
+func tcgResidentKB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return 0
+	}
+	var kb int64
+	inCache := false
+	for _, l := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(l)
+		switch {
+		case len(fields) >= 2 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":"):
+			inCache = fields[1] == "rwxp"
+		case inCache && len(fields) >= 2 && fields[0] == "Rss:":
+			v, _ := strconv.ParseInt(fields[1], 10, 64)
+			kb += v
+		}
+	}
+	return kb
 }

@@ -93,10 +93,14 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if machine == "" {
 		machine = vmm.DefaultMachine
 	}
+	accelOpt := accel.Name
+	if accel.Name == vmm.AccelTCG && spec.TCGCacheMiB > 0 {
+		accelOpt += ",tb-size=" + strconv.Itoa(spec.TCGCacheMiB)
+	}
 	a := []string{
 		"-name", "guest=" + spec.Name + ",debug-threads=on",
 		"-machine", machine,
-		"-accel", accel.Name,
+		"-accel", accelOpt,
 		"-cpu", accel.CPU,
 		"-smp", strconv.Itoa(spec.CPUs),
 		"-m", strconv.Itoa(spec.MemoryMiB) + "M",

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -65,6 +66,9 @@ func goldenSpecs() map[string]struct {
 	both := restoring
 	both.Name = "monitor-restore"
 	both.Monitor = true
+	tcgCache := minimalSpec()
+	tcgCache.Name = "tcg-cache"
+	tcgCache.TCGCacheMiB = 64
 	kvmHost := Accel{Name: vmm.AccelKVM, CPU: "host"}
 	kvmNested := Accel{Name: vmm.AccelKVM, CPU: kvmCPUs[1].Model}
 	tcgMax := tcg("test", false)
@@ -75,6 +79,8 @@ func goldenSpecs() map[string]struct {
 		"minimal-tcg":        {minimalSpec(), tcgMax},
 		"minimal-kvm":        {minimalSpec(), kvmHost},
 		"minimal-kvm-nested": {minimalSpec(), kvmNested},
+		"tcg-cache":          {tcgCache, tcgMax},
+		"tcg-cache-kvm":      {tcgCache, kvmHost}, // no TCG: no tb-size
 		"with-disks":         {disks, tcgMax},
 		"with-share":         {share, tcgMax},
 		"odd-paths":          {odd, kvmHost},
@@ -124,7 +130,7 @@ func TestArgsInvariants(t *testing.T) {
 		args, _ := Args(g.spec, g.accel)
 		joined := " " + strings.Join(args, " ") + " "
 		for _, want := range []string{" -nodefaults ", " -no-user-config ", " -nographic ", " -no-reboot ", " -nic none ",
-			" -accel " + g.accel.Name + " ", "name=org.capsem.channel", ",server=off", " -sandbox on,"} {
+			"name=org.capsem.channel", ",server=off", " -sandbox on,"} {
 			if !strings.Contains(joined, want) {
 				t.Errorf("%s: argv lacks %q", name, want)
 			}
@@ -138,6 +144,14 @@ func TestArgsInvariants(t *testing.T) {
 		if hasBios := strings.Contains(joined, " -bios "); hasBios != (g.spec.Firmware != "") ||
 			(hasBios && !strings.Contains(joined, " -bios "+g.spec.Firmware+" ")) {
 			t.Errorf("%s: firmware %q but argv %q", name, g.spec.Firmware, joined)
+		}
+		// The accelerator, with a bounded translation cache only under TCG.
+		wantAccel := g.accel.Name
+		if g.accel.Name == vmm.AccelTCG && g.spec.TCGCacheMiB > 0 {
+			wantAccel += ",tb-size=" + strconv.Itoa(g.spec.TCGCacheMiB)
+		}
+		if i := slices.Index(args, "-accel"); i < 0 || args[i+1] != wantAccel {
+			t.Errorf("%s: -accel is not %s", name, wantAccel)
 		}
 		if i := slices.Index(args, "-cpu"); i < 0 || args[i+1] != g.accel.CPU {
 			t.Errorf("%s: -cpu is not %s for %s", name, g.accel.CPU, g.accel.Name)
@@ -217,5 +231,29 @@ func TestMarkerBootArgsGolden(t *testing.T) {
 				t.Errorf("argv differs from %s:\n got: %q", path, args)
 			}
 		})
+	}
+}
+
+// TestStateKeyIgnoresTheTCGCache: a saved state holds no translated code,
+// so VMs that differ only in the TCG cache's size share saved boots;
+// anything else that changes QEMU's argv keys apart.
+func TestStateKeyIgnoresTheTCGCache(t *testing.T) {
+	b := &Backend{Binary: "/bin/true"}
+	key := func(mutate func(*vmm.Spec)) []string {
+		t.Helper()
+		spec := minimalSpec()
+		mutate(&spec)
+		m, err := b.CreateWithAccel(spec, tcg("test", false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.(vmm.StateKeyer).StateKey()
+	}
+	plain := key(func(*vmm.Spec) {})
+	if cached := key(func(s *vmm.Spec) { s.TCGCacheMiB = 16 }); !slices.Equal(plain, cached) {
+		t.Errorf("the TCG cache size changes the state key:\n%q\n%q", plain, cached)
+	}
+	if bigger := key(func(s *vmm.Spec) { s.MemoryMiB = 1024 }); slices.Equal(plain, bigger) {
+		t.Error("more guest memory keeps the same state key")
 	}
 }

@@ -197,8 +197,20 @@ func (m *Machine) SetBeforeChannel(fn func(ctx context.Context, raw net.Conn) er
 }
 
 // StateKey is QEMU's argv: a saved state resumes only in a QEMU started
-// the same way (vmm.StateKeyer).
-func (m *Machine) StateKey() []string { return m.Argv() }
+// the same way (vmm.StateKeyer). The TCG cache's size is left out: the
+// state holds no translated code, so it resumes under any size.
+func (m *Machine) StateKey() []string {
+	if m.spec.TCGCacheMiB == 0 {
+		return m.Argv()
+	}
+	spec := m.spec
+	spec.TCGCacheMiB = 0
+	args, err := Args(spec, m.accel)
+	if err != nil { // m.args came from the same spec
+		return m.Argv()
+	}
+	return append([]string{m.bin}, args...)
+}
 
 // Accel is the accelerator this machine runs with ("kvm" or "tcg").
 func (m *Machine) Accel() string { return m.accel.Name }
