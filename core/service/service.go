@@ -27,6 +27,7 @@ import (
 	"github.com/capsem/capsem/core/version"
 	"github.com/capsem/capsem/core/vmhost"
 	"github.com/capsem/capsem/core/vmrecord"
+	"github.com/capsem/capsem/vmm"
 )
 
 // Options configure a Service.
@@ -37,6 +38,9 @@ type Options struct {
 	GuestBinary string
 	// NoAutodetect keeps AI CLI settings out of the VMs' gateways.
 	NoAutodetect bool
+	// TCGCacheMiB bounds the TCG translation cache of every VM that runs
+	// under TCG (vmm.Spec.TCGCacheMiB; 0: QEMU's default).
+	TCGCacheMiB int
 	// ProcessEnv is added to the scrubbed environment of per-VM processes.
 	ProcessEnv []string
 	Logger     *slog.Logger
@@ -70,6 +74,9 @@ type vm struct {
 func New(ctx context.Context, o Options) (*Service, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.TCGCacheMiB != 0 && (o.TCGCacheMiB < vmm.MinTCGCacheMiB || o.TCGCacheMiB > vmm.MaxTCGCacheMiB) {
+		return nil, fmt.Errorf("TCG cache %d MiB: want 0 (QEMU's default) or %d..%d", o.TCGCacheMiB, vmm.MinTCGCacheMiB, vmm.MaxTCGCacheMiB)
 	}
 	regDir, err := paths.RegistryDir()
 	if err != nil {

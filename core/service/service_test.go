@@ -203,3 +203,15 @@ func TestServiceLock(t *testing.T) {
 		t.Fatalf("a second service: %v, want ErrAlreadyServing", err)
 	}
 }
+
+// TestBadTCGCacheRefusedAtStart: a service told to bound the TCG cache
+// out of range refuses to start, naming it, instead of failing every VM.
+func TestBadTCGCacheRefusedAtStart(t *testing.T) {
+	t.Setenv("CAPSEM_RUN_DIR", t.TempDir())
+	t.Setenv("CAPSEM_HOME", t.TempDir())
+	for _, mib := range []int{-1, 1, 1 << 20} {
+		if _, err := New(context.Background(), Options{TCGCacheMiB: mib, Logger: slog.New(slog.DiscardHandler)}); err == nil || !strings.Contains(err.Error(), "TCG cache") {
+			t.Errorf("TCG cache %d MiB: %v", mib, err)
+		}
+	}
+}

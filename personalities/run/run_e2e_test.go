@@ -2,6 +2,7 @@ package run_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,12 +135,13 @@ func TestRunNamesTheAccelerator(t *testing.T) {
 }
 
 // TestRunKilledLeavesNothing: while it runs, a run's VM is a VM of the
-// service like any other (listed, ephemeral, reached by its name); a
-// capsem run killed with SIGKILL mid-command, which cannot clean up, still
-// leaves nothing: the service sees its stream break, kills the command and
-// removes the VM.
+// service like any other (listed, ephemeral, reached by its name, under
+// the service's options: here a bounded TCG cache); a capsem run killed
+// with SIGKILL mid-command, which cannot clean up, still leaves nothing:
+// the service sees its stream break, kills the command and removes the VM.
 func TestRunKilledLeavesNothing(t *testing.T) {
 	env, runDir := testkit.ServiceEnv(t)
+	env = append(env, "CAPSEM_TCG_CACHE_MIB=32") // read by the service this test's run starts
 	capsem := func(args ...string) (string, error) {
 		cmd := exec.Command(testkit.CapsemBinary(t), args...)
 		cmd.Env = env
@@ -174,6 +176,24 @@ func TestRunKilledLeavesNothing(t *testing.T) {
 	}
 	if err != nil || json.Unmarshal([]byte(out), &vms) != nil || len(vms) != 1 || vms[0].Name != "sleeper" || vms[0].Persistent || vms[0].State != "running" {
 		t.Fatalf("capsem ls during the run: %v %s", err, out)
+	}
+	out, err = capsem("info", "sleeper", "--json")
+	var info struct {
+		Process struct {
+			Accel   string `json:"accel"`
+			QEMUPID int    `json:"qemu_pid"`
+		} `json:"process"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &info) != nil || info.Process.QEMUPID == 0 {
+		t.Fatalf("capsem info during the run: %v %s", err, out)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", info.Process.QEMUPID))
+	wantAccel := "\x00-accel\x00" + info.Process.Accel + "\x00"
+	if info.Process.Accel == "tcg" {
+		wantAccel = "\x00-accel\x00tcg,tb-size=32\x00"
+	}
+	if err != nil || !strings.Contains(string(cmdline), wantAccel) {
+		t.Errorf("QEMU's command line lacks %q: %v %q", wantAccel, err, cmdline)
 	}
 	run.Process.Kill()
 	run.Wait()

@@ -31,13 +31,14 @@ type Cmd struct {
 type ServeCmd struct {
 	NoAutodetect bool   `env:"CAPSEM_NO_AUTODETECT" help:"Keep the mcpServers of Claude Code and Gemini CLI settings out of the VMs' gateways."`
 	GuestBin     string `name:"guest-binary" type:"path" hidden:"" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
+	TCGCacheMiB  int    `name:"tcg-cache-mib" env:"CAPSEM_TCG_CACHE_MIB" help:"Bound the TCG translation cache of each VM that runs without KVM, in MiB (0: QEMU's default, which grows with the code the guest runs). Saves host memory per VM; costs speed (make bench measures both)."`
 }
 
 // Run serves until SIGINT, SIGTERM or a stop request.
 func (c *ServeCmd) Run(ctx context.Context) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := service.Serve(ctx, service.Options{GuestBinary: c.GuestBin, NoAutodetect: c.NoAutodetect})
+	err := service.Serve(ctx, service.Options{GuestBinary: c.GuestBin, NoAutodetect: c.NoAutodetect, TCGCacheMiB: c.TCGCacheMiB})
 	if errors.Is(err, service.ErrAlreadyServing) {
 		sock, _ := paths.ServiceSocket()
 		fmt.Fprintf(os.Stderr, "capsem: a service is already serving on %s\n", sock)
