@@ -78,7 +78,9 @@ type VM struct {
 	StartedAt  time.Time         `json:"started_at,omitzero"`
 	PID        int               `json:"pid,omitempty"`
 	SessionDir string            `json:"session_dir"`
-	// Config and NoAutodetect are the create request's.
+	// Config is the create request's; NoAutodetect says whether the VM's
+	// gateway leaves AI CLI settings out (asked for, or the service's
+	// own option).
 	Config       string `json:"config,omitempty"`
 	NoAutodetect bool   `json:"no_autodetect,omitempty"`
 	// LastLog holds the last lines of a defunct VM's process log.

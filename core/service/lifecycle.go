@@ -183,7 +183,7 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 	if err != nil {
 		return err
 	}
-	// On the vmrecord.Record at once: a service that dies now finds the process.
+	// On the record at once: a service that dies now finds the process.
 	if err := s.update(v, func(r *vmrecord.Record) { r.PID = proc.PID() }); err != nil {
 		proc.Kill()
 		return err

@@ -120,7 +120,7 @@ func (s *Service) lookup(ref string) (*vm, error) {
 	return nil, notFound(ref)
 }
 
-// snapshot is a copy of v's vmrecord.Record, taken under the service's lock.
+// snapshot is a copy of v's record, taken under the service's lock.
 func (s *Service) snapshot(v *vm) vmrecord.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -134,7 +134,7 @@ func (s *Service) view(v *vm) api.VM {
 }
 
 // lockVM finds a VM by id or name and takes its lifecycle lock (the
-// caller releases v.mu) and a copy of its vmrecord.Record under it.
+// caller releases v.mu) and a copy of its record under it.
 func (s *Service) lockVM(ref string) (*vm, vmrecord.Record, error) {
 	v, err := s.lookup(ref)
 	if err != nil {
@@ -152,7 +152,7 @@ func (s *Service) lockVM(ref string) (*vm, vmrecord.Record, error) {
 	return v, *v.rec, nil
 }
 
-// update changes v's vmrecord.Record under the service's lock and saves it.
+// update changes v's record under the service's lock and saves it.
 func (s *Service) update(v *vm, change func(r *vmrecord.Record)) error {
 	s.mu.Lock()
 	change(v.rec)

@@ -117,7 +117,7 @@ func TestHostileRequests(t *testing.T) {
 }
 
 // TestFailedCreateLeavesNothing: a create whose process cannot start (here
-// the capsem executable is missing) is refused and leaves no vmrecord.Record, no
+// the capsem executable is missing) is refused and leaves no record, no
 // session directory and no name taken.
 func TestFailedCreateLeavesNothing(t *testing.T) {
 	s := newTestService(t)
