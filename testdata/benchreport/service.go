@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,6 +174,7 @@ func manyAtOnce(ctx context.Context, svc *apiclient.ServiceClient, round string)
 	}
 	slices.Sort(ready)
 	var ours, qemuOwn, guestRAM, rssAll []int64
+	byRole := map[string][]int64{}
 	for _, id := range ids {
 		info, err := svc.Info(ctx, id)
 		if err != nil {
@@ -180,11 +182,18 @@ func manyAtOnce(ctx context.Context, svc *apiclient.ServiceClient, round string)
 		}
 		m := vmMemory(info.PID, info.Process.QEMUPID, 512)
 		ours, qemuOwn, guestRAM, rssAll = append(ours, m.ours), append(qemuOwn, m.qemuOwn), append(guestRAM, m.guest), append(rssAll, m.rss)
+		for r, kb := range m.byRole {
+			byRole[r] = append(byRole[r], kb)
+		}
 	}
 	fmt.Printf("  %d VMs created at once (512 MB, 1 CPU each), %s: all answering exec; first ready %s, last %s\n", n, round, ms(ready[0]), ms(ready[n-1]))
 	fmt.Printf("  host memory per VM outside guest RAM, proportional (PSS: the shared capsem and QEMU text counted once across VMs): %d MB (target ≤ 40 MB) =\n", (medianInt(ours)+medianInt(qemuOwn))>>10)
 	fmt.Printf("    the floor, QEMU's own memory (its TCG translation cache included; see the TCG cache figures above for what bounding it costs): %d MB\n", medianInt(qemuOwn)>>10)
-	fmt.Printf("    + what capsem adds, per-VM process + aggregator + builtin (three Go processes): %d MB\n", medianInt(ours)>>10)
+	var roles []string
+	for _, r := range slices.Sorted(maps.Keys(byRole)) {
+		roles = append(roles, fmt.Sprintf("%s %.1f", r, float64(medianInt(byRole[r]))/1024))
+	}
+	fmt.Printf("    + what capsem adds, per-VM process + aggregator + builtin (three Go processes): %d MB (%s MB)\n", medianInt(ours)>>10, strings.Join(roles, ", "))
 	fmt.Printf("    guest RAM touched %d MB; plain RSS of the tree outside guest RAM %d MB\n", medianInt(guestRAM)>>10, medianInt(rssAll)>>10)
 	for _, id := range ids {
 		if err := svc.Delete(ctx, id); err != nil {
@@ -199,24 +208,39 @@ func medianInt(v []int64) int64 {
 	return v[len(v)/2]
 }
 
-type memFigures struct{ ours, qemuOwn, guest, rss int64 } // kB
+type memFigures struct {
+	ours, qemuOwn, guest, rss int64 // kB
+	byRole                    map[string]int64
+}
 
 // vmMemory measures the process tree of one VM (per-VM process pid, its
 // QEMU qemuPID with ramMB of guest RAM): PSS of capsem's processes, PSS of
 // QEMU apart from its guest RAM mapping, the guest RAM's PSS, and the
 // tree's plain RSS outside guest RAM.
 func vmMemory(pid, qemuPID, ramMB int) memFigures {
-	var m memFigures
+	m := memFigures{byRole: map[string]int64{}}
 	for _, p := range append([]int{pid}, descendants(pid)...) {
 		if p == qemuPID {
 			own, guest, ownRSS := qemuMemory(p, ramMB)
 			m.qemuOwn, m.guest, m.rss = m.qemuOwn+own, m.guest+guest, m.rss+ownRSS
 			continue
 		}
-		m.ours += rollupKB(p, "Pss")
+		pss := rollupKB(p, "Pss")
+		m.ours += pss
 		m.rss += rollupKB(p, "Rss")
+		m.byRole[role(p)] += pss
 	}
 	return m
+}
+
+// role names one of a VM's capsem processes by its personality.
+func role(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	args := strings.Split(string(b), "\x00")
+	if len(args) > 1 {
+		return args[1]
+	}
+	return "other"
 }
 
 func descendants(pid int) []int {
