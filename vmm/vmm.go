@@ -95,6 +95,14 @@ const (
 	MaxTCGCacheMiB = 4096
 )
 
+// CheckTCGCache reports a Spec.TCGCacheMiB out of bounds.
+func CheckTCGCache(mib int) error {
+	if mib != 0 && (mib < MinTCGCacheMiB || mib > MaxTCGCacheMiB) {
+		return fmt.Errorf("TCG cache %d MiB: want 0 (QEMU's default) or %d..%d", mib, MinTCGCacheMiB, MaxTCGCacheMiB)
+	}
+	return nil
+}
+
 // Accelerators and the default machine type.
 const (
 	AccelKVM       = "kvm"
@@ -229,8 +237,8 @@ func (s Spec) Validate() error {
 	default:
 		return bad("accel %q: want \"\", %q or %q", s.Accel, AccelKVM, AccelTCG)
 	}
-	if s.TCGCacheMiB != 0 && (s.TCGCacheMiB < MinTCGCacheMiB || s.TCGCacheMiB > MaxTCGCacheMiB) {
-		return bad("TCG cache %d MiB: want 0 (QEMU's default) or %d..%d", s.TCGCacheMiB, MinTCGCacheMiB, MaxTCGCacheMiB)
+	if err := CheckTCGCache(s.TCGCacheMiB); err != nil {
+		return bad("%v", err)
 	}
 	switch s.Machine {
 	case "", "q35", "pc":

@@ -66,9 +66,12 @@ type CreateRequest struct {
 
 // VM is one VM as the service knows it.
 type VM struct {
-	ID         string            `json:"id"`
-	Name       string            `json:"name,omitempty"`
-	Persistent bool              `json:"persistent"`
+	ID         string `json:"id"`
+	Name       string `json:"name,omitempty"`
+	Persistent bool   `json:"persistent"`
+	// Run says the VM belongs to a run: it is removed when the run's
+	// command ends.
+	Run        bool              `json:"run,omitempty"`
 	State      string            `json:"state"`
 	RAMMB      int               `json:"ram_mb"`
 	CPUs       int               `json:"cpus"`

@@ -70,6 +70,13 @@ func checkConfig(path string, noAutodetect bool) error {
 		if !filepath.IsAbs(path) {
 			return badRequest("config %q: want an absolute path (the service does not share the client's working directory)", path)
 		}
+		// Kernel interfaces look like regular files, and some block
+		// on read.
+		for _, fs := range []string{"/proc/", "/sys/", "/dev/"} {
+			if strings.HasPrefix(filepath.Clean(path)+"/", fs) {
+				return badRequest("config %s: a kernel interface, not a configuration file", path)
+			}
+		}
 		if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
 			if err == nil {
 				err = errors.New("not a regular file")
@@ -106,16 +113,16 @@ const maxEnv = 256
 // fails (bad input, a name taken, too little memory, a boot that fails or
 // is cancelled) leaves nothing behind.
 func (s *Service) Create(ctx context.Context, req api.CreateRequest) (api.VM, error) {
-	return s.create(ctx, req, req.Name != "")
+	return s.create(ctx, req, false)
 }
 
-// create is Create, with the VM persistent or not.
-func (s *Service) create(ctx context.Context, req api.CreateRequest, persistent bool) (api.VM, error) {
+// create is Create, of a run's VM (ephemeral, even when named) or not.
+func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool) (api.VM, error) {
 	diskGB, err := s.normalize(&req)
 	if err != nil {
 		return api.VM{}, err
 	}
-	v, err := s.reserve(req, diskGB, persistent)
+	v, err := s.reserve(req, diskGB, run)
 	if err != nil {
 		return api.VM{}, err
 	}
@@ -142,7 +149,7 @@ func (s *Service) runningView(ctx context.Context, v *vm) api.VM {
 
 // reserve records a new VM as booting, its name taken and its memory
 // counted, and returns it locked.
-func (s *Service) reserve(req api.CreateRequest, diskGB int, persistent bool) (*vm, error) {
+func (s *Service) reserve(req api.CreateRequest, diskGB int, run bool) (*vm, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if req.Name != "" {
@@ -156,7 +163,7 @@ func (s *Service) reserve(req api.CreateRequest, diskGB int, persistent bool) (*
 		return nil, err
 	}
 	id := newID()
-	r := &vmrecord.Record{VM: api.VM{ID: id, Name: req.Name, Persistent: persistent, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
+	r := &vmrecord.Record{VM: api.VM{ID: id, Name: req.Name, Persistent: req.Name != "" && !run, Run: run, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
 		Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id),
 		Config: req.Config, NoAutodetect: req.NoAutodetect}, DiskGB: diskGB}
 	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
@@ -323,11 +330,14 @@ func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
 	defer v.mu.Unlock()
 	switch {
 	case !r.Persistent:
-		return api.VM{}, conflict("VM %s is ephemeral: only a named VM can be resumed (capsem_persist names it)", r.Label())
+		return api.VM{}, conflict("VM %s is ephemeral: only a persistent VM can be resumed (capsem_persist makes one)", r.Label())
 	case r.State == api.StateRunning || r.State == api.StateBooting:
 		return api.VM{}, conflict("VM %s is %s already", r.Label(), r.State)
 	}
 	if err := s.checkMemory(r.RAMMB); err != nil {
+		return api.VM{}, err
+	}
+	if err := checkConfig(r.Config, r.NoAutodetect || s.o.NoAutodetect); err != nil {
 		return api.VM{}, err
 	}
 	if err := s.boot(ctx, v); err != nil {
@@ -354,6 +364,10 @@ func (s *Service) Persist(ref, name string) (api.VM, error) {
 	if v.rec.Persistent {
 		defer s.mu.Unlock()
 		return api.VM{}, conflict("VM %s is persistent already", v.rec.Label())
+	}
+	if v.rec.Run {
+		defer s.mu.Unlock()
+		return api.VM{}, conflict("VM %s belongs to a capsem run: it is removed when the run's command ends", v.rec.Label())
 	}
 	for _, o := range s.vms {
 		if o.rec.Name == name {
@@ -407,6 +421,15 @@ func (s *Service) Purge(ctx context.Context, all bool) api.PurgeResult {
 // defunct (it was running) or stays stopped.
 func (s *Service) adopt(ctx context.Context, v *vm) {
 	r := v.rec
+	if r.Run {
+		// Its run's client went with the service that ran it.
+		killSessionProcesses(r.SessionDir)
+		delete(s.vms, r.ID)
+		os.RemoveAll(r.SessionDir)
+		s.reg.Remove(r.ID)
+		s.log.Warn("removed the VM of a run its service did not finish", "vm", r.ID, "name", r.Name)
+		return
+	}
 	if r.State == api.StateStopped || r.State == api.StateDefunct {
 		killSessionProcesses(r.SessionDir) // none should run; none may
 		return

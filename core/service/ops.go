@@ -266,37 +266,76 @@ func (s *Service) Inspect(ctx context.Context, ref string, req api.InspectReques
 
 // Run boots an ephemeral VM, runs one command in it and removes the VM.
 func (s *Service) Run(ctx context.Context, req api.RunRequest) (api.ExecResult, error) {
-	if err := checkCommand(req.Exec); err != nil {
-		return api.ExecResult{}, err
-	}
-	created, err := s.create(ctx, req.CreateRequest, false)
-	if err != nil {
-		return api.ExecResult{}, err
-	}
-	defer s.Delete(context.WithoutCancel(ctx), created.ID)
-	return s.Exec(ctx, created.ID, req.Exec)
+	var out api.ExecResult
+	err := s.withRunVM(ctx, req, func(ctx context.Context, vm api.VM) (err error) {
+		out, err = s.Exec(ctx, vm.ID, req.Exec)
+		return err
+	})
+	return out, err
 }
 
 // RunStream is Run with the command's output streamed: once the VM is
 // ready, started is called with it and returns where stdout and stderr
-// go. The VM is removed before RunStream returns, whatever happened
-// (cancelling ctx, the client going away, kills the command first).
-// started is not called when the VM never became ready.
+// go; it is not called when the VM never became ready.
 func (s *Service) RunStream(ctx context.Context, req api.RunRequest, started func(api.VM) (stdout, stderr io.Writer)) (*api.ExecEvent, error) {
+	var ev *api.ExecEvent
+	err := s.withRunVM(ctx, req, func(ctx context.Context, vm api.VM) error {
+		run, err := s.ExecStream(vm.ID, req.Exec)
+		if err != nil {
+			return err
+		}
+		stdout, stderr := started(vm)
+		ev, err = run(ctx, stdout, stderr)
+		return err
+	})
+	return ev, err
+}
+
+// withRunVM boots the ephemeral VM of a run, calls use with it and removes
+// it before returning, whatever happened: cancelling ctx (the client went
+// away) or EndRuns (the service stops) kills the command first.
+func (s *Service) withRunVM(ctx context.Context, req api.RunRequest, use func(ctx context.Context, vm api.VM) error) error {
 	if err := checkCommand(req.Exec); err != nil {
-		return nil, err
+		return err
 	}
-	created, err := s.create(ctx, req.CreateRequest, false)
+	s.runsMu.Lock()
+	if s.runsEnded {
+		s.runsMu.Unlock()
+		return refuse(http.StatusServiceUnavailable, "the capsem service is stopping")
+	}
+	s.runs.Add(1)
+	s.runsMu.Unlock()
+	defer s.runs.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.runsDone, cancel)()
+	created, err := s.create(ctx, req.CreateRequest, true)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer s.Delete(context.WithoutCancel(ctx), created.ID)
-	run, err := s.ExecStream(created.ID, req.Exec)
-	if err != nil {
-		return nil, err
+	return use(ctx, created)
+}
+
+// EndRuns ends every run under way (their commands killed, their VMs
+// removed) and waits, bounded by ctx, until they are; later runs
+// are refused. A stopping service calls it: a run's client cannot outlive
+// it.
+func (s *Service) EndRuns(ctx context.Context) {
+	s.runsMu.Lock()
+	s.runsEnded = true
+	s.runsMu.Unlock()
+	s.endRuns()
+	done := make(chan struct{})
+	go func() {
+		s.runs.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("runs still ending as the service stops; the next service removes their VMs")
 	}
-	stdout, stderr := started(created)
-	return run(ctx, stdout, stderr)
 }
 
 // freshSchema is the schema of a new ledger, made in a scratch directory.

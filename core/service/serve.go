@@ -55,6 +55,9 @@ func Serve(ctx context.Context, o Options) error {
 	case err := <-errc:
 		return fmt.Errorf("serving %s: %w", sock, err)
 	}
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout+5*time.Second)
+	s.EndRuns(rctx)
+	rcancel()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	srv.Shutdown(sctx)

@@ -6,10 +6,13 @@
 // the processes a crashed service left (or reaps those that no longer
 // answer), and serves the JSON API of package api on its socket.
 //
-// A VM with a name is persistent: stopping it keeps its session directory
-// (disk, workspace, session.db) for resume. A VM without one is
-// ephemeral: it is removed when it stops. A VM whose process died is
-// defunct, with the last lines of its log.
+// A VM created with a name is persistent: stopping it keeps its session
+// directory (disk, workspace, session.db) for resume. A VM without one is
+// ephemeral: it is removed when it stops. A run's VM (POST /v1/run and
+// /v1/run/stream) is ephemeral even when named, and is removed when its
+// command ends, when the service stops, or, should the service die, by the
+// next one at start. A VM whose process died is defunct, with the last
+// lines of its log.
 package service
 
 import (
@@ -55,6 +58,14 @@ type Service struct {
 
 	mu  sync.Mutex
 	vms map[string]*vm // by id
+
+	// runsDone ends every run (EndRuns); runs counts those under way,
+	// and takes no more once runsEnded (under runsMu).
+	runsDone  context.Context
+	endRuns   context.CancelFunc
+	runsMu    sync.Mutex
+	runsEnded bool
+	runs      sync.WaitGroup
 }
 
 // vm is one VM. mu serializes its lifecycle operations (boot, stop,
@@ -75,8 +86,8 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.TCGCacheMiB != 0 && (o.TCGCacheMiB < vmm.MinTCGCacheMiB || o.TCGCacheMiB > vmm.MaxTCGCacheMiB) {
-		return nil, fmt.Errorf("TCG cache %d MiB: want 0 (QEMU's default) or %d..%d", o.TCGCacheMiB, vmm.MinTCGCacheMiB, vmm.MaxTCGCacheMiB)
+	if err := vmm.CheckTCGCache(o.TCGCacheMiB); err != nil {
+		return nil, err
 	}
 	regDir, err := paths.RegistryDir()
 	if err != nil {
@@ -92,6 +103,7 @@ func New(ctx context.Context, o Options) (*Service, error) {
 		}
 	}
 	s := &Service{o: o, log: o.Logger, reg: vmrecord.Registry{Dir: regDir}, sessions: sessions, vms: map[string]*vm{}}
+	s.runsDone, s.endRuns = context.WithCancel(context.Background())
 	recs, errs := s.reg.Load()
 	for _, err := range errs {
 		s.log.Error("VM registry", "err", err)

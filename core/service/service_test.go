@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/unixsock"
@@ -79,6 +80,7 @@ func TestHostileRequests(t *testing.T) {
 		{"run stream with a bad name", "POST", api.RouteRunLive, `{"name":"../x","exec":{"command":"true"}}`, 400, "use lower-case letters"},
 		{"relative config", "POST", api.RouteVMs, `{"config":"policy.toml","no_autodetect":true}`, 400, "want an absolute path"},
 		{"missing config", "POST", api.RouteVMs, `{"config":"/nonexistent/p.toml","no_autodetect":true}`, 400, "config /nonexistent/p.toml"},
+		{"config that is a kernel interface", "POST", api.RouteVMs, `{"config":"/proc/kmsg","no_autodetect":true}`, 400, "a kernel interface"},
 		{"config that is a directory", "POST", api.RouteVMs, `{"config":"/","no_autodetect":true}`, 400, "not a regular file"},
 		{"config that does not parse", "POST", api.RouteVMs, `{"config":"` + badConfig + `","no_autodetect":true}`, 400, `"perhaps" is not a decision`},
 		{"run stream with a bad config", "POST", api.RouteRunLive, `{"config":"` + badConfig + `","exec":{"command":"true"}}`, 400, `"perhaps" is not a decision`},
@@ -213,5 +215,81 @@ func TestBadTCGCacheRefusedAtStart(t *testing.T) {
 		if _, err := New(context.Background(), Options{TCGCacheMiB: mib, Logger: slog.New(slog.DiscardHandler)}); err == nil || !strings.Contains(err.Error(), "TCG cache") {
 			t.Errorf("TCG cache %d MiB: %v", mib, err)
 		}
+	}
+}
+
+// addVM puts a VM with rec's fields in s, as a create or a restart would.
+func addVM(t *testing.T, s *Service, rec vmrecord.Record) *vm {
+	t.Helper()
+	rec.SessionDir = s.sessionDirFor(rec.ID)
+	if err := os.MkdirAll(rec.SessionDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	v := &vm{rec: &rec}
+	s.mu.Lock()
+	s.vms[rec.ID] = v
+	s.mu.Unlock()
+	return v
+}
+
+// TestLifecycleCallOnAVMRemovedMeanwhile: a call that waited for a VM's
+// lock while another removed the VM is told the VM is gone (404), and
+// does nothing to it.
+func TestLifecycleCallOnAVMRemovedMeanwhile(t *testing.T) {
+	s := newTestService(t)
+	v := addVM(t, s, vmrecord.Record{VM: api.VM{ID: "vm-0000000000a1", Name: "doomed", Persistent: true, State: api.StateStopped}})
+	v.mu.Lock() // a delete under way
+	got := make(chan error, 1)
+	go func() {
+		_, err := s.Resume(context.Background(), "doomed")
+		got <- err
+	}()
+	// Time for the call to find the VM and wait for its lock (had it not
+	// yet looked, it would find no VM: a 404 too).
+	time.Sleep(50 * time.Millisecond)
+	s.discard(v)
+	v.mu.Unlock()
+	if err := <-got; StatusOf(err) != http.StatusNotFound {
+		t.Fatalf("resume of a VM removed while it waited: %v (status %d), want 404", err, StatusOf(err))
+	}
+}
+
+// TestRunVMsEnd: a run's VM cannot be persisted (the run removes it when
+// its command ends); a stopping service refuses new runs; and a run's VM
+// that a dead service left is removed by the next one at start, not
+// re-adopted.
+func TestRunVMsEnd(t *testing.T) {
+	s := newTestService(t)
+	addVM(t, s, vmrecord.Record{VM: api.VM{ID: "vm-0000000000b1", Name: "runner", Run: true, State: api.StateRunning}})
+	if _, err := s.Persist("runner", "keep"); StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), "belongs to a capsem run") {
+		t.Errorf("persist of a run's VM: %v", err)
+	}
+	s.EndRuns(context.Background())
+	h := s.Handler(nil)
+	if status, body := do(t, h, "POST", api.RouteRunLive, `{"exec":{"command":"true"}}`); status != 503 || !strings.Contains(body, "stopping") {
+		t.Errorf("a run on a stopping service: %d %s", status, body)
+	}
+
+	left := vmrecord.Record{VM: api.VM{ID: "vm-0000000000b2", Run: true, State: api.StateRunning, SessionDir: s.sessionDirFor("vm-0000000000b2")}}
+	os.MkdirAll(left.SessionDir, 0o700)
+	kept := vmrecord.Record{VM: api.VM{ID: "vm-0000000000b3", Name: "kept", Persistent: true, State: api.StateStopped, SessionDir: s.sessionDirFor("vm-0000000000b3")}}
+	os.MkdirAll(kept.SessionDir, 0o700)
+	for _, r := range []*vmrecord.Record{&left, &kept} {
+		if err := s.reg.Save(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next, err := New(context.Background(), Options{Executable: "/nonexistent/capsem", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vms := next.List(); len(vms) != 1 || vms[0].Name != "kept" {
+		t.Errorf("after a restart: %+v, want only the persistent VM", vms)
+	}
+	if _, err := os.Stat(left.SessionDir); !os.IsNotExist(err) {
+		t.Errorf("the run's session directory is left: %v", err)
+	}
+	if recs, _ := next.reg.Read(); len(recs) != 1 || recs[0].ID != kept.ID {
+		t.Errorf("records after a restart: %+v", recs)
 	}
 }

@@ -14,9 +14,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/capsem/capsem/core/api"
@@ -126,8 +128,8 @@ func (g Registry) Remove(id string) error {
 // does not; it changes nothing.
 func (g Registry) Read() ([]*Record, []error) {
 	recs, bad, errs := g.read()
-	for name, err := range bad {
-		errs = append(errs, fmt.Errorf("registry: %s: %w", name, err))
+	for _, name := range slices.Sorted(maps.Keys(bad)) {
+		errs = append(errs, fmt.Errorf("registry: %s: %w", name, bad[name]))
 	}
 	return recs, errs
 }
@@ -138,8 +140,8 @@ func (g Registry) Read() ([]*Record, []error) {
 // serving the others.
 func (g Registry) Load() ([]*Record, []error) {
 	recs, bad, errs := g.read()
-	for name, err := range bad {
-		errs = append(errs, fmt.Errorf("registry: %s: %w (moved aside)", name, err))
+	for _, name := range slices.Sorted(maps.Keys(bad)) {
+		errs = append(errs, fmt.Errorf("registry: %s: %w (moved aside)", name, bad[name]))
 		os.Rename(filepath.Join(g.Dir, name), filepath.Join(g.Dir, name+".bad"))
 	}
 	entries, _ := os.ReadDir(g.Dir)

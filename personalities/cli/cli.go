@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -52,19 +51,6 @@ func envMap(kvs []string) (map[string]string, error) {
 		env[k] = v
 	}
 	return env, nil
-}
-
-// absPath is p made absolute ("" stays ""): the service does not share
-// this command's working directory.
-func absPath(p string) (string, error) {
-	if p == "" {
-		return "", nil
-	}
-	abs, err := filepath.Abs(p)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", p, err)
-	}
-	return abs, nil
 }
 
 // age is a short "how long ago".

@@ -14,7 +14,8 @@ type CreateCmd struct {
 	CPUs  int      `name:"cpus" help:"Virtual CPUs (default 2)."`
 	Env   []string `short:"e" sep:"none" help:"Environment variable for every command in the VM, K=V (repeatable)."`
 	// A pointer: 0 (no disk) differs from the default.
-	DiskGB       *int   `name:"disk-gb" help:"Size of the VM's disk in GB (default 8); 0: none, the guest runs from RAM."`
+	DiskGB *int `name:"disk-gb" help:"Size of the VM's disk in GB (default 8); 0: none, the guest runs from RAM."`
+	// type:"path" makes it absolute, as the service needs.
 	Config       string `type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway, in place of $CAPSEM_HOME/user.toml (read again on every boot and policy reload)."`
 	NoAutodetect bool   `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings to the VM's gateway."`
 	JSON         bool   `help:"Print the VM as JSON."`
@@ -30,12 +31,8 @@ func (c *CreateCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := absPath(c.Config)
-	if err != nil {
-		return err
-	}
 	v, err := cl.Create(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Env: env, DiskGB: c.DiskGB,
-		Config: cfg, NoAutodetect: c.NoAutodetect})
+		Config: c.Config, NoAutodetect: c.NoAutodetect})
 	if err != nil {
 		return err
 	}

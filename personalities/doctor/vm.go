@@ -90,10 +90,10 @@ func (h *host) checkVM(ctx context.Context, r *doctor.Reporter) {
 	<-done
 	switch {
 	case execErr != nil || ev == nil:
-		r.Failf("", "running capsem-doctor in the VM: %v: %s", execErr, tail(stderr.String()))
+		r.Failf("", "running capsem-doctor in the VM: %v: %s; the VM's process log ends: %s", execErr, tail(stderr.String()), tail(proc.LogTail(6)))
 	case sum == nil:
-		r.Failf("the VM's process log says more: "+paths.Session{Dir: dir}.ProcessLog(),
-			"capsem-doctor in the VM gave no summary (exit %d): %s", ev.ExitCode, tail(stderr.String()+strings.Join(other, "\n")))
+		r.Failf("the other groups' failures say why",
+			"capsem-doctor in the VM gave no summary (exit %d): %s; the VM's process log ends: %s", ev.ExitCode, tail(stderr.String()+strings.Join(other, "\n")), tail(proc.LogTail(6)))
 	case sum.Result == "PASS" && ev.ExitCode == 0:
 		r.Okf("an ephemeral VM ran capsem-doctor: %d ok, %d warn; the VM is removed", sum.OK, sum.Warn)
 	case sum.Result == "FAIL" && ev.ExitCode == 1:

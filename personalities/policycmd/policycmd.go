@@ -245,10 +245,8 @@ func (ReloadCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	results, err := reloadctl.ReloadAll(ctx, endpoints)
-	if err != nil {
-		return err
-	}
+	// The records first: a VM that starts running after they are read
+	// reads the new configuration itself, and is not expected to answer.
 	reg, err := vmrecord.Open()
 	if err != nil {
 		return err
@@ -256,6 +254,10 @@ func (ReloadCmd) Run(ctx context.Context) error {
 	recs, errs := reg.Read()
 	for _, err := range errs {
 		fmt.Fprintf(os.Stderr, "capsem: %v\n", err)
+	}
+	results, err := reloadctl.ReloadAll(ctx, endpoints)
+	if err != nil {
+		return err
 	}
 	results = withVMs(results, recs, (*vmrecord.Record).ProcessAlive)
 	if len(results) == 0 {

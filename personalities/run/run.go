@@ -13,28 +13,30 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/exitcode"
+	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/service"
 )
 
 // Cmd is `capsem run [--name N] [--env K=V]... -- CMD...`.
 type Cmd struct {
-	Name         string        `help:"A name for the VM while it runs (its hostname; capsem exec and shell reach it by it); the VM is removed when the command ends."`
-	Env          []string      `short:"e" sep:"none" help:"Environment variable for the command, K=V (repeatable)."`
-	Timeout      time.Duration `help:"Kill the command after this long (default: no timeout)."`
-	BootLimit    time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
-	Config       string        `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
-	NoAutodetect bool          `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
-	CPUs         int           `name:"cpus" default:"2" help:"Virtual CPUs."`
-	MemoryMiB    int           `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
-	DiskGiB      int           `name:"disk-gib" default:"8" help:"Size of the VM's disk (sparse, removed with the VM); 0: none, the guest runs from RAM."`
-	Command      []string      `arg:"" passthrough:"" help:"The command and its arguments."`
+	Name      string        `help:"A name for the VM while it runs (its hostname; capsem exec and shell reach it by it); the VM is removed when the command ends."`
+	Env       []string      `short:"e" sep:"none" help:"Environment variable for the command, K=V (repeatable)."`
+	Timeout   time.Duration `help:"Kill the command after this long (default: no timeout)."`
+	BootLimit time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
+	// type:"path" makes it absolute, as the service needs.
+	Config       string   `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
+	NoAutodetect bool     `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
+	CPUs         int      `name:"cpus" default:"2" help:"Virtual CPUs."`
+	MemoryMiB    int      `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
+	DiskGiB      int      `name:"disk-gib" default:"8" help:"Size of the VM's disk (sparse, removed with the VM); 0: none, the guest runs from RAM."`
+	Command      []string `arg:"" passthrough:"" help:"The command and its arguments."`
 }
 
 // Run boots, executes and cleans up.
@@ -64,18 +66,25 @@ func (c *Cmd) Run(ctx context.Context) error {
 		}
 	}
 	ev, err := cl.RunStream(ctx, req, ready, os.Stdout, os.Stderr)
-	if ctx.Err() != nil {
-		// The service removes the VM when the stream breaks; asking for
-		// it here waits until it is gone, so nothing of it outlives
-		// this command.
+	if err != nil {
 		if vmID != "" {
+			// The service removes the VM when the stream ends or
+			// breaks; asking for it here waits until it is gone (or
+			// removes it, should the stream have broken another way).
+			// Not through a client that starts a service: when none
+			// answers, the one that stopped has removed the VM (or the
+			// next removes it at start). Before the VM was ready there is
+			// nothing to wait for: the service discards a VM whose create
+			// is abandoned.
 			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer dcancel()
-			cl.Delete(dctx, vmID)
+			if sock, err := paths.ServiceSocket(); err == nil {
+				apiclient.NewServiceClient(sock, nil).Delete(dctx, vmID)
+			}
 		}
-		return errors.Join(context.Cause(ctx), err)
-	}
-	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+			return fmt.Errorf("%w (%v)", cause, err)
+		}
 		return err
 	}
 	switch {
@@ -110,17 +119,9 @@ func (c *Cmd) request() (api.RunRequest, error) {
 		}
 		env[k] = v
 	}
-	cfg := c.Config
-	if cfg != "" {
-		abs, err := filepath.Abs(cfg)
-		if err != nil {
-			return api.RunRequest{}, fmt.Errorf("--config %s: %w", cfg, err)
-		}
-		cfg = abs
-	}
 	disk := c.DiskGiB
 	return api.RunRequest{
-		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.MemoryMiB, CPUs: c.CPUs, DiskGB: &disk, Config: cfg, NoAutodetect: c.NoAutodetect},
+		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.MemoryMiB, CPUs: c.CPUs, DiskGB: &disk, Config: c.Config, NoAutodetect: c.NoAutodetect},
 		Exec:          api.ExecRequest{Argv: argv, Env: env, TimeoutMS: c.Timeout.Milliseconds()},
 	}, nil
 }

@@ -179,6 +179,7 @@ func TestRunKilledLeavesNothing(t *testing.T) {
 	}
 	out, err = capsem("info", "sleeper", "--json")
 	var info struct {
+		PID     int `json:"pid"`
 		Process struct {
 			Accel   string `json:"accel"`
 			QEMUPID int    `json:"qemu_pid"`
@@ -195,6 +196,9 @@ func TestRunKilledLeavesNothing(t *testing.T) {
 	if err != nil || !strings.Contains(string(cmdline), wantAccel) {
 		t.Errorf("QEMU's command line lacks %q: %v %q", wantAccel, err, cmdline)
 	}
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", info.PID)); err != nil || !strings.Contains(string(cmdline), "\x00--tcg-cache-mib\x0032\x00") {
+		t.Errorf("the VM's process was not given the service's TCG cache bound: %v %q", err, cmdline)
+	}
 	run.Process.Kill()
 	run.Wait()
 	for {
@@ -207,5 +211,74 @@ func TestRunKilledLeavesNothing(t *testing.T) {
 			t.Fatalf("the killed run's VM was not removed: ls %s (%v), sessions %v, processes %v", out, err, left, testkit.VMProcesses(runDir))
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestServiceStopEndsARun: a service that stops ends the runs it serves
+// (their clients' streams cannot outlive it): the run's command is
+// killed, capsem run fails saying so, and nothing of the VM is left.
+func TestServiceStopEndsARun(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	capsem := func(args ...string) (string, error) {
+		cmd := exec.Command(testkit.CapsemBinary(t), args...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	testkit.GuestBinary(t)
+	run := exec.Command(testkit.CapsemBinary(t), "run", "--no-autodetect", "--name", "cut-short", "--", "sleep", "600")
+	run.Env = env
+	var runErr strings.Builder
+	run.Stderr = &runErr
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer run.Process.Kill()
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		if out, err := capsem("exec", "cut-short", "--", "true"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the run's VM never answered: %v %s; capsem run: %s", err, out, runErr.String())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if out, err := capsem("service", "stop"); err != nil {
+		t.Fatalf("service stop: %v %s", err, out)
+	}
+	done := make(chan error, 1)
+	go func() { done <- run.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Errorf("capsem run exited 0 although its command was killed; stderr %s", runErr.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("capsem run still runs after its service stopped; stderr %s", runErr.String())
+	}
+	if procs := testkit.VMProcesses(runDir); len(procs) > 0 {
+		t.Errorf("the run's VM process outlived the service: %v", procs)
+	}
+	if left, _ := filepath.Glob(filepath.Join(runDir, "sessions", "*")); len(left) > 0 {
+		t.Errorf("the run's session directory outlived the service: %v", left)
+	}
+	if left, _ := filepath.Glob(filepath.Join(runDir, "vms", "*.json")); len(left) > 0 {
+		t.Errorf("the run's record outlived the service: %v", left)
+	}
+}
+
+// TestRunWithoutADisk: --disk-gib 0 gives the VM no disk (the guest runs
+// from RAM); by default it has one.
+func TestRunWithoutADisk(t *testing.T) {
+	env, _ := testkit.ServiceEnv(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{{nil, "vda\n"}, {[]string{"--disk-gib", "0"}, ""}} {
+		args := append(tc.args, "--", "sh", "-c", "ls /sys/block | grep '^vd' || true")
+		stdout, stderr, code := testkit.CapsemRunIn(t, env, args...)
+		if code != 0 || stdout != tc.want {
+			t.Errorf("capsem run %v: exit %d, block devices %q, want %q; stderr %s", tc.args, code, stdout, tc.want, stderr)
+		}
 	}
 }
