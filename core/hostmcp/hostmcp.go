@@ -10,6 +10,7 @@ package hostmcp
 
 import (
 	"context"
+	"io"
 	"sync"
 	"time"
 
@@ -25,6 +26,10 @@ type Service interface {
 	Create(ctx context.Context, req api.CreateRequest) (api.VM, error)
 	Info(ctx context.Context, vm string) (api.VM, error)
 	Exec(ctx context.Context, vm string, req api.ExecRequest) (api.ExecResult, error)
+	// RunStream runs one command in a fresh VM the service removes when
+	// the command ends or the call goes away; ready is called once the VM
+	// is ready.
+	RunStream(ctx context.Context, req api.RunRequest, ready func(api.VM), stdout, stderr io.Writer) (*api.ExecEvent, error)
 	Stop(ctx context.Context, vm string) (api.VM, error)
 	Resume(ctx context.Context, vm string) (api.VM, error)
 	Persist(ctx context.Context, vm, name string) (api.VM, error)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"errors"
 	"flag"
 	"os"
@@ -72,6 +73,18 @@ func (f *fakeService) Exec(ctx context.Context, vm string, req api.ExecRequest) 
 		}
 	}
 	return api.ExecResult{Stdout: "out", Stderr: "err", ExitCode: 3, TimedOut: req.TimeoutMS > 0}, nil
+}
+func (f *fakeService) RunStream(ctx context.Context, req api.RunRequest, ready func(api.VM), stdout, stderr io.Writer) (*api.ExecEvent, error) {
+	vm, _ := f.Create(ctx, req.CreateRequest)
+	defer f.note("run removed " + vm.ID) // the service's part
+	ready(vm)
+	r, err := f.Exec(ctx, vm.ID, req.Exec)
+	if err != nil {
+		return nil, err
+	}
+	io.WriteString(stdout, r.Stdout)
+	io.WriteString(stderr, r.Stderr)
+	return &api.ExecEvent{Done: true, ExitCode: r.ExitCode, TimedOut: r.TimedOut}, nil
 }
 func (f *fakeService) Stop(_ context.Context, vm string) (api.VM, error) { return api.VM{ID: vm}, nil }
 func (f *fakeService) Resume(_ context.Context, vm string) (api.VM, error) {
@@ -286,9 +299,10 @@ func TestCancelReachesTheService(t *testing.T) {
 	}
 }
 
-// TestRunStagesAndCleanup: capsem_run reports its stages (boot, the
-// command, removal) and removes its VM, also when the command's call is
-// cancelled.
+// TestRunStagesAndCleanup: capsem_run reports its stages (boot, then the
+// command) and returns the command's result; it leaves the VM to the
+// service (which removes it), also when the call is cancelled, which ends
+// the service's run.
 func TestRunStagesAndCleanup(t *testing.T) {
 	var mu sync.Mutex
 	var msgs []string
@@ -309,9 +323,9 @@ func TestRunStagesAndCleanup(t *testing.T) {
 		mu.Lock()
 		all := strings.Join(msgs, "|")
 		mu.Unlock()
-		if strings.Contains(all, "removing the VM") {
-			if !strings.HasPrefix(all, "booting a temporary VM") || !strings.Contains(all, "running the command") {
-				t.Fatalf("stages: %q", all)
+		if strings.Contains(all, "running the command in vm-aaaaaaaaaaaa") {
+			if !strings.HasPrefix(all, "booting a temporary VM|working (") {
+				t.Fatalf("stages: %q, want the boot first, with a heartbeat", all)
 			}
 			break
 		}
@@ -323,8 +337,12 @@ func TestRunStagesAndCleanup(t *testing.T) {
 	f.mu.Lock()
 	calls := strings.Join(f.calls, ",")
 	f.mu.Unlock()
-	if calls != "delete vm-aaaaaaaaaaaa" {
-		t.Fatalf("the service saw %q, want the VM deleted once", calls)
+	if calls != "run removed vm-aaaaaaaaaaaa" {
+		t.Fatalf("the service saw %q, want one run and no other call", calls)
+	}
+	var out ExecOut
+	if b, _ := json.Marshal(res.StructuredContent); json.Unmarshal(b, &out) != nil || out.Stdout != "out" || out.Stderr != "err" || out.ExitCode != 3 {
+		t.Errorf("run result %+v", res.StructuredContent)
 	}
 
 	// Cancelled while its command runs: the VM is still removed.
@@ -352,12 +370,17 @@ func TestRunStagesAndCleanup(t *testing.T) {
 		g.mu.Lock()
 		calls := strings.Join(g.calls, ",")
 		g.mu.Unlock()
-		if calls == "delete vm-aaaaaaaaaaaa" {
-			return
+		if calls == "run removed vm-aaaaaaaaaaaa" {
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("after a cancelled run the service saw %q", calls)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.execCtx == nil {
+		t.Error("the cancelled call did not end the service's run")
 	}
 }

@@ -225,23 +225,22 @@ func (t *tools) run(ctx context.Context, req *mcp.CallToolRequest, in RunIn) (*m
 	if in.Command == "" {
 		return nil, ExecOut{}, fmt.Errorf("command is empty")
 	}
-	// Create, exec and delete, each its own stage for progress; the VM is
-	// removed whatever happens, the call's cancellation included.
+	// The service owns the VM: it removes it when the command ends, and
+	// when this call goes away (cancelled, or capsem mcp itself killed).
 	notify := progress(ctx, req, "booting a temporary VM")
 	stop := heartbeat(2*time.Second, func(d time.Duration) { notify(fmt.Sprintf("working (%ds)", int(d.Seconds()))) })
 	defer stop()
-	vm, err := t.svc.Create(ctx, api.CreateRequest{})
+	var stdout, stderr api.ExecOutput
+	var started time.Time
+	ev, err := t.svc.RunStream(ctx, api.RunRequest{Exec: api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env}},
+		func(vm api.VM) {
+			started = time.Now()
+			notify("running the command in " + vm.ID)
+		}, &stdout, &stderr)
 	if err != nil {
 		return nil, ExecOut{}, err
 	}
-	defer t.svc.Delete(context.WithoutCancel(ctx), vm.ID)
-	notify("running the command")
-	r, err := t.svc.Exec(ctx, vm.ID, api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env})
-	if err != nil {
-		return nil, ExecOut{}, err
-	}
-	notify("removing the VM")
-	return nil, execOut(r), nil
+	return nil, execOut(api.ResultOf(ev, &stdout, &stderr, time.Since(started))), nil
 }
 
 func (t *tools) list(ctx context.Context, _ *mcp.CallToolRequest, _ ListIn) (*mcp.CallToolResult, ListOut, error) {

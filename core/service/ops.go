@@ -1,7 +1,6 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -20,26 +19,6 @@ import (
 	"github.com/capsem/capsem/core/paths"
 )
 
-// MaxExecOutput bounds each of an exec's streams in its result; the rest
-// is counted, not kept, and the result says it was cut.
-const MaxExecOutput = 1 << 20
-
-// cappedBuffer keeps the first max bytes written to it.
-type cappedBuffer struct {
-	buf bytes.Buffer
-	max int
-	cut bool
-}
-
-func (c *cappedBuffer) Write(p []byte) (int, error) {
-	if room := c.max - c.buf.Len(); room < len(p) {
-		c.cut = true
-		p = p[:max(room, 0)]
-	}
-	c.buf.Write(p)
-	return len(p), nil
-}
-
 // Exec runs a command in a running VM and returns its output, stdout and
 // stderr apart. It has no timeout unless the request gives one; cancelling
 // ctx (the caller went away) kills the guest command.
@@ -48,15 +27,13 @@ func (s *Service) Exec(ctx context.Context, ref string, req api.ExecRequest) (ap
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	stdout, stderr := &cappedBuffer{max: MaxExecOutput}, &cappedBuffer{max: MaxExecOutput}
+	var stdout, stderr api.ExecOutput
 	start := time.Now()
-	ev, err := run(ctx, stdout, stderr)
+	ev, err := run(ctx, &stdout, &stderr)
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	return api.ExecResult{Stdout: stdout.buf.String(), Stderr: stderr.buf.String(), ExitCode: ev.ExitCode, Signal: ev.Signal,
-		TimedOut: ev.TimedOut, StdoutTruncated: ev.StdoutTruncated || stdout.cut, StderrTruncated: ev.StderrTruncated || stderr.cut,
-		DurationMS: cmpDuration(ev.DurationMS, time.Since(start))}, nil
+	return api.ResultOf(ev, &stdout, &stderr, time.Since(start)), nil
 }
 
 // ExecStream checks req against ref's VM and returns the function that
@@ -99,13 +76,6 @@ func checkCommand(req api.ExecRequest) error {
 		return badRequest("timeout_ms must not be negative")
 	}
 	return nil
-}
-
-func cmpDuration(guestMS int64, d time.Duration) int64 {
-	if guestMS > 0 {
-		return guestMS
-	}
-	return d.Milliseconds()
 }
 
 // vmError turns a per-VM API failure into a refusal: a VM that stopped

@@ -17,6 +17,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/hostmcp"
 	"github.com/capsem/capsem/core/testkit"
 )
@@ -547,5 +549,45 @@ func TestTypeScriptSDKClient(t *testing.T) {
 	}
 	if len(report.After.VMs) != 0 {
 		t.Errorf("VMs left: %+v", report.After.VMs)
+	}
+}
+
+// TestKilledClientEndsItsRun: capsem mcp killed (SIGKILL) while its
+// capsem_run runs leaves no VM: the run belongs to the service, which
+// ends it when its stream breaks.
+func TestKilledClientEndsItsRun(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	cmd := exec.Command(testkit.CapsemBinary(t), "mcp")
+	cmd.Env = env
+	ctx := context.Background()
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "doomed", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	go s.CallTool(ctx, &mcp.CallToolParams{Name: "capsem_run", Arguments: map[string]any{"command": "sleep 600"}})
+	svc := apiclient.NewServiceClient(filepath.Join(runDir, "service.sock"), nil)
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		vms, _ := svc.List(ctx)
+		if len(vms) == 1 && vms[0].Run && vms[0].State == api.StateRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run's VM never ran: %+v", vms)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	for {
+		vms, err := svc.List(ctx)
+		if err == nil && len(vms) == 0 && len(testkit.VMProcesses(runDir)) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after capsem mcp was killed: VMs %+v (%v), processes %v", vms, err, testkit.VMProcesses(runDir))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
