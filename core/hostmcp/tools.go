@@ -84,6 +84,7 @@ type (
 		ID         string `json:"id"`
 		Name       string `json:"name,omitempty"`
 		Persistent bool   `json:"persistent"`
+		Run        bool   `json:"run,omitempty" jsonschema:"the VM of a capsem_run or capsem run in progress: removed when its command ends"`
 		State      string `json:"state" jsonschema:"booting, running, stopped (persistent) or defunct (its process died: see lastLog)"`
 		RAMMb      int    `json:"ramMb"`
 		CPUCount   int    `json:"cpuCount"`
@@ -146,7 +147,7 @@ type (
 )
 
 func vmOut(v api.VM) VMOut {
-	o := VMOut{ID: v.ID, Name: v.Name, Persistent: v.Persistent, State: v.State, RAMMb: v.RAMMB, CPUCount: v.CPUs, Image: v.Image,
+	o := VMOut{ID: v.ID, Name: v.Name, Persistent: v.Persistent, Run: v.Run, State: v.State, RAMMb: v.RAMMB, CPUCount: v.CPUs, Image: v.Image,
 		CreatedAt: v.CreatedAt.Format(time.RFC3339), PID: v.PID, LastLog: v.LastLog}
 	if !v.StartedAt.IsZero() {
 		o.StartedAt = v.StartedAt.Format(time.RFC3339)

@@ -79,7 +79,7 @@ func orDash(s string) string {
 
 // printVM prints one VM as "key: value" lines.
 func printVM(v api.VM) {
-	rows := [][2]string{{"id", v.ID}, {"name", orDash(v.Name)}, {"state", v.State}, {"persistent", fmt.Sprint(v.Persistent)},
+	rows := [][2]string{{"id", v.ID}, {"name", orDash(v.Name)}, {"state", v.State}, {"persistent", fmt.Sprint(v.Persistent)}, {"run", fmt.Sprint(v.Run)},
 		{"memory", fmt.Sprintf("%d MB", v.RAMMB)}, {"cpus", fmt.Sprint(v.CPUs)}, {"image", v.Image},
 		{"created", v.CreatedAt.Local().Format(time.DateTime)}, {"session", v.SessionDir}}
 	if v.PID > 0 {

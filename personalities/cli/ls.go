@@ -26,8 +26,11 @@ func (c *LsCmd) Run(ctx context.Context) error {
 	var rows [][]string
 	for _, v := range vms {
 		kind := "ephemeral"
-		if v.Persistent {
+		switch {
+		case v.Persistent:
 			kind = "persistent"
+		case v.Run:
+			kind = "run" // removed when its capsem run ends
 		}
 		rows = append(rows, []string{v.ID, orDash(v.Name), v.State, kind, fmt.Sprintf("%d MB", v.RAMMB), fmt.Sprint(v.CPUs), age(v.CreatedAt)})
 	}
