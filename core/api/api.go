@@ -29,15 +29,24 @@ const (
 	RouteLogs        = "/v1/logs"          // GET ?tail=&grep=: the serial console's last lines
 )
 
-// ReadyLine is what `capsem process --ready-fd N` writes on N once its API
-// accepts connections.
-const ReadyLine = "ready\n"
+// The readiness pipe of `capsem process --ready-fd N`: a StagePrefix line
+// for each stage of the start (checking or building the guest assets,
+// deciding the accelerator, booting or resuming), then ReadyLine once the
+// API accepts connections.
+const (
+	ReadyLine   = "ready\n"
+	StagePrefix = "stage "
+	// MaxStageLine bounds one line of the pipe.
+	MaxStageLine = 512
+)
 
 // ExecEvent is one line of the streamed exec response: output chunks, then
 // exactly one final event with Done set (or Error). A run's stream starts
-// with an event carrying the VM, once it is ready.
+// with the stages of its VM's start, then an event carrying the VM once it
+// is ready. A create's stream is stage events, then the VM (or Error).
 type ExecEvent struct {
-	VM *VM `json:"vm,omitempty"`
+	Stage string `json:"stage,omitempty"`
+	VM    *VM    `json:"vm,omitempty"`
 
 	Stream string `json:"stream,omitempty"` // "stdout" | "stderr"
 	Data   []byte `json:"data,omitempty"`   // base64 in JSON

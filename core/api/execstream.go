@@ -38,6 +38,9 @@ func (s *ExecStream) Final(ev ExecEvent) { s.write(ev) }
 // Ready writes the event of a run's stream that says its VM is ready.
 func (s *ExecStream) Ready(vm VM) { s.write(ExecEvent{VM: &vm}) }
 
+// Stage writes a stage of the VM's start.
+func (s *ExecStream) Stage(stage string) { s.write(ExecEvent{Stage: stage}) }
+
 func (s *ExecStream) write(ev ExecEvent) error {
 	b, err := json.Marshal(ev)
 	if err != nil {
@@ -74,12 +77,20 @@ const maxExecEventLine = 16 << 20
 // stderr (either may be nil) as it comes, and returns the final event; a
 // final event with Error is also an error.
 func ReadExecStream(r io.Reader, stdout, stderr io.Writer) (*ExecEvent, error) {
-	return ReadRunStream(r, nil, stdout, stderr)
+	return ReadRunStream(r, RunEvents{}, stdout, stderr)
 }
 
-// ReadRunStream is ReadExecStream for a run's stream: ready, when not
-// nil, is called with the VM once it is ready.
-func ReadRunStream(r io.Reader, ready func(VM), stdout, stderr io.Writer) (*ExecEvent, error) {
+// RunEvents are what a run's or a create's stream tells besides output:
+// each is called when not nil.
+type RunEvents struct {
+	// Stage is called with each stage of the VM's start.
+	Stage func(stage string)
+	// Ready is called with the VM once it is ready.
+	Ready func(VM)
+}
+
+// ReadRunStream is ReadExecStream for a run's stream.
+func ReadRunStream(r io.Reader, events RunEvents, stdout, stderr io.Writer) (*ExecEvent, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxExecEventLine)
 	for sc.Scan() {
@@ -93,8 +104,12 @@ func ReadRunStream(r io.Reader, ready func(VM), stdout, stderr io.Writer) (*Exec
 		case ev.Done:
 			return &ev, nil
 		case ev.VM != nil:
-			if ready != nil {
-				ready(*ev.VM)
+			if events.Ready != nil {
+				events.Ready(*ev.VM)
+			}
+		case ev.Stage != "":
+			if events.Stage != nil {
+				events.Stage(ev.Stage)
 			}
 		case ev.Stream == "stdout" && stdout != nil:
 			stdout.Write(ev.Data)
@@ -106,4 +121,15 @@ func ReadRunStream(r io.Reader, ready func(VM), stdout, stderr io.Writer) (*Exec
 		return nil, fmt.Errorf("exec stream: %w", err)
 	}
 	return nil, errors.New("exec stream: ended without a result")
+}
+
+// ReadCreateStream reads a create's stream: stages, then the VM (its
+// last event), or an error.
+func ReadCreateStream(r io.Reader, stage func(string)) (VM, error) {
+	var vm *VM
+	_, err := ReadRunStream(r, RunEvents{Stage: stage, Ready: func(v VM) { vm = &v }}, nil, nil)
+	if vm != nil {
+		return *vm, nil
+	}
+	return VM{}, err
 }

@@ -10,6 +10,7 @@ import (
 const (
 	RouteVersion     = "/v1/version"                 // GET: Version
 	RouteVMs         = "/v1/vms"                     // GET: []VM; POST CreateRequest: VM
+	RouteVMsLive     = "/v1/vms/stream"              // POST CreateRequest: the create stream (NDJSON ExecEvents: stages, then the VM)
 	RouteRun         = "/v1/run"                     // POST RunRequest: ExecResult (an ephemeral VM, removed after)
 	RouteRunLive     = "/v1/run/stream"              // POST RunRequest: the exec stream, its first event the ready VM; the VM is removed before the final event, or when the client goes away
 	RoutePurge       = "/v1/purge"                   // POST PurgeRequest: PurgeResult

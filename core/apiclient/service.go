@@ -145,37 +145,59 @@ func (c *ServiceClient) Exec(ctx context.Context, vm string, req api.ExecRequest
 // ExecStream runs a command in a VM, writing its output to stdout and
 // stderr as it comes, and returns the final event.
 func (c *ServiceClient) ExecStream(ctx context.Context, vm string, req api.ExecRequest, stdout, stderr io.Writer) (*api.ExecEvent, error) {
-	return c.stream(ctx, api.VMPath(api.RouteVMExecLive, vm), req, nil, stdout, stderr)
+	var ev *api.ExecEvent
+	err := c.stream(ctx, api.VMPath(api.RouteVMExecLive, vm), req, func(body io.Reader) (err error) {
+		ev, err = api.ReadExecStream(body, stdout, stderr)
+		return err
+	})
+	return ev, err
 }
 
-// RunStream runs one command in a fresh ephemeral VM, calling ready (when
-// not nil) with the VM once it is ready, writing the command's output to
-// stdout and stderr as it comes, and returns the final event, sent once
-// the VM is removed. Cancelling ctx kills the command and removes the VM.
-func (c *ServiceClient) RunStream(ctx context.Context, req api.RunRequest, ready func(api.VM), stdout, stderr io.Writer) (*api.ExecEvent, error) {
-	return c.stream(ctx, api.RouteRunLive, req, ready, stdout, stderr)
+// RunStream runs one command in a fresh ephemeral VM, telling events the
+// stages of its start and the VM once it is ready, writing the command's
+// output to stdout and stderr as it comes, and returns the final event,
+// sent once the VM is removed. Cancelling ctx kills the command and
+// removes the VM.
+func (c *ServiceClient) RunStream(ctx context.Context, req api.RunRequest, events api.RunEvents, stdout, stderr io.Writer) (*api.ExecEvent, error) {
+	var ev *api.ExecEvent
+	err := c.stream(ctx, api.RouteRunLive, req, func(body io.Reader) (err error) {
+		ev, err = api.ReadRunStream(body, events, stdout, stderr)
+		return err
+	})
+	return ev, err
 }
 
-// stream posts in to route and reads the exec stream it answers.
-func (c *ServiceClient) stream(ctx context.Context, route string, in any, ready func(api.VM), stdout, stderr io.Writer) (*api.ExecEvent, error) {
+// CreateStream is Create, telling stage (when not nil) each stage of the
+// VM's start as it comes.
+func (c *ServiceClient) CreateStream(ctx context.Context, req api.CreateRequest, stage func(string)) (api.VM, error) {
+	var vm api.VM
+	err := c.stream(ctx, api.RouteVMsLive, req, func(body io.Reader) (err error) {
+		vm, err = api.ReadCreateStream(body, stage)
+		return err
+	})
+	return vm, err
+}
+
+// stream posts in to route and reads the stream it answers with read.
+func (c *ServiceClient) stream(ctx context.Context, route string, in any, read func(io.Reader) error) error {
 	b, err := json.Marshal(in)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://capsem"+route, bytes.NewReader(b))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(hreq)
 	if err != nil {
-		return nil, fmt.Errorf("the capsem service: %w", err)
+		return fmt.Errorf("the capsem service: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return nil, statusError(route, resp)
+		return statusError(route, resp)
 	}
-	return api.ReadRunStream(resp.Body, ready, stdout, stderr)
+	return read(resp.Body)
 }
 
 // Stop stops a VM.

@@ -10,6 +10,7 @@ package hostmcp
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -24,12 +25,14 @@ type Service interface {
 	Version(ctx context.Context) (api.Version, error)
 	List(ctx context.Context) ([]api.VM, error)
 	Create(ctx context.Context, req api.CreateRequest) (api.VM, error)
+	// CreateStream is Create, telling stage each stage of the VM's start.
+	CreateStream(ctx context.Context, req api.CreateRequest, stage func(string)) (api.VM, error)
 	Info(ctx context.Context, vm string) (api.VM, error)
 	Exec(ctx context.Context, vm string, req api.ExecRequest) (api.ExecResult, error)
 	// RunStream runs one command in a fresh VM the service removes when
-	// the command ends or the call goes away; ready is called once the VM
-	// is ready.
-	RunStream(ctx context.Context, req api.RunRequest, ready func(api.VM), stdout, stderr io.Writer) (*api.ExecEvent, error)
+	// the command ends or the call goes away; events tell the stages of
+	// the VM's start and the VM once it is ready.
+	RunStream(ctx context.Context, req api.RunRequest, events api.RunEvents, stdout, stderr io.Writer) (*api.ExecEvent, error)
 	Stop(ctx context.Context, vm string) (api.VM, error)
 	Resume(ctx context.Context, vm string) (api.VM, error)
 	Persist(ctx context.Context, vm, name string) (api.VM, error)
@@ -89,6 +92,36 @@ func progress(ctx context.Context, req *mcp.CallToolRequest, stage string) func(
 	}
 	notify(stage)
 	return notify
+}
+
+// stages reports the stages of a VM's start as progress, and between them
+// a heartbeat that repeats the stage under way with the time so far.
+type stages struct {
+	notify func(string)
+	mu     sync.Mutex
+	last   string
+}
+
+func newStages(notify func(string)) *stages { return &stages{notify: notify} }
+
+// next reports a new stage.
+func (s *stages) next(stage string) {
+	s.mu.Lock()
+	s.last = stage
+	s.mu.Unlock()
+	s.notify(stage)
+}
+
+// beat is the heartbeat's tick.
+func (s *stages) beat(elapsed time.Duration) {
+	s.mu.Lock()
+	last := s.last
+	s.mu.Unlock()
+	msg := fmt.Sprintf("working (%ds)", int(elapsed.Seconds()))
+	if last != "" {
+		msg = fmt.Sprintf("%s (%ds)", last, int(elapsed.Seconds()))
+	}
+	s.notify(msg)
 }
 
 // heartbeat calls tick every interval until the returned stop is called;

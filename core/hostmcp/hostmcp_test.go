@@ -74,10 +74,19 @@ func (f *fakeService) Exec(ctx context.Context, vm string, req api.ExecRequest) 
 	}
 	return api.ExecResult{Stdout: "out", Stderr: "err", ExitCode: 3, TimedOut: req.TimeoutMS > 0}, nil
 }
-func (f *fakeService) RunStream(ctx context.Context, req api.RunRequest, ready func(api.VM), stdout, stderr io.Writer) (*api.ExecEvent, error) {
-	vm, _ := f.Create(ctx, req.CreateRequest)
+
+// CreateStream reports the stages a first VM's start has: the assets'
+// build, then the boot.
+func (f *fakeService) CreateStream(ctx context.Context, req api.CreateRequest, stage func(string)) (api.VM, error) {
+	stage("guest assets: building the initramfs")
+	vm, err := f.Create(ctx, req) // long enough for a heartbeat
+	stage("booting under tcg")
+	return vm, err
+}
+func (f *fakeService) RunStream(ctx context.Context, req api.RunRequest, events api.RunEvents, stdout, stderr io.Writer) (*api.ExecEvent, error) {
+	vm, _ := f.CreateStream(ctx, req.CreateRequest, events.Stage)
 	defer f.note("run removed " + vm.ID) // the service's part
-	ready(vm)
+	events.Ready(vm)
 	r, err := f.Exec(ctx, vm.ID, req.Exec)
 	if err != nil {
 		return nil, err
@@ -263,7 +272,10 @@ func TestCreateSendsProgress(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if !strings.HasPrefix(msgs[0], "booting the VM") || !strings.Contains(strings.Join(msgs, "|"), "s)") {
+	// Each stage as it begins, the heartbeat repeating the one under way.
+	all := strings.Join(msgs, "|")
+	if !strings.HasPrefix(all, "creating the VM|guest assets: building the initramfs|guest assets: building the initramfs (2s)|") ||
+		!strings.HasSuffix(all, "|booting under tcg|ready") {
 		t.Errorf("progress: %q", msgs)
 	}
 }
@@ -324,8 +336,9 @@ func TestRunStagesAndCleanup(t *testing.T) {
 		all := strings.Join(msgs, "|")
 		mu.Unlock()
 		if strings.Contains(all, "running the command in vm-aaaaaaaaaaaa") {
-			if !strings.HasPrefix(all, "booting a temporary VM|working (") {
-				t.Fatalf("stages: %q, want the boot first, with a heartbeat", all)
+			if !strings.HasPrefix(all, "creating a temporary VM|guest assets: building the initramfs|guest assets: building the initramfs (2s)|") ||
+				!strings.HasSuffix(all, "|booting under tcg|running the command in vm-aaaaaaaaaaaa") {
+				t.Fatalf("stages: %q, want the VM's stages first, with a heartbeat", all)
 			}
 			break
 		}

@@ -207,9 +207,10 @@ func (t *tools) register(s *mcp.Server) {
 }
 
 func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, in CreateIn) (*mcp.CallToolResult, VMOut, error) {
-	notify := progress(ctx, req, "booting the VM")
-	stop := heartbeat(2*time.Second, func(d time.Duration) { notify(fmt.Sprintf("booting the VM (%ds)", int(d.Seconds()))) })
-	v, err := t.svc.Create(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image})
+	notify := progress(ctx, req, "creating the VM")
+	stage := newStages(notify)
+	stop := heartbeat(2*time.Second, stage.beat)
+	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image}, stage.next)
 	stop()
 	if err != nil {
 		return nil, VMOut{}, err
@@ -228,16 +229,17 @@ func (t *tools) run(ctx context.Context, req *mcp.CallToolRequest, in RunIn) (*m
 	}
 	// The service owns the VM: it removes it when the command ends, and
 	// when this call goes away (cancelled, or capsem mcp itself killed).
-	notify := progress(ctx, req, "booting a temporary VM")
-	stop := heartbeat(2*time.Second, func(d time.Duration) { notify(fmt.Sprintf("working (%ds)", int(d.Seconds()))) })
+	notify := progress(ctx, req, "creating a temporary VM")
+	stage := newStages(notify)
+	stop := heartbeat(2*time.Second, stage.beat)
 	defer stop()
 	var stdout, stderr api.ExecOutput
 	var started time.Time
 	ev, err := t.svc.RunStream(ctx, api.RunRequest{Exec: api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env}},
-		func(vm api.VM) {
+		api.RunEvents{Stage: stage.next, Ready: func(vm api.VM) {
 			started = time.Now()
-			notify("running the command in " + vm.ID)
-		}, &stdout, &stderr)
+			stage.next("running the command in " + vm.ID)
+		}}, &stdout, &stderr)
 	if err != nil {
 		return nil, ExecOut{}, err
 	}

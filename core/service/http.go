@@ -30,6 +30,30 @@ func (s *Service) Handler(stop func()) http.Handler {
 			reply(w, http.StatusCreated, out, err)
 		}
 	})
+	mux.HandleFunc("POST "+api.RouteVMsLive, func(w http.ResponseWriter, r *http.Request) {
+		var req api.CreateRequest
+		if !decode(w, r, &req, maxRequestBody) {
+			return
+		}
+		// As the run stream: the stream starts with the first stage.
+		var stream *api.ExecStream
+		vm, err := s.CreateStream(r.Context(), req, func(stage string) {
+			if stream == nil {
+				stream = api.NewExecStream(w)
+			}
+			stream.Stage(stage)
+		})
+		switch {
+		case stream == nil && err != nil:
+			writeError(w, err)
+		case stream == nil:
+			writeJSON(w, http.StatusCreated, api.ExecEvent{VM: &vm})
+		case err != nil:
+			stream.Final(api.ExecEvent{Error: err.Error()})
+		default:
+			stream.Ready(vm)
+		}
+	})
 	mux.HandleFunc("POST "+api.RouteRun, func(w http.ResponseWriter, r *http.Request) {
 		var req api.RunRequest
 		if decode(w, r, &req, maxRequestBody) {
@@ -42,12 +66,20 @@ func (s *Service) Handler(stop func()) http.Handler {
 		if !decode(w, r, &req, maxRequestBody) {
 			return
 		}
-		// The stream starts once the VM is ready: a refusal before that
-		// (bad input, a name taken, no memory, a failed boot) keeps its
-		// own status.
+		// The stream starts with the first stage of the VM's start: a
+		// refusal before that (bad input, a name taken, no memory, a
+		// process that could not start) keeps its own status.
 		var stream *api.ExecStream
-		ev, err := s.RunStream(r.Context(), req, func(vm api.VM) (io.Writer, io.Writer) {
-			stream = api.NewExecStream(w)
+		begin := func() {
+			if stream == nil {
+				stream = api.NewExecStream(w)
+			}
+		}
+		ev, err := s.RunStream(r.Context(), req, func(stage string) {
+			begin()
+			stream.Stage(stage)
+		}, func(vm api.VM) (io.Writer, io.Writer) {
+			begin()
 			stream.Ready(vm)
 			return stream.Stdout(), stream.Stderr()
 		})

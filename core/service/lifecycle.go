@@ -113,11 +113,18 @@ const maxEnv = 256
 // fails (bad input, a name taken, too little memory, a boot that fails or
 // is cancelled) leaves nothing behind.
 func (s *Service) Create(ctx context.Context, req api.CreateRequest) (api.VM, error) {
-	return s.create(ctx, req, false)
+	return s.create(ctx, req, false, nil)
 }
 
-// create is Create, of a run's VM (ephemeral, even when named) or not.
-func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool) (api.VM, error) {
+// CreateStream is Create, telling stage each stage of the VM's start as
+// it begins; a refusal comes before any stage.
+func (s *Service) CreateStream(ctx context.Context, req api.CreateRequest, stage func(string)) (api.VM, error) {
+	return s.create(ctx, req, false, stage)
+}
+
+// create is Create, of a run's VM (ephemeral, even when named) or not,
+// telling stage (when not nil) the stages of its start.
+func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool, stage func(string)) (api.VM, error) {
 	diskGB, err := s.normalize(&req)
 	if err != nil {
 		return api.VM{}, err
@@ -127,7 +134,7 @@ func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool) (
 		return api.VM{}, err
 	}
 	defer v.mu.Unlock()
-	if err := s.boot(ctx, v); err != nil {
+	if err := s.boot(ctx, v, stage); err != nil {
 		s.discard(v)
 		return api.VM{}, err
 	}
@@ -173,8 +180,9 @@ func (s *Service) reserve(req api.CreateRequest, diskGB int, run bool) (*vm, err
 	return v, nil
 }
 
-// boot starts v's process and waits until the VM is ready. v.mu is held.
-func (s *Service) boot(ctx context.Context, v *vm) error {
+// boot starts v's process and waits until the VM is ready, telling stage
+// (when not nil) the stages the process reports. v.mu is held.
+func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 	s.mu.Lock()
 	r := *v.rec
 	v.rec.State, v.rec.LastLog, v.stopping = api.StateBooting, "", false
@@ -198,7 +206,7 @@ func (s *Service) boot(ctx context.Context, v *vm) error {
 	launched := time.Since(t0)
 	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
-	info, err := proc.WaitReady(bctx)
+	info, err := proc.WaitReady(bctx, stage)
 	if err != nil {
 		proc.Kill()
 		return fmt.Errorf("VM %s did not boot: %w", r.Label(), err)
@@ -340,7 +348,7 @@ func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
 	if err := checkConfig(r.Config, r.NoAutodetect || s.o.NoAutodetect); err != nil {
 		return api.VM{}, err
 	}
-	if err := s.boot(ctx, v); err != nil {
+	if err := s.boot(ctx, v, nil); err != nil {
 		s.update(v, func(r *vmrecord.Record) {
 			r.State, r.PID = api.StateDefunct, 0
 			r.LastLog = err.Error()

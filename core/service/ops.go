@@ -237,19 +237,20 @@ func (s *Service) Inspect(ctx context.Context, ref string, req api.InspectReques
 // Run boots an ephemeral VM, runs one command in it and removes the VM.
 func (s *Service) Run(ctx context.Context, req api.RunRequest) (api.ExecResult, error) {
 	var out api.ExecResult
-	err := s.withRunVM(ctx, req, func(ctx context.Context, vm api.VM) (err error) {
+	err := s.withRunVM(ctx, req, nil, func(ctx context.Context, vm api.VM) (err error) {
 		out, err = s.Exec(ctx, vm.ID, req.Exec)
 		return err
 	})
 	return out, err
 }
 
-// RunStream is Run with the command's output streamed: once the VM is
-// ready, started is called with it and returns where stdout and stderr
-// go; it is not called when the VM never became ready.
-func (s *Service) RunStream(ctx context.Context, req api.RunRequest, started func(api.VM) (stdout, stderr io.Writer)) (*api.ExecEvent, error) {
+// RunStream is Run with the command's output streamed: stage (when not
+// nil) is told each stage of the VM's start; once the VM is ready, started
+// is called with it and returns where stdout and stderr go (it is not
+// called when the VM never became ready).
+func (s *Service) RunStream(ctx context.Context, req api.RunRequest, stage func(string), started func(api.VM) (stdout, stderr io.Writer)) (*api.ExecEvent, error) {
 	var ev *api.ExecEvent
-	err := s.withRunVM(ctx, req, func(ctx context.Context, vm api.VM) error {
+	err := s.withRunVM(ctx, req, stage, func(ctx context.Context, vm api.VM) error {
 		run, err := s.ExecStream(vm.ID, req.Exec)
 		if err != nil {
 			return err
@@ -264,7 +265,7 @@ func (s *Service) RunStream(ctx context.Context, req api.RunRequest, started fun
 // withRunVM boots the ephemeral VM of a run, calls use with it and removes
 // it before returning, whatever happened: cancelling ctx (the client went
 // away) or EndRuns (the service stops) kills the command first.
-func (s *Service) withRunVM(ctx context.Context, req api.RunRequest, use func(ctx context.Context, vm api.VM) error) error {
+func (s *Service) withRunVM(ctx context.Context, req api.RunRequest, stage func(string), use func(ctx context.Context, vm api.VM) error) error {
 	if err := checkCommand(req.Exec); err != nil {
 		return err
 	}
@@ -279,7 +280,7 @@ func (s *Service) withRunVM(ctx context.Context, req api.RunRequest, use func(ct
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(s.runsDone, cancel)()
-	created, err := s.create(ctx, req.CreateRequest, true)
+	created, err := s.create(ctx, req.CreateRequest, true, stage)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package vmhost
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -197,22 +198,13 @@ func (p *Process) Wait() error {
 }
 
 // WaitReady waits until the process's API accepts connections and returns
-// its Info. No polling: it returns as soon as the API listens, and fails as
-// soon as the process dies first, with the last lines of its log. When ctx
-// ends first the process is killed.
-func (p *Process) WaitReady(ctx context.Context) (*api.Info, error) {
+// its Info, telling stage (when not nil) each stage of the start as the
+// process reports it. No polling: it returns as soon as the API listens,
+// and fails as soon as the process dies first, with the last lines of its
+// log. When ctx ends first the process is killed.
+func (p *Process) WaitReady(ctx context.Context, stage func(string)) (*api.Info, error) {
 	got := make(chan error, 1)
-	go func() {
-		buf := make([]byte, len(api.ReadyLine))
-		_, err := io.ReadFull(p.ready, buf)
-		switch {
-		case err == io.EOF || err == io.ErrUnexpectedEOF:
-			err = errors.New("the VM process ended before its API was ready")
-		case err == nil && string(buf) != api.ReadyLine:
-			err = fmt.Errorf("the VM process wrote %q on its readiness pipe, want %q", buf, api.ReadyLine)
-		}
-		got <- err
-	}()
+	go func() { got <- readReadiness(p.ready, stage) }()
 	var err error
 	select {
 	case err = <-got:
@@ -231,6 +223,32 @@ func (p *Process) WaitReady(ctx context.Context) (*api.Info, error) {
 		return nil, fmt.Errorf("%w (log: %s)", err, p.LogTail(8))
 	}
 	return p.Client.Info(ctx)
+}
+
+// readReadiness reads the readiness pipe (api.ReadyLine after any stage
+// lines) until the ready line.
+func readReadiness(r io.Reader, stage func(string)) error {
+	br := bufio.NewReaderSize(r, api.MaxStageLine)
+	for {
+		line, err := br.ReadSlice('\n')
+		switch {
+		case err == io.EOF || (err == nil && len(line) == 0):
+			return errors.New("the VM process ended before its API was ready")
+		case errors.Is(err, bufio.ErrBufferFull):
+			return fmt.Errorf("the VM process wrote a line of over %d bytes on its readiness pipe", api.MaxStageLine)
+		case err != nil:
+			return fmt.Errorf("reading the readiness pipe: %w", err)
+		case string(line) == api.ReadyLine:
+			return nil
+		}
+		text, ok := strings.CutPrefix(strings.TrimSuffix(string(line), "\n"), api.StagePrefix)
+		if !ok {
+			return fmt.Errorf("the VM process wrote %q on its readiness pipe, want %q or a stage", line, api.ReadyLine)
+		}
+		if stage != nil {
+			stage(text)
+		}
+	}
 }
 
 // Stop asks the VM to stop and waits (bounded by ctx) for the process to

@@ -140,6 +140,7 @@ func (v *VM) stateKey(spec vmm.Spec, accel vmm.Accel) ([]string, error) {
 // a start does not work out, as the next plan says, until one does or
 // booting failed. It returns how the VM started.
 func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir string, canSave bool) (StartMode, error) {
+	v.stage("choosing the accelerator")
 	accel, err := v.opts.Backend.ChooseAccel(ctx, spec)
 	if err != nil {
 		return ModeBoot, fmt.Errorf("creating the VM: %w", err)
@@ -232,6 +233,8 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir s
 // only if the guest had spoken.
 func (v *VM) startGuest(ctx context.Context, spec vmm.Spec, plan bootPlan) (saved bool, err error) {
 	t := time.Now()
+	v.stage(map[StartMode]string{ModeResume: "resuming the saved boot of this configuration", ModeBoot: "booting under " + v.accel.Name,
+		ModeBootAndSave: "booting under " + v.accel.Name + ", to save the boot for the VMs of this configuration"}[plan.mode])
 	var checked chan stateCheck
 	switch plan.mode {
 	case ModeResume:

@@ -59,7 +59,7 @@ func launchVM(t testing.TB, name, dir string, edit ...func(*vmhost.ProcessConfig
 	v := &vmProc{proc: proc, client: proc.Client, sessionDir: session.Dir, log: session.ProcessLog()}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	info, err := proc.WaitReady(ctx)
+	info, err := proc.WaitReady(ctx, nil)
 	if err != nil {
 		proc.Kill()
 		console, _ := os.ReadFile(session.ConsoleLog())
@@ -482,7 +482,7 @@ func launchFailureWithin(ctx context.Context, t *testing.T, dir string, edit fun
 		return err
 	}
 	defer proc.Kill()
-	info, err := proc.WaitReady(ctx)
+	info, err := proc.WaitReady(ctx, nil)
 	if err == nil {
 		t.Fatalf("the VM became ready: %+v", info)
 	}

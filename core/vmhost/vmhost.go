@@ -14,13 +14,16 @@
 package vmhost
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,7 +66,11 @@ type Options struct {
 	// DiskGiB sizes the per-VM disk (paths.Session.Disk) when it has to
 	// be created; an existing one is reused. 0 means no disk.
 	DiskGiB int
-	Logger  *slog.Logger
+	// Stage, when not nil, is told each stage of the start as it begins
+	// (guest assets, accelerator, boot or resume), for the caller to
+	// show; `capsem process` reports them on its readiness pipe.
+	Stage  func(stage string)
+	Logger *slog.Logger
 }
 
 // VM is a booted guest and everything the process owns for it.
@@ -186,7 +193,9 @@ func (v *VM) prepareAssets(ctx context.Context) (*guestfs.Assets, func() error, 
 	// Ensure checks every cached file against its manifest's sha256 before
 	// handing it out (a mismatch rebuilds): it re-reads a file only when its
 	// identity (inode, size, mtime, ctime) changed since its last full hash.
-	assets, err := guestfs.Ensure(ctx, guestfs.Options{Dir: dir, GuestBinary: guestBin, Progress: os.Stderr, Logger: v.log})
+	v.stage("checking the guest assets")
+	progress := io.MultiWriter(os.Stderr, &lineWriter{line: func(l string) { v.stage("guest assets: " + l) }})
+	assets, err := guestfs.Ensure(ctx, guestfs.Options{Dir: dir, GuestBinary: guestBin, Progress: progress, Logger: v.log})
 	if err != nil {
 		return nil, nil, fmt.Errorf("guest assets: %w", err)
 	}
@@ -203,6 +212,37 @@ func (v *VM) prepareAssets(ctx context.Context) (*guestfs.Assets, func() error, 
 		v.timings["asset_hash"] = ms.Load()
 		return err
 	}, nil
+}
+
+// stage tells the caller that a stage of the start begins.
+func (v *VM) stage(s string) {
+	if v.opts.Stage != nil {
+		v.opts.Stage(s)
+	}
+}
+
+// lineWriter calls line with each complete line written to it.
+type lineWriter struct {
+	mu   sync.Mutex
+	buf  []byte
+	line func(string)
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		if l := strings.TrimSpace(string(w.buf[:i])); l != "" {
+			w.line(l)
+		}
+		w.buf = w.buf[i+1:]
+	}
+	return len(p), nil
 }
 
 type openedLedger struct {

@@ -55,7 +55,7 @@ func (h *host) checkVM(ctx context.Context, r *doctor.Reporter) {
 			proc.Kill()
 		}
 	}()
-	if _, err := proc.WaitReady(ctx); err != nil {
+	if _, err := proc.WaitReady(ctx, nil); err != nil {
 		r.Failf("the other groups' failures say why", "the VM did not become ready: %v", err)
 		return
 	}

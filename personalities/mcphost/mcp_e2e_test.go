@@ -591,3 +591,59 @@ func TestKilledClientEndsItsRun(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestProgressTellsTheStages: with a progress token, capsem_create and
+// capsem_run report the real stages of the VM's start as the per-VM
+// process reaches them (guest assets, accelerator, resume or boot), then
+// readiness or the command.
+func TestProgressTellsTheStages(t *testing.T) {
+	env, _ := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	var mu sync.Mutex
+	var msgs []string
+	cmd := exec.Command(testkit.CapsemBinary(t), "mcp")
+	cmd.Env = env
+	ctx := context.Background()
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "progress", Version: "1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			msgs = append(msgs, r.Params.Message)
+			mu.Unlock()
+		}}).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, tc := range []struct {
+		tool string
+		args map[string]any
+		last string
+	}{
+		{"capsem_create", map[string]any{"name": "staged"}, "ready"},
+		{"capsem_run", map[string]any{"command": "true"}, "running the command in vm-"},
+	} {
+		params := &mcp.CallToolParams{Name: tc.tool, Arguments: tc.args}
+		params.SetProgressToken(tc.tool)
+		if res, err := s.CallTool(ctx, params); err != nil || res.IsError {
+			t.Fatalf("%s: %v %+v", tc.tool, err, res)
+		}
+		// Notifications may trail the result a little.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			all := strings.Join(msgs, "|")
+			mu.Unlock()
+			started := strings.Contains(all, "|resuming the saved boot of this configuration") || strings.Contains(all, "|booting under ")
+			if strings.Contains(all, "|checking the guest assets|") && strings.Contains(all, "|choosing the accelerator|") && started && strings.Contains(all, tc.last) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: progress %q", tc.tool, all)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		mu.Lock()
+		msgs = nil
+		mu.Unlock()
+	}
+}

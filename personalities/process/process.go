@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -29,7 +31,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.Default().With("vm", c.Name)
-	notify := c.readyNotifier(log) // before anything is started that could inherit it
+	stage, notify := c.readiness(log) // before anything is started that could inherit the pipe
 	verdicts, err := paths.AccelVerdict()
 	if err != nil {
 		return err
@@ -39,7 +41,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		Firmware:   qemu.PreferredFirmware(),
 		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
 		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, TCGCacheMiB: c.TCGCacheMiB, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log,
-		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir,
+		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage,
 	})
 	if err != nil {
 		return err
@@ -48,22 +50,49 @@ func (c *Cmd) Run(ctx context.Context) error {
 	return v.ServeAPI(ctx, c.Socket, notify)
 }
 
-// readyNotifier returns what ServeAPI runs once the API listens: write the
-// readiness line on --ready-fd and close it. The descriptor is not for
+// readiness returns what reports the start on --ready-fd: stage writes a
+// stage line, and ready (what ServeAPI runs once the API listens) writes
+// the readiness line and closes the descriptor. The descriptor is not for
 // QEMU or the gateway's children (the parent must see the pipe close when
 // this process dies), and it is used raw, not as an *os.File whose
 // finalizer could close it early: on a failure it stays open until the
-// process exits, after the error is written.
-func (c *Cmd) readyNotifier(log *slog.Logger) func() {
+// process exits, after the error is written. Each line is written whole
+// (shorter than a pipe's atomic write) and only before ready.
+func (c *Cmd) readiness(log *slog.Logger) (stage func(string), ready func()) {
 	if c.ReadyFD < 0 {
-		return func() {}
+		return nil, func() {}
 	}
 	fd := c.ReadyFD
 	unix.CloseOnExec(fd)
-	return func() {
-		if _, err := unix.Write(fd, []byte(api.ReadyLine)); err != nil {
-			log.Warn("writing the readiness line", "fd", fd, "err", err)
+	var mu sync.Mutex
+	closed := false
+	write := func(line string) {
+		if _, err := unix.Write(fd, []byte(line)); err != nil {
+			log.Warn("writing on the readiness pipe", "fd", fd, "err", err)
 		}
-		unix.Close(fd)
 	}
+	stage = func(s string) {
+		s = strings.Map(func(r rune) rune {
+			if r < ' ' || r == 0x7f {
+				return ' '
+			}
+			return r
+		}, s)
+		if limit := api.MaxStageLine - len(api.StagePrefix) - 1; len(s) > limit {
+			s = strings.ToValidUTF8(s[:limit], "")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !closed {
+			write(api.StagePrefix + s + "\n")
+		}
+	}
+	ready = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		write(api.ReadyLine)
+		unix.Close(fd)
+		closed = true
+	}
+	return stage, ready
 }

@@ -238,7 +238,7 @@ func startProcess(capsem, home, guest string, edit func(*vmhost.ProcessConfig), 
 	h := &vmHandle{proc: proc, client: proc.Client, dir: dir}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	info, err := proc.WaitReady(ctx)
+	info, err := proc.WaitReady(ctx, nil)
 	if err != nil {
 		proc.Kill()
 		return nil, 0, nil, err
