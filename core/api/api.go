@@ -6,7 +6,12 @@
 // The per-VM process serves its API on paths.Session.APISocket.
 package api
 
-import "github.com/capsem/capsem/core/guestwire"
+import (
+	"log/slog"
+	"strings"
+
+	"github.com/capsem/capsem/core/guestwire"
+)
 
 // ExecRequest runs a command in the guest. Exactly one of Argv and Command is
 // set; Command runs under /bin/sh -c.
@@ -38,7 +43,19 @@ const (
 	StagePrefix = "stage "
 	// MaxStageLine bounds one line of the pipe.
 	MaxStageLine = 512
+	// StageAssets begins the stages of a guest asset build, the one part
+	// of a start that may take minutes (a first VM's).
+	StageAssets = "guest assets: "
 )
+
+// StageLogLevel is the level a command line shows stage at: an asset
+// build is worth telling; the other stages pass in a moment.
+func StageLogLevel(stage string) slog.Level {
+	if strings.HasPrefix(stage, StageAssets) {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
 
 // ExecEvent is one line of the streamed exec response: output chunks, then
 // exactly one final event with Done set (or Error). A run's stream starts

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -38,5 +39,17 @@ func TestResultOf(t *testing.T) {
 	}
 	if r := ResultOf(&ExecEvent{DurationMS: 42}, &ExecOutput{}, &ExecOutput{}, time.Second); r.DurationMS != 42 {
 		t.Errorf("duration %d ms, want the guest's 42", r.DurationMS)
+	}
+}
+
+func TestStageLogLevel(t *testing.T) {
+	for stage, want := range map[string]slog.Level{
+		StageAssets + "downloading linux-image-amd64":   slog.LevelInfo,
+		"checking the guest assets":                     slog.LevelDebug,
+		"resuming the saved boot of this configuration": slog.LevelDebug,
+	} {
+		if got := StageLogLevel(stage); got != want {
+			t.Errorf("%q: %v, want %v", stage, got, want)
+		}
 	}
 }

@@ -78,6 +78,8 @@ func TestHostileRequests(t *testing.T) {
 		{"run without a command", "POST", api.RouteRun, `{"exec":{}}`, 400, "exactly one of command and argv"},
 		{"run stream without a command", "POST", api.RouteRunLive, `{"exec":{"argv":[]}}`, 400, "exactly one of command and argv"},
 		{"run stream with a bad name", "POST", api.RouteRunLive, `{"name":"../x","exec":{"command":"true"}}`, 400, "use lower-case letters"},
+		{"create stream with a bad name", "POST", api.RouteVMsLive, `{"name":"../x"}`, 400, "use lower-case letters"},
+		{"create stream with an unknown field", "POST", api.RouteVMsLive, `{"ram":1}`, 400, `unknown field "ram"`},
 		{"relative config", "POST", api.RouteVMs, `{"config":"policy.toml","no_autodetect":true}`, 400, "want an absolute path"},
 		{"missing config", "POST", api.RouteVMs, `{"config":"/nonexistent/p.toml","no_autodetect":true}`, 400, "config /nonexistent/p.toml"},
 		{"config that is a kernel interface", "POST", api.RouteVMs, `{"config":"/proc/kmsg","no_autodetect":true}`, 400, "a kernel interface"},
@@ -167,7 +169,7 @@ func FuzzRequestBodies(f *testing.F) {
 	}
 	s := newTestService(f)
 	h := s.Handler(nil)
-	routes := []string{api.RouteVMs, api.RouteRun, api.RouteRunLive, api.RoutePurge, api.VMPath(api.RouteVMExec, "x"), api.VMPath(api.RouteVMWriteFile, "x"),
+	routes := []string{api.RouteVMs, api.RouteVMsLive, api.RouteRun, api.RouteRunLive, api.RoutePurge, api.VMPath(api.RouteVMExec, "x"), api.VMPath(api.RouteVMWriteFile, "x"),
 		api.VMPath(api.RouteVMReadFile, "x"), api.VMPath(api.RouteVMInspect, "x"), api.VMPath(api.RouteVMPersist, "x")}
 	f.Fuzz(func(t *testing.T, body string) {
 		for _, route := range routes {

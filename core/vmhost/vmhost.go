@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestctl"
@@ -194,7 +195,7 @@ func (v *VM) prepareAssets(ctx context.Context) (*guestfs.Assets, func() error, 
 	// handing it out (a mismatch rebuilds): it re-reads a file only when its
 	// identity (inode, size, mtime, ctime) changed since its last full hash.
 	v.stage("checking the guest assets")
-	progress := io.MultiWriter(os.Stderr, &lineWriter{line: func(l string) { v.stage("guest assets: " + l) }})
+	progress := io.MultiWriter(os.Stderr, &lineWriter{line: func(l string) { v.stage(api.StageAssets + l) }})
 	assets, err := guestfs.Ensure(ctx, guestfs.Options{Dir: dir, GuestBinary: guestBin, Progress: progress, Logger: v.log})
 	if err != nil {
 		return nil, nil, fmt.Errorf("guest assets: %w", err)

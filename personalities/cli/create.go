@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/capsem/capsem/core/api"
 )
@@ -31,8 +32,9 @@ func (c *CreateCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	v, err := cl.Create(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Env: env, DiskGB: c.DiskGB,
-		Config: c.Config, NoAutodetect: c.NoAutodetect})
+	stage := func(s string) { slog.Log(ctx, api.StageLogLevel(s), "starting the VM", "stage", s) }
+	v, err := cl.CreateStream(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Env: env, DiskGB: c.DiskGB,
+		Config: c.Config, NoAutodetect: c.NoAutodetect}, stage)
 	if err != nil {
 		return err
 	}

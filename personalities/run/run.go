@@ -65,15 +65,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 			slog.Info("VM ready", "vm", vm.ID, "accel", p.Accel, "why", p.AccelReason, "start", p.Start)
 		}
 	}
-	// A first VM builds the guest assets, which takes a while: that is
-	// worth telling; the other stages pass in a moment.
-	stage := func(s string) {
-		level := slog.LevelDebug
-		if strings.HasPrefix(s, "guest assets:") {
-			level = slog.LevelInfo
-		}
-		slog.Log(ctx, level, "starting the VM", "stage", s)
-	}
+	stage := func(s string) { slog.Log(ctx, api.StageLogLevel(s), "starting the VM", "stage", s) }
 	ev, err := cl.RunStream(ctx, req, api.RunEvents{Stage: stage, Ready: ready}, os.Stdout, os.Stderr)
 	if err != nil {
 		if vmID != "" {
