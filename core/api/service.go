@@ -12,7 +12,7 @@ const (
 	RouteVMs         = "/v1/vms"                     // GET: []VM; POST CreateRequest: VM
 	RouteVMsLive     = "/v1/vms/stream"              // POST CreateRequest: the create stream (NDJSON ExecEvents: stages, then the VM)
 	RouteRun         = "/v1/run"                     // POST RunRequest: ExecResult (an ephemeral VM, removed after)
-	RouteRunLive     = "/v1/run/stream"              // POST RunRequest: the exec stream, its first event the ready VM; the VM is removed before the final event, or when the client goes away
+	RouteRunLive     = "/v1/run/stream"              // POST RunRequest: the stages of the VM's start, the ready VM, then the exec stream; the VM is removed before the final event, or when the client goes away
 	RoutePurge       = "/v1/purge"                   // POST PurgeRequest: PurgeResult
 	RouteServiceLogs = "/v1/service/logs"            // GET ?tail=&grep=: LogsResult
 	RouteServiceStop = "/v1/service/stop"            // POST: 204, then the service exits (its VMs keep running)

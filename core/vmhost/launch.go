@@ -199,7 +199,7 @@ func (p *Process) Wait() error {
 
 // WaitReady waits until the process's API accepts connections and returns
 // its Info, telling stage (when not nil) each stage of the start as the
-// process reports it. No polling: it returns as soon as the API listens,
+// process reports it (never after WaitReady returns). No polling: it returns as soon as the API listens,
 // and fails as soon as the process dies first, with the last lines of its
 // log. When ctx ends first the process is killed.
 func (p *Process) WaitReady(ctx context.Context, stage func(string)) (*api.Info, error) {
@@ -211,6 +211,10 @@ func (p *Process) WaitReady(ctx context.Context, stage func(string)) (*api.Info,
 	case <-ctx.Done():
 		err = fmt.Errorf("the VM was not ready in time: %w", context.Cause(ctx))
 		p.Kill()
+		// Closing the pipe ends the reader; once it has returned, stage
+		// is called no more.
+		p.ready.Close()
+		<-got
 	}
 	p.ready.Close()
 	if err != nil {

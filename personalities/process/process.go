@@ -59,13 +59,14 @@ func (c *Cmd) Run(ctx context.Context) error {
 // process exits, after the error is written. Each line is written whole
 // (shorter than a pipe's atomic write) and only before ready.
 func (c *Cmd) readiness(log *slog.Logger) (stage func(string), ready func()) {
+	const maxStageBytes = 32 << 10 // half of Linux's default pipe buffer
 	if c.ReadyFD < 0 {
 		return nil, func() {}
 	}
 	fd := c.ReadyFD
 	unix.CloseOnExec(fd)
 	var mu sync.Mutex
-	closed := false
+	closed, staged := false, 0
 	write := func(line string) {
 		if _, err := unix.Write(fd, []byte(line)); err != nil {
 			log.Warn("writing on the readiness pipe", "fd", fd, "err", err)
@@ -81,10 +82,14 @@ func (c *Cmd) readiness(log *slog.Logger) (stage func(string), ready func()) {
 		if limit := api.MaxStageLine - len(api.StagePrefix) - 1; len(s) > limit {
 			s = strings.ToValidUTF8(s[:limit], "")
 		}
+		line := api.StagePrefix + s + "\n"
 		mu.Lock()
 		defer mu.Unlock()
-		if !closed {
-			write(api.StagePrefix + s + "\n")
+		// Never more than a pipe holds: a parent that reads only at the
+		// end still finds the ready line, and no stage blocks the start.
+		if !closed && staged+len(line) <= maxStageBytes {
+			staged += len(line)
+			write(line)
 		}
 	}
 	ready = func() {
