@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -164,7 +165,27 @@ func (c *ServiceClient) RunStream(ctx context.Context, req api.RunRequest, event
 		ev, err = api.ReadRunStream(body, events, stdout, stderr)
 		return err
 	})
+	if olderService(err) {
+		// A service from before the run stream: the output comes at the
+		// end, and no stage or ready VM is told.
+		r, err := c.Run(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		io.WriteString(stdout, r.Stdout)
+		io.WriteString(stderr, r.Stderr)
+		return &api.ExecEvent{Done: true, ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut,
+			StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated, DurationMS: r.DurationMS}, nil
+	}
 	return ev, err
+}
+
+// olderService says err is the answer of a service that does not have
+// the route asked for: one from before it (a per-user service may run an
+// older build than its clients until it is restarted).
+func olderService(err error) bool {
+	var se *StatusError
+	return errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusMethodNotAllowed)
 }
 
 // CreateStream is Create, telling stage (when not nil) each stage of the
@@ -175,6 +196,9 @@ func (c *ServiceClient) CreateStream(ctx context.Context, req api.CreateRequest,
 		vm, err = api.ReadCreateStream(body, stage)
 		return err
 	})
+	if olderService(err) { // no stages from it
+		return c.Create(ctx, req)
+	}
 	return vm, err
 }
 

@@ -95,11 +95,14 @@ func progress(ctx context.Context, req *mcp.CallToolRequest, stage string) func(
 }
 
 // stages reports the stages of a VM's start as progress, and between them
-// a heartbeat that repeats the stage under way with the time so far.
+// a heartbeat that repeats the stage under way with the time it has taken
+// so far. Its lock is held while notifying, so that a beat never follows
+// the stage after its own.
 type stages struct {
 	notify func(string)
 	mu     sync.Mutex
 	last   string
+	since  time.Time
 }
 
 func newStages(notify func(string)) *stages { return &stages{notify: notify} }
@@ -107,21 +110,20 @@ func newStages(notify func(string)) *stages { return &stages{notify: notify} }
 // next reports a new stage.
 func (s *stages) next(stage string) {
 	s.mu.Lock()
-	s.last = stage
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	s.last, s.since = stage, time.Now()
 	s.notify(stage)
 }
 
-// beat is the heartbeat's tick.
+// beat is the heartbeat's tick; elapsed is the call's time so far.
 func (s *stages) beat(elapsed time.Duration) {
 	s.mu.Lock()
-	last := s.last
-	s.mu.Unlock()
-	msg := fmt.Sprintf("working (%ds)", int(elapsed.Seconds()))
-	if last != "" {
-		msg = fmt.Sprintf("%s (%ds)", last, int(elapsed.Seconds()))
+	defer s.mu.Unlock()
+	if s.last == "" {
+		s.notify(fmt.Sprintf("working (%ds)", int(elapsed.Seconds())))
+		return
 	}
-	s.notify(msg)
+	s.notify(fmt.Sprintf("%s (%ds)", s.last, int(time.Since(s.since).Seconds())))
 }
 
 // heartbeat calls tick every interval until the returned stop is called;

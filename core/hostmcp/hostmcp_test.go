@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,9 @@ type fakeService struct {
 	createIn api.CreateRequest
 	block    chan struct{} // Exec waits on it (or ctx)
 	execCtx  error         // why the blocked Exec ended
+	// beat, when not nil, holds CreateStream in its first stage until it
+	// is closed (the test closes it on seeing a heartbeat).
+	beat chan struct{}
 }
 
 func (f *fakeService) note(s string) { f.mu.Lock(); f.calls = append(f.calls, s); f.mu.Unlock() }
@@ -47,7 +51,6 @@ func (f *fakeService) Create(_ context.Context, req api.CreateRequest) (api.VM, 
 	f.mu.Lock()
 	f.createIn = req
 	f.mu.Unlock()
-	time.Sleep(2500 * time.Millisecond) // long enough for one heartbeat
 	return api.VM{ID: "vm-aaaaaaaaaaaa", Name: req.Name, State: api.StateRunning, RAMMB: req.RAMMB, CPUs: req.CPUs,
 		Process: &api.Info{Accel: "tcg", BootTimings: map[string]int64{"total": 700}}}, nil
 }
@@ -79,9 +82,39 @@ func (f *fakeService) Exec(ctx context.Context, vm string, req api.ExecRequest) 
 // build, then the boot.
 func (f *fakeService) CreateStream(ctx context.Context, req api.CreateRequest, stage func(string)) (api.VM, error) {
 	stage("guest assets: building the initramfs")
-	vm, err := f.Create(ctx, req) // long enough for a heartbeat
+	if f.beat != nil {
+		select {
+		case <-f.beat:
+		case <-ctx.Done():
+			return api.VM{}, ctx.Err()
+		case <-time.After(30 * time.Second):
+			return api.VM{}, errors.New("no heartbeat in 30 s")
+		}
+	}
+	vm, err := f.Create(ctx, req)
 	stage("booting under tcg")
 	return vm, err
+}
+
+// progressRecorder collects progress messages, and closes beat on the
+// first heartbeat.
+func progressRecorder(beat chan struct{}) (*mcp.ClientOptions, func() string) {
+	var mu sync.Mutex
+	var msgs []string
+	var once sync.Once
+	opts := &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+		mu.Lock()
+		msgs = append(msgs, r.Params.Message)
+		mu.Unlock()
+		if strings.HasSuffix(r.Params.Message, "s)") {
+			once.Do(func() { close(beat) })
+		}
+	}}
+	return opts, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Join(msgs, "|")
+	}
 }
 func (f *fakeService) RunStream(ctx context.Context, req api.RunRequest, events api.RunEvents, stdout, stderr io.Writer) (*api.ExecEvent, error) {
 	vm, _ := f.CreateStream(ctx, req.CreateRequest, events.Stage)
@@ -240,43 +273,24 @@ func TestToolsTranslate(t *testing.T) {
 // TestCreateSendsProgress: with a progress token, a create reports its
 // stages and that it is alive while the VM boots.
 func TestCreateSendsProgress(t *testing.T) {
-	var mu sync.Mutex
-	var msgs []string
-	cs := connect(t, &fakeService{}, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
-		mu.Lock()
-		msgs = append(msgs, r.Params.Message)
-		mu.Unlock()
-	}})
+	f := &fakeService{beat: make(chan struct{})}
+	opts, progress := progressRecorder(f.beat)
+	cs := connect(t, f, opts)
 	params := &mcp.CallToolParams{Name: "capsem_create", Arguments: map[string]any{"name": "dev", "ramMb": 512, "cpuCount": 1}}
 	params.SetProgressToken("tok-1")
 	res, err := cs.CallTool(context.Background(), params)
 	if err != nil || res.IsError {
 		t.Fatalf("create: %v %+v", err, res)
 	}
+	// Each stage as it begins, the heartbeat repeating the one under way
+	// with its time so far; notifications may trail the result.
+	want := regexp.MustCompile(`^creating the VM\|guest assets: building the initramfs(\|guest assets: building the initramfs \(\d+s\))+\|booting under tcg(\|booting under tcg \(\d+s\))*\|ready$`)
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		mu.Lock()
-		n := len(msgs)
-		last := ""
-		if n > 0 {
-			last = msgs[n-1]
-		}
-		mu.Unlock()
-		if n >= 3 && last == "ready" {
-			break
-		}
+	for !want.MatchString(progress()) {
 		if time.Now().After(deadline) {
-			t.Fatalf("progress: %q", msgs)
+			t.Fatalf("progress: %q", progress())
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	// Each stage as it begins, the heartbeat repeating the one under way.
-	all := strings.Join(msgs, "|")
-	if !strings.HasPrefix(all, "creating the VM|guest assets: building the initramfs|guest assets: building the initramfs (2s)|") ||
-		!strings.HasSuffix(all, "|booting under tcg|ready") {
-		t.Errorf("progress: %q", msgs)
 	}
 }
 
@@ -316,34 +330,20 @@ func TestCancelReachesTheService(t *testing.T) {
 // service (which removes it), also when the call is cancelled, which ends
 // the service's run.
 func TestRunStagesAndCleanup(t *testing.T) {
-	var mu sync.Mutex
-	var msgs []string
-	f := &fakeService{}
-	cs := connect(t, f, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
-		mu.Lock()
-		msgs = append(msgs, r.Params.Message)
-		mu.Unlock()
-	}})
+	f := &fakeService{beat: make(chan struct{})}
+	opts, progress := progressRecorder(f.beat)
+	cs := connect(t, f, opts)
 	params := &mcp.CallToolParams{Name: "capsem_run", Arguments: map[string]any{"command": "echo hi"}}
 	params.SetProgressToken(7)
 	res, err := cs.CallTool(context.Background(), params)
 	if err != nil || res.IsError {
 		t.Fatalf("run: %v %+v", err, res)
 	}
+	want := regexp.MustCompile(`^creating a temporary VM\|guest assets: building the initramfs(\|guest assets: building the initramfs \(\d+s\))+\|booting under tcg(\|booting under tcg \(\d+s\))*\|running the command in vm-aaaaaaaaaaaa(\|running the command in vm-aaaaaaaaaaaa \(\d+s\))*$`)
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		mu.Lock()
-		all := strings.Join(msgs, "|")
-		mu.Unlock()
-		if strings.Contains(all, "running the command in vm-aaaaaaaaaaaa") {
-			if !strings.HasPrefix(all, "creating a temporary VM|guest assets: building the initramfs|guest assets: building the initramfs (2s)|") ||
-				!strings.HasSuffix(all, "|booting under tcg|running the command in vm-aaaaaaaaaaaa") {
-				t.Fatalf("stages: %q, want the VM's stages first, with a heartbeat", all)
-			}
-			break
-		}
+	for !want.MatchString(progress()) {
 		if time.Now().After(deadline) {
-			t.Fatalf("stages: %q", all)
+			t.Fatalf("stages: %q, want the VM's stages first, with a heartbeat", progress())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -295,3 +295,34 @@ func TestRunVMsEnd(t *testing.T) {
 		t.Errorf("records after a restart: %+v", recs)
 	}
 }
+
+// TestStreamedCreateThatFailsAfterAStage: once a create's stream has told
+// a stage, a failed start ends it with an error event (the status is
+// sent), and the VM leaves nothing behind, as a refused create does.
+func TestStreamedCreateThatFailsAfterAStage(t *testing.T) {
+	t.Setenv("CAPSEM_RUN_DIR", t.TempDir())
+	t.Setenv("CAPSEM_HOME", t.TempDir())
+	// A per-VM process that reports a stage on its readiness pipe (the
+	// last argument) and dies.
+	exe := filepath.Join(t.TempDir(), "capsem")
+	script := "#!/bin/sh\nfor a; do fd=$a; done\neval \"echo 'stage checking the guest assets' >&$fd\"\necho 'no guest assets here' >&2\nexit 3\n"
+	if err := os.WriteFile(exe, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(context.Background(), Options{Executable: exe, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, body := do(t, s.Handler(nil), "POST", api.RouteVMsLive, `{"name":"doomed","ram_mb":256,"no_autodetect":true}`)
+	var stages []string
+	vm, err := api.ReadCreateStream(strings.NewReader(body), func(st string) { stages = append(stages, st) })
+	if status != 200 || strings.Join(stages, "|") != "checking the guest assets" || err == nil ||
+		!strings.Contains(err.Error(), "ended before its API was ready") || !strings.Contains(err.Error(), "no guest assets here") || vm.ID != "" {
+		t.Fatalf("%d, stages %q, vm %+v, err %v; body %s", status, stages, vm, err, body)
+	}
+	sessions, _ := os.ReadDir(s.sessions)
+	records, _ := os.ReadDir(s.reg.Dir)
+	if len(s.List()) != 0 || len(sessions) != 0 || len(records) != 0 {
+		t.Fatalf("a failed start left %d VMs, %d session dirs and %d records", len(s.List()), len(sessions), len(records))
+	}
+}

@@ -166,8 +166,9 @@ func Launch(cfg ProcessConfig, o LaunchOptions) (*Process, error) {
 
 // startWithReadyPipe starts cmd, a `capsem process` command line, with a
 // readiness pipe: the write end goes to the child as an extra file named by
-// an added --ready-fd flag, on which the child writes api.ReadyLine once
-// its API accepts connections. The read end is returned.
+// an added --ready-fd flag, on which the child writes the stages of its
+// start (asked for with --ready-stages) and api.ReadyLine once its API
+// accepts connections. The read end is returned.
 func startWithReadyPipe(cmd *exec.Cmd) (*os.File, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -175,7 +176,7 @@ func startWithReadyPipe(cmd *exec.Cmd) (*os.File, error) {
 	}
 	cmd.ExtraFiles = append(cmd.ExtraFiles, w)
 	// ExtraFiles[i] is the child's descriptor 3+i.
-	cmd.Args = append(cmd.Args, "--ready-fd", strconv.Itoa(2+len(cmd.ExtraFiles)))
+	cmd.Args = append(cmd.Args, "--ready-stages", "--ready-fd", strconv.Itoa(2+len(cmd.ExtraFiles)))
 	err = cmd.Start()
 	w.Close() // the child holds its own copy
 	if err != nil {

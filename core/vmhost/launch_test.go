@@ -12,6 +12,8 @@ import (
 // is an error that says so.
 func TestReadReadiness(t *testing.T) {
 	long := api.StagePrefix + strings.Repeat("x", api.MaxStageLine) + "\n"
+	// A line of exactly the bound, its newline included, is taken.
+	full := strings.Repeat("y", api.MaxStageLine-len(api.StagePrefix)-1)
 	for _, tc := range []struct {
 		name, pipe string
 		stages     []string
@@ -25,6 +27,7 @@ func TestReadReadiness(t *testing.T) {
 		{"half a line", "rea", nil, "ended before its API was ready"},
 		{"garbage", "hello\n", nil, `wrote "hello\n"`},
 		{"too long", long, nil, "a line of over"},
+		{"exactly the bound", api.StagePrefix + full + "\nready\n", []string{full}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
@@ -47,10 +50,17 @@ func FuzzReadReadiness(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, pipe []byte) {
-		readReadiness(strings.NewReader(string(pipe)), func(s string) {
-			if len(s) > api.MaxStageLine || strings.Contains(s, "\n") {
-				t.Fatalf("stage %q", s)
-			}
-		})
+		in := string(pipe)
+		var lines []string
+		err := readReadiness(strings.NewReader(in), func(s string) { lines = append(lines, api.StagePrefix+s+"\n") })
+		// What was told is the input's first lines, in order, and ready
+		// is said only when the next line is the ready line.
+		told := strings.Join(lines, "")
+		if !strings.HasPrefix(in, told) {
+			t.Fatalf("told %q, not the input's first lines %q", told, in)
+		}
+		if ready := strings.HasPrefix(in[len(told):], api.ReadyLine); (err == nil) != ready {
+			t.Fatalf("err %v, yet the line after the stages is the ready line: %v (input %q)", err, ready, in)
+		}
 	})
 }

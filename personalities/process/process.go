@@ -23,7 +23,8 @@ import (
 // Cmd is `capsem process`.
 type Cmd struct {
 	vmhost.ProcessConfig `embed:""`
-	ReadyFD              int `name:"ready-fd" default:"-1" hidden:"" help:"Inherited file descriptor to write api.ReadyLine on, then close, once the API accepts connections (the parent waits on it instead of polling)."`
+	ReadyFD              int  `name:"ready-fd" default:"-1" hidden:"" help:"Inherited file descriptor to write api.ReadyLine on, then close, once the API accepts connections (the parent waits on it instead of polling)."`
+	ReadyStages          bool `name:"ready-stages" hidden:"" help:"Write the stages of the start on --ready-fd before the ready line (a parent that reads only the ready line does not ask)."`
 }
 
 // Run boots the VM and serves until it stops.
@@ -56,13 +57,19 @@ func (c *Cmd) Run(ctx context.Context) error {
 // QEMU or the gateway's children (the parent must see the pipe close when
 // this process dies), and it is used raw, not as an *os.File whose
 // finalizer could close it early: on a failure it stays open until the
-// process exits, after the error is written. Each line is written whole
-// (shorter than a pipe's atomic write) and only before ready.
+// process exits, after the error is written. Stages are written only when
+// the parent asked for them (--ready-stages: an older parent reads the
+// ready line alone), each line whole (shorter than a pipe's atomic write),
+// and only before ready.
 func (c *Cmd) readiness(log *slog.Logger) (stage func(string), ready func()) {
-	const maxStageBytes = 32 << 10 // half of Linux's default pipe buffer
+	// One page, less the ready line: the smallest pipe Linux gives (a
+	// user over pipe-user-pages-soft) still holds every stage and the
+	// ready line, so no stage write blocks the start.
+	const maxStageBytes = 4096 - len(api.ReadyLine)
 	if c.ReadyFD < 0 {
 		return nil, func() {}
 	}
+	stages := c.ReadyStages
 	fd := c.ReadyFD
 	unix.CloseOnExec(fd)
 	var mu sync.Mutex
@@ -85,9 +92,7 @@ func (c *Cmd) readiness(log *slog.Logger) (stage func(string), ready func()) {
 		line := api.StagePrefix + s + "\n"
 		mu.Lock()
 		defer mu.Unlock()
-		// Never more than a pipe holds: a parent that reads only at the
-		// end still finds the ready line, and no stage blocks the start.
-		if !closed && staged+len(line) <= maxStageBytes {
+		if stages && !closed && staged+len(line) <= maxStageBytes {
 			staged += len(line)
 			write(line)
 		}
