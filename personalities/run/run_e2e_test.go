@@ -134,6 +134,47 @@ func TestRunNamesTheAccelerator(t *testing.T) {
 	}
 }
 
+// cli runs capsem with env and returns its stdout (stderr too, when it
+// fails).
+func cli(t *testing.T, env []string, args ...string) (string, error) {
+	cmd := exec.Command(testkit.CapsemBinary(t), args...)
+	cmd.Env = env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out) + stderr.String(), err
+	}
+	return string(out), nil
+}
+
+// startRun starts `capsem run --name name -- sleep 600` with env and waits
+// until its VM answers `capsem exec name -- hostname` with its name; it
+// returns the run and its stderr.
+func startRun(t *testing.T, env []string, name string) (*exec.Cmd, *strings.Builder) {
+	t.Helper()
+	testkit.GuestBinary(t)
+	run := exec.Command(testkit.CapsemBinary(t), "run", "--no-autodetect", "--name", name, "--", "sleep", "600")
+	run.Env = env
+	stderr := &strings.Builder{}
+	run.Stderr = stderr
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run.Process.Kill() })
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		out, err := cli(t, env, "exec", name, "--", "hostname")
+		if err == nil && out == name+"\n" {
+			return run, stderr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run's VM never answered exec by its name: %q %v; capsem run: %s", out, err, stderr.String())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // TestRunKilledLeavesNothing: while it runs, a run's VM is a VM of the
 // service like any other (listed, ephemeral, reached by its name, under
 // the service's options: here a bounded TCG cache); a capsem run killed
@@ -142,32 +183,9 @@ func TestRunNamesTheAccelerator(t *testing.T) {
 func TestRunKilledLeavesNothing(t *testing.T) {
 	env, runDir := testkit.ServiceEnv(t)
 	env = append(env, "CAPSEM_TCG_CACHE_MIB=32") // read by the service this test's run starts
-	capsem := func(args ...string) (string, error) {
-		cmd := exec.Command(testkit.CapsemBinary(t), args...)
-		cmd.Env = env
-		out, err := cmd.Output()
-		return string(out), err
-	}
-	testkit.GuestBinary(t)
-	run := exec.Command(testkit.CapsemBinary(t), "run", "--no-autodetect", "--name", "sleeper", "--", "sleep", "600")
-	run.Env = env
-	var runErr strings.Builder
-	run.Stderr = &runErr
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer run.Process.Kill()
-	deadline := time.Now().Add(4 * time.Minute)
-	for {
-		out, err := capsem("exec", "sleeper", "--", "hostname")
-		if err == nil && out == "sleeper\n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the run's VM never answered exec by its name: %q %v; capsem run: %s", out, err, runErr.String())
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	capsem := func(args ...string) (string, error) { return cli(t, env, args...) }
+	run, _ := startRun(t, env, "sleeper")
+	deadline := time.Now().Add(time.Minute)
 	out, err := capsem("ls", "--json")
 	var vms []struct {
 		Name       string `json:"name"`
@@ -219,31 +237,8 @@ func TestRunKilledLeavesNothing(t *testing.T) {
 // killed, capsem run fails saying so, and nothing of the VM is left.
 func TestServiceStopEndsARun(t *testing.T) {
 	env, runDir := testkit.ServiceEnv(t)
-	capsem := func(args ...string) (string, error) {
-		cmd := exec.Command(testkit.CapsemBinary(t), args...)
-		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
-	testkit.GuestBinary(t)
-	run := exec.Command(testkit.CapsemBinary(t), "run", "--no-autodetect", "--name", "cut-short", "--", "sleep", "600")
-	run.Env = env
-	var runErr strings.Builder
-	run.Stderr = &runErr
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer run.Process.Kill()
-	deadline := time.Now().Add(4 * time.Minute)
-	for {
-		if out, err := capsem("exec", "cut-short", "--", "true"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the run's VM never answered: %v %s; capsem run: %s", err, out, runErr.String())
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	if out, err := capsem("service", "stop"); err != nil {
+	run, runErr := startRun(t, env, "cut-short")
+	if out, err := cli(t, env, "service", "stop"); err != nil {
 		t.Fatalf("service stop: %v %s", err, out)
 	}
 	done := make(chan error, 1)
