@@ -14,7 +14,6 @@
 package vmhost
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +22,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +32,7 @@ import (
 	"github.com/capsem/capsem/core/guestctl"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/ledger"
+	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/unixsock"
@@ -195,7 +194,7 @@ func (v *VM) prepareAssets(ctx context.Context) (*guestfs.Assets, func() error, 
 	// handing it out (a mismatch rebuilds): it re-reads a file only when its
 	// identity (inode, size, mtime, ctime) changed since its last full hash.
 	v.stage("checking the guest assets")
-	progress := io.MultiWriter(os.Stderr, &lineWriter{line: func(l string) { v.stage(api.StageAssets + l) }})
+	progress := io.MultiWriter(os.Stderr, &logs.LineWriter{Line: func(l string) { v.stage(api.StageAssets + l) }})
 	assets, err := guestfs.Ensure(ctx, guestfs.Options{Dir: dir, GuestBinary: guestBin, Progress: progress, Logger: v.log})
 	if err != nil {
 		return nil, nil, fmt.Errorf("guest assets: %w", err)
@@ -220,30 +219,6 @@ func (v *VM) stage(s string) {
 	if v.opts.Stage != nil {
 		v.opts.Stage(s)
 	}
-}
-
-// lineWriter calls line with each complete line written to it.
-type lineWriter struct {
-	mu   sync.Mutex
-	buf  []byte
-	line func(string)
-}
-
-func (w *lineWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf = append(w.buf, p...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			break
-		}
-		if l := strings.TrimSpace(string(w.buf[:i])); l != "" {
-			w.line(l)
-		}
-		w.buf = w.buf[i+1:]
-	}
-	return len(p), nil
 }
 
 type openedLedger struct {

@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/capsem/capsem/core/guestchan"
+	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/vmm"
 )
 
@@ -340,7 +340,7 @@ func (m *Machine) finishUnstarted(err error) {
 func (m *Machine) spawn() error {
 	cmd := exec.Command(m.bin, m.args...)
 	cmd.Stdin = nil
-	w := &logWriter{log: m.log, tail: &m.stderr}
+	w := newLogWriter(m.log, &m.stderr)
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Pdeathsig: syscall.SIGKILL, // QEMU dies with its owner
@@ -813,43 +813,17 @@ func (t *tailBuffer) String() string {
 
 // logWriter logs QEMU's output line by line and keeps its tail for errors.
 type logWriter struct {
-	log     *slog.Logger
-	tail    *tailBuffer
-	mu      sync.Mutex
-	partial []byte
+	tail  *tailBuffer
+	lines logs.LineWriter
+}
+
+func newLogWriter(log *slog.Logger, tail *tailBuffer) *logWriter {
+	return &logWriter{tail: tail, lines: logs.LineWriter{Line: func(l string) { log.Warn("qemu output", "line", l) }}}
 }
 
 func (w *logWriter) Write(p []byte) (int, error) {
 	w.tail.Write(p)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.partial = append(w.partial, p...)
-	for {
-		i := bytes.IndexByte(w.partial, '\n')
-		if i < 0 {
-			break
-		}
-		w.emit(w.partial[:i])
-		w.partial = w.partial[i+1:]
-	}
-	if len(w.partial) > 4096 { // a line that never ends is still logged
-		w.emit(w.partial)
-		w.partial = nil
-	}
-	return len(p), nil
+	return w.lines.Write(p)
 }
 
-func (w *logWriter) flush() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.partial) > 0 {
-		w.emit(w.partial)
-		w.partial = nil
-	}
-}
-
-func (w *logWriter) emit(line []byte) {
-	if s := strings.TrimSpace(string(line)); s != "" {
-		w.log.Warn("qemu output", "line", s)
-	}
-}
+func (w *logWriter) flush() { w.lines.Flush() }
