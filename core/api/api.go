@@ -8,6 +8,7 @@ package api
 
 import (
 	"log/slog"
+	"net/http"
 	"strings"
 
 	"github.com/capsem/capsem/core/guestwire"
@@ -27,7 +28,7 @@ type ExecRequest struct {
 const (
 	RouteInfo        = "/v1/info"          // GET: Info
 	RouteExec        = "/v1/exec"          // POST ExecRequest: NDJSON ExecEvents
-	RouteFileContent = "/v1/files/content" // GET ?path=&follow=1 (raw body); PUT ?path=&mode= (raw body)
+	RouteFileContent = "/v1/files/content" // GET ?path=&follow=1&max=&trace_id= (raw body, trailers); PUT ?path=&mode=&trace_id= (raw body)
 	RouteFileStat    = "/v1/files/stat"    // POST FileRequest: FileResponse
 	RouteFileMkdir   = "/v1/files/mkdir"   // POST FileRequest
 	RouteStop        = "/v1/stop"          // POST: 204, then the VM stops
@@ -82,8 +83,24 @@ type ExecEvent struct {
 }
 
 // MaxFileBytes bounds one file read or write through the API: the guest
-// protocol's limit.
+// protocol's limit. Files stream (GET and PUT files/content), so it bounds
+// disk, not memory.
 const MaxFileBytes = guestwire.MaxFileSize
+
+// MaxJSONFileBytes bounds a file read or written as JSON (the service's
+// files/read and files/write, capsem_read_file, capsem_write_file), which
+// is held whole in memory: larger files go through files/content
+// (capsem cp).
+const MaxJSONFileBytes = 16 << 20
+
+// Trailers of a file read streamed from GET files/content. A read that
+// fails after its first byte has gone cannot change its status, so it ends
+// with TrailerError set, and a client must check it; TrailerDigest is the
+// SHA-256 (hex) of the bytes the guest sent, which the ledger records too.
+const (
+	TrailerError  = "Capsem-Error"
+	TrailerDigest = "Capsem-Sha256"
+)
 
 // FileRequest stats or creates a directory in the guest. File contents
 // travel as raw bodies of GET and PUT /files/content instead: as JSON they
@@ -120,9 +137,47 @@ type Info struct {
 	State       string           `json:"state"`
 }
 
-// Error is the body of a non-2xx response.
+// Error is the body of a non-2xx response. Code names the kind of failure
+// for programs (the CLI and capsem mcp tell people what to do from it);
+// Error says what happened, in words.
 type Error struct {
 	Error string `json:"error"`
+	Code  string `json:"code,omitempty"`
+}
+
+// Error codes (Error.Code), each with its HTTP status.
+const (
+	CodeBadRequest = "bad_request" // 400: the request is wrong; fix it
+	CodeRefused    = "refused"     // 400: the guest refused it (no such file, not a directory)
+	CodeNotFound   = "not_found"   // 404: no such VM
+	CodeConflict   = "conflict"    // 409: the VM's state does not allow it (a name taken, not stopped)
+	// CodeInterrupted (409): the VM was stopped or removed while the call
+	// ran, which ended it; nothing is wrong with the call itself.
+	CodeInterrupted = "interrupted"
+	CodeTooLarge    = "too_large"   // 413
+	CodeNoSpace     = "no_space"    // 507: the guest's file system is full
+	CodeUnavailable = "unavailable" // 503: the VM is not running, or its guest stopped answering (it may have crashed: see capsem logs)
+	CodeInternal    = "internal"    // 500
+)
+
+// CodeOf is the default code of a status.
+func CodeOf(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnprocessableEntity:
+		return CodeBadRequest
+	case http.StatusNotFound:
+		return CodeNotFound
+	case http.StatusConflict:
+		return CodeConflict
+	case http.StatusRequestEntityTooLarge:
+		return CodeTooLarge
+	case http.StatusInsufficientStorage:
+		return CodeNoSpace
+	case http.StatusServiceUnavailable:
+		return CodeUnavailable
+	default:
+		return CodeInternal
+	}
 }
 
 // RouteTerminal opens an interactive terminal in the guest (POST

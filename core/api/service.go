@@ -8,27 +8,31 @@ import (
 
 // Routes of the service API, version 1. {vm} is a VM's name or id.
 const (
-	RouteVersion     = "/v1/version"                 // GET: Version
-	RouteVMs         = "/v1/vms"                     // GET: []VM; POST CreateRequest: VM
-	RouteVMsLive     = "/v1/vms/stream"              // POST CreateRequest: the create stream (NDJSON ExecEvents: stages, then the VM)
-	RouteRun         = "/v1/run"                     // POST RunRequest: ExecResult (an ephemeral VM, removed after)
-	RouteRunLive     = "/v1/run/stream"              // POST RunRequest: the stages of the VM's start, the ready VM, then the exec stream; the VM is removed before the final event, or when the client goes away
-	RoutePurge       = "/v1/purge"                   // POST PurgeRequest: PurgeResult
-	RouteServiceLogs = "/v1/service/logs"            // GET ?tail=&grep=: LogsResult
-	RouteServiceStop = "/v1/service/stop"            // POST: 204, then the service exits (its VMs keep running)
-	RouteSchema      = "/v1/inspect/schema"          // GET: SchemaResult of a new VM's ledger
-	RouteVM          = "/v1/vms/{vm}"                // GET: VM; DELETE: 204
-	RouteVMExec      = "/v1/vms/{vm}/exec"           // POST ExecRequest: ExecResult
-	RouteVMExecLive  = "/v1/vms/{vm}/exec/stream"    // POST ExecRequest: the exec stream (NDJSON ExecEvents)
-	RouteVMTerminal  = "/v1/vms/{vm}/terminal"       // POST TermRequest: 101, then the terminal stream (see RouteTerminal)
-	RouteVMStop      = "/v1/vms/{vm}/stop"           // POST: VM
-	RouteVMResume    = "/v1/vms/{vm}/resume"         // POST: VM
-	RouteVMPersist   = "/v1/vms/{vm}/persist"        // POST PersistRequest: VM
-	RouteVMReadFile  = "/v1/vms/{vm}/files/read"     // POST ReadFileRequest: ReadFileResult
-	RouteVMWriteFile = "/v1/vms/{vm}/files/write"    // POST WriteFileRequest: 204
-	RouteVMLogs      = "/v1/vms/{vm}/logs"           // GET ?tail=&grep=: LogsResult
-	RouteVMSchema    = "/v1/vms/{vm}/inspect/schema" // GET: SchemaResult
-	RouteVMInspect   = "/v1/vms/{vm}/inspect"        // POST InspectRequest: InspectResult
+	RouteVersion     = "/v1/version"              // GET: Version
+	RouteVMs         = "/v1/vms"                  // GET: []VM; POST CreateRequest: VM
+	RouteVMsLive     = "/v1/vms/stream"           // POST CreateRequest: the create stream (NDJSON ExecEvents: stages, then the VM)
+	RouteRun         = "/v1/run"                  // POST RunRequest: ExecResult (an ephemeral VM, removed after)
+	RouteRunLive     = "/v1/run/stream"           // POST RunRequest: the stages of the VM's start, the ready VM, then the exec stream; the VM is removed before the final event, or when the client goes away
+	RoutePurge       = "/v1/purge"                // POST PurgeRequest: PurgeResult
+	RouteServiceLogs = "/v1/service/logs"         // GET ?tail=&grep=: LogsResult
+	RouteServiceStop = "/v1/service/stop"         // POST: 204, then the service exits (its VMs keep running)
+	RouteSchema      = "/v1/inspect/schema"       // GET: SchemaResult of a new VM's ledger
+	RouteVM          = "/v1/vms/{vm}"             // GET: VM; DELETE: 204
+	RouteVMExec      = "/v1/vms/{vm}/exec"        // POST ExecRequest: ExecResult
+	RouteVMExecLive  = "/v1/vms/{vm}/exec/stream" // POST ExecRequest: the exec stream (NDJSON ExecEvents)
+	RouteVMTerminal  = "/v1/vms/{vm}/terminal"    // POST TermRequest: 101, then the terminal stream (see RouteTerminal)
+	RouteVMStop      = "/v1/vms/{vm}/stop"        // POST: VM
+	RouteVMResume    = "/v1/vms/{vm}/resume"      // POST: VM
+	RouteVMPersist   = "/v1/vms/{vm}/persist"     // POST PersistRequest: VM
+	RouteVMReadFile  = "/v1/vms/{vm}/files/read"  // POST ReadFileRequest: ReadFileResult (at most MaxJSONFileBytes)
+	RouteVMWriteFile = "/v1/vms/{vm}/files/write" // POST WriteFileRequest: 204 (at most MaxJSONFileBytes)
+	// RouteVMFileContent streams a file of any size (up to MaxFileBytes):
+	// GET ?path=&follow=1&max= answers its bytes (FileStream: check the
+	// trailers), PUT ?path=&mode= takes them as the body (204).
+	RouteVMFileContent = "/v1/vms/{vm}/files/content"
+	RouteVMLogs        = "/v1/vms/{vm}/logs"           // GET ?tail=&grep=: LogsResult
+	RouteVMSchema      = "/v1/vms/{vm}/inspect/schema" // GET: SchemaResult
+	RouteVMInspect     = "/v1/vms/{vm}/inspect"        // POST InspectRequest: InspectResult
 )
 
 // VMPath puts a VM's name or id into a route with {vm}.

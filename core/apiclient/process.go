@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/capsem/capsem/core/api"
@@ -67,12 +68,9 @@ func (c *ProcessClient) do(ctx context.Context, method, route string, query url.
 
 func decode(route string, resp *http.Response, out any) error {
 	if resp.StatusCode/100 != 2 {
-		var e api.Error
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(b, &e) == nil && e.Error != "" {
-			return fmt.Errorf("%s: %s", route, e.Error)
-		}
-		return fmt.Errorf("%s: HTTP %d: %s", route, resp.StatusCode, bytes.TrimSpace(b))
+		err := statusError(route, resp).(*StatusError)
+		err.Message = route + ": " + strings.TrimPrefix(err.Message, route+": ")
+		return err
 	}
 	if out == nil {
 		return nil
@@ -127,47 +125,70 @@ func (c *ProcessClient) Exec(ctx context.Context, r *api.ExecRequest, stdout, st
 	return api.ReadExecStream(resp.Body, stdout, stderr)
 }
 
-// ReadFile reads a guest file (GET files/content, raw body). follow reads
-// through a symbolic link in the last path component, which is refused
-// otherwise.
-func (c *ProcessClient) ReadFile(ctx context.Context, path string, follow bool) ([]byte, error) {
+// ReadFileTo copies a guest file into w as it streams (GET files/content).
+// follow reads through a symbolic link in the last path component, which
+// is refused otherwise; max (when > 0) refuses a larger file. A read that
+// does not end whole is an error (api.ErrFileCut) even after w has had
+// part of it. It returns the byte count and the SHA-256 (hex).
+func (c *ProcessClient) ReadFileTo(ctx context.Context, path string, follow bool, max int64, w io.Writer) (int64, string, error) {
 	const route = api.RouteFileContent
 	q := url.Values{"path": {path}}
 	if follow {
 		q.Set("follow", "1")
 	}
+	if max > 0 {
+		q.Set("max", strconv.FormatInt(max, 10))
+	}
 	resp, err := c.do(ctx, http.MethodGet, route, q, "", nil)
 	if err != nil {
-		return nil, err
+		return 0, "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return nil, decode(route, resp, nil)
+		return 0, "", decode(route, resp, nil)
 	}
-	if resp.ContentLength < 0 || resp.ContentLength > api.MaxFileBytes {
-		return nil, fmt.Errorf("%s: answer of length %d, want 0..%d", route, resp.ContentLength, api.MaxFileBytes)
+	n, digest, err := api.ReadFileStream(resp, w)
+	if err != nil {
+		return n, "", fmt.Errorf("%s: reading %s: %w", route, path, err)
 	}
-	data := make([]byte, resp.ContentLength)
-	if _, err := io.ReadFull(resp.Body, data); err != nil {
-		return nil, fmt.Errorf("%s: reading %s: %w", route, path, err)
-	}
-	return data, nil
+	return n, digest, nil
 }
 
-// WriteFile writes a guest file (PUT /files/content, raw body), creating
-// missing parent directories; mode 0 means 0644.
-func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte, mode uint32) error {
+// ReadFile reads a whole guest file of at most max bytes into memory.
+func (c *ProcessClient) ReadFile(ctx context.Context, path string, follow bool, max int64) ([]byte, error) {
+	var buf bytes.Buffer
+	if _, _, err := c.ReadFileTo(ctx, path, follow, max, &buf); err != nil {
+		return nil, err
+	}
+	return append([]byte{}, buf.Bytes()...), nil
+}
+
+// WriteFileFrom writes a guest file from r as it streams (PUT
+// files/content), creating missing parent directories; mode 0 keeps an
+// existing file's mode (0644 for a new one). The guest replaces the file
+// only once all of r has arrived. It returns the SHA-256 (hex) of what the
+// VM's process sent on.
+func (c *ProcessClient) WriteFileFrom(ctx context.Context, path string, mode uint32, r io.Reader) (string, error) {
 	const route = api.RouteFileContent
 	q := url.Values{"path": {path}}
 	if mode != 0 {
 		q.Set("mode", strconv.FormatUint(uint64(mode), 8))
 	}
-	resp, err := c.do(ctx, http.MethodPut, route, q, "application/octet-stream", bytes.NewReader(data))
+	resp, err := c.do(ctx, http.MethodPut, route, q, "application/octet-stream", r)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer resp.Body.Close()
-	return decode(route, resp, nil)
+	if err := decode(route, resp, nil); err != nil {
+		return "", err
+	}
+	return resp.Header.Get(api.TrailerDigest), nil
+}
+
+// WriteFile writes data as a guest file (WriteFileFrom).
+func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte, mode uint32) error {
+	_, err := c.WriteFileFrom(ctx, path, mode, bytes.NewReader(data))
+	return err
 }
 
 // Stop shuts the VM down (cleanly if the guest answers).

@@ -15,9 +15,11 @@ import (
 	"github.com/capsem/capsem/core/api"
 )
 
-// StatusError is the service's refusal: its HTTP status and message.
+// StatusError is a refusal from the service or a per-VM process: its HTTP
+// status, its code (api.Error.Code) and message.
 type StatusError struct {
 	Status  int
+	Code    string
 	Message string
 }
 
@@ -91,9 +93,14 @@ func statusError(route string, resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	var e api.Error
 	if json.Unmarshal(b, &e) == nil && e.Error != "" {
-		return &StatusError{Status: resp.StatusCode, Message: e.Error}
+		code := e.Code
+		if code == "" { // a service from before codes
+			code = api.CodeOf(resp.StatusCode)
+		}
+		return &StatusError{Status: resp.StatusCode, Code: code, Message: e.Error}
 	}
-	return &StatusError{Status: resp.StatusCode, Message: fmt.Sprintf("%s: HTTP %d: %s", route, resp.StatusCode, bytes.TrimSpace(b))}
+	return &StatusError{Status: resp.StatusCode, Code: api.CodeOf(resp.StatusCode),
+		Message: fmt.Sprintf("%s: HTTP %d: %s", route, resp.StatusCode, bytes.TrimSpace(b))}
 }
 
 func logQuery(tail int, grep string) url.Values {
@@ -257,6 +264,61 @@ func (c *ServiceClient) Purge(ctx context.Context, all bool) (api.PurgeResult, e
 func (c *ServiceClient) ReadFile(ctx context.Context, vm string, req api.ReadFileRequest) (api.ReadFileResult, error) {
 	var v api.ReadFileResult
 	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMReadFile, vm), nil, req, &v)
+}
+
+// ReadFileTo copies a guest file of any size into w as it streams
+// (files/content; follow reads through a final symbolic link). A read that
+// does not end whole is an error (api.ErrFileCut) even after w has had part
+// of it. It returns the byte count and the SHA-256 (hex).
+func (c *ServiceClient) ReadFileTo(ctx context.Context, vm, path string, follow bool, w io.Writer) (int64, string, error) {
+	route := api.VMPath(api.RouteVMFileContent, vm)
+	q := url.Values{"path": {path}, "follow": {"0"}}
+	if follow {
+		q.Set("follow", "1")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://capsem"+route+"?"+q.Encode(), nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, "", fmt.Errorf("the capsem service: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return 0, "", statusError(route, resp)
+	}
+	n, digest, err := api.ReadFileStream(resp, w)
+	if err != nil {
+		return n, "", fmt.Errorf("reading %s from VM %s: %w", path, vm, err)
+	}
+	return n, digest, nil
+}
+
+// WriteFileFrom writes a guest file of any size from r as it streams
+// (files/content), creating missing parent directories; mode 0 keeps an
+// existing file's mode (0644 for a new one). The guest replaces the file
+// only once all of r has arrived.
+func (c *ServiceClient) WriteFileFrom(ctx context.Context, vm, path string, mode uint32, r io.Reader) error {
+	route := api.VMPath(api.RouteVMFileContent, vm)
+	q := url.Values{"path": {path}}
+	if mode != 0 {
+		q.Set("mode", strconv.FormatUint(uint64(mode), 8))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://capsem"+route+"?"+q.Encode(), r)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("the capsem service: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return statusError(route, resp)
+	}
+	return nil
 }
 
 // WriteFile writes a guest file.

@@ -117,19 +117,30 @@ const headerTimeout = 10 * time.Second
 
 func (c *Client) serveOutput(conn net.Conn) {
 	defer c.wg.Done()
-	defer conn.Close()
 	// Close the stream with the client, whatever state it is in.
-	stop := context.AfterFunc(c.life, func() { conn.Close() })
-	defer stop()
+	stream := conn
+	stop := context.AfterFunc(c.life, func() { stream.Close() })
+	defer func() {
+		stop()
+		if conn != nil {
+			conn.Close()
+		}
+	}()
 	conn.SetReadDeadline(time.Now().Add(headerTimeout))
 	h, err := guestwire.ReadStreamHeader(conn)
 	if err != nil {
-		c.log.Warn("bad exec output stream", "err", err)
+		c.log.Warn("bad data stream", "err", err)
 		return
 	}
 	conn.SetReadDeadline(time.Time{})
+	if h.Which == guestwire.StreamFile {
+		if c.attachFileStream(h.ID, conn) {
+			conn = nil // the transfer owns it now
+		}
+		return
+	}
 	c.mu.Lock()
-	st := c.execs[h.ExecID]
+	st := c.execs[h.ID]
 	var s *sink
 	if st != nil {
 		s = st.sinks[0]
@@ -150,7 +161,7 @@ func (c *Client) serveOutput(conn net.Conn) {
 	if s == nil {
 		// An exec whose caller gave up, or a duplicate stream: closing it
 		// makes the guest drop the rest.
-		c.log.Debug("exec output stream for no waiting exec", "exec_id", h.ExecID, "which", h.Which)
+		c.log.Debug("exec output stream for no waiting exec", "exec_id", h.ID, "which", h.Which)
 		return
 	}
 	buf := make([]byte, 64<<10)

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"sync"
@@ -63,6 +62,10 @@ type Client struct {
 	mu      sync.Mutex
 	pending map[uint64]chan *guestwire.Message
 	execs   map[uint64]*execState
+	files   map[uint64]chan net.Conn // file transfers waiting for their data stream
+	// transfers holds a slot per file transfer in progress, so a burst of
+	// requests queues here instead of piling onto the guest.
+	transfers chan struct{}
 	err     error
 	done    chan struct{}
 	life    context.Context // cancelled with done, for context.AfterFunc
@@ -150,6 +153,7 @@ func New(ctx context.Context, conn net.Conn, outputs net.Listener, opts Options)
 	c := &Client{
 		opts: opts, log: opts.Log.With("component", "guestctl"), conn: conn, outputs: outputs,
 		out: make(chan []byte), pending: map[uint64]chan *guestwire.Message{}, execs: map[uint64]*execState{},
+		files: map[uint64]chan net.Conn{}, transfers: make(chan struct{}, hostFileTransfers),
 		done: make(chan struct{}),
 	}
 	c.life, c.endLife = context.WithCancel(context.Background())
@@ -320,53 +324,73 @@ func (c *Client) writeLoop(w *guestwire.Writer) {
 // call sends a request and waits for its answer. A guest Error answer is
 // returned as a *guestwire.Error.
 func (c *Client) call(ctx context.Context, m *guestwire.Message) (*guestwire.Message, error) {
+	answer, forget, err := c.send(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	return c.await(ctx, m.Type, answer, forget)
+}
+
+// send queues a request and returns the channel its answer will come on,
+// and forget, which stops waiting for it.
+func (c *Client) send(ctx context.Context, m *guestwire.Message) (answer <-chan *guestwire.Message, forget func(), err error) {
 	if m.ID == 0 {
 		m.ID = c.nextID.Add(1)
 	}
 	// Encode now: the frame owns a copy of the caller's data from here on.
 	frame, err := guestwire.AppendFrame(nil, m)
 	if err != nil {
-		return nil, fmt.Errorf("guestctl: %s: %w", m.Type, err)
+		return nil, nil, fmt.Errorf("guestctl: %s: %w", m.Type, err)
 	}
 	ch := make(chan *guestwire.Message, 1)
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		return nil, err
+		return nil, nil, err
 	}
 	c.pending[m.ID] = ch
 	c.mu.Unlock()
-	forget := func() {
+	forget = func() {
 		c.mu.Lock()
 		delete(c.pending, m.ID)
 		c.mu.Unlock()
 	}
 	select {
 	case c.out <- frame:
+		return ch, forget, nil
 	case <-ctx.Done():
 		forget()
-		return nil, fmt.Errorf("guestctl: %s: %w", m.Type, ctx.Err())
+		return nil, nil, fmt.Errorf("guestctl: %s: %w", m.Type, ctx.Err())
 	case <-c.done:
 		forget()
-		return nil, c.Err()
+		return nil, nil, c.Err()
 	}
+}
+
+// await waits for the answer to a request sent with send.
+func (c *Client) await(ctx context.Context, typ string, answer <-chan *guestwire.Message, forget func()) (*guestwire.Message, error) {
 	select {
-	case resp := <-ch:
-		if resp.Type == guestwire.TypeError {
-			if resp.Error == nil {
-				return nil, guestwire.Errorf(guestwire.CodeUnknown, "the guest answered %s with an error without details", m.Type)
-			}
-			return nil, resp.Error
-		}
-		return resp, nil
+	case resp := <-answer:
+		return answerOf(typ, resp)
 	case <-ctx.Done():
 		forget()
-		return nil, fmt.Errorf("guestctl: %s: %w", m.Type, ctx.Err())
+		return nil, fmt.Errorf("guestctl: %s: %w", typ, ctx.Err())
 	case <-c.done:
 		forget()
 		return nil, c.Err()
 	}
+}
+
+// answerOf turns a guest Error answer into a *guestwire.Error.
+func answerOf(typ string, resp *guestwire.Message) (*guestwire.Message, error) {
+	if resp.Type == guestwire.TypeError {
+		if resp.Error == nil {
+			return nil, guestwire.Errorf(guestwire.CodeUnknown, "the guest answered %s with an error without details", typ)
+		}
+		return nil, resp.Error
+	}
+	return resp, nil
 }
 
 func expect(resp *guestwire.Message, typ string) error {
@@ -409,86 +433,6 @@ func (c *Client) Shutdown(ctx context.Context) error {
 		return err
 	}
 	return expect(resp, guestwire.TypeOK)
-}
-
-// FileOp sends one file request (TypeFileRead, TypeFileWrite, TypeFileStat
-// or TypeMkdir) with every option the protocol has.
-func (c *Client) FileOp(ctx context.Context, typ string, req *guestwire.FileRequest) (*guestwire.FileResult, error) {
-	switch typ {
-	case guestwire.TypeFileRead, guestwire.TypeFileWrite, guestwire.TypeFileStat, guestwire.TypeMkdir:
-	default:
-		return nil, fmt.Errorf("guestctl: %q is not a file operation", typ)
-	}
-	if err := guestwire.ValidatePath(req.Path); err != nil {
-		return nil, err
-	}
-	if len(req.Data) > guestwire.MaxFileSize {
-		return nil, guestwire.Errorf(guestwire.CodeTooLarge, "write %s: %d bytes, the limit is %d", req.Path, len(req.Data), guestwire.MaxFileSize)
-	}
-	if req.MaxSize < 0 || req.MaxSize > guestwire.MaxFileSize {
-		return nil, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: max size %d is outside 0..%d", req.Path, req.MaxSize, guestwire.MaxFileSize)
-	}
-	resp, err := c.call(ctx, &guestwire.Message{Type: typ, File: req})
-	if err != nil {
-		return nil, err
-	}
-	if err := expect(resp, guestwire.TypeFileResult); err != nil {
-		return nil, err
-	}
-	if resp.FileResult == nil {
-		return &guestwire.FileResult{}, nil
-	}
-	return resp.FileResult, nil
-}
-
-// ReadFile reads a whole file (up to guestwire.MaxFileSize). A symbolic link
-// as the last path component is refused; use FileOp to follow it.
-func (c *Client) ReadFile(ctx context.Context, path string) ([]byte, error) {
-	return c.readFile(ctx, &guestwire.FileRequest{Path: path})
-}
-
-// ReadFileFollow is ReadFile following a symbolic link in the last path
-// component (which ReadFile refuses).
-func (c *Client) ReadFileFollow(ctx context.Context, path string) ([]byte, error) {
-	return c.readFile(ctx, &guestwire.FileRequest{Path: path, FollowSymlink: true})
-}
-
-func (c *Client) readFile(ctx context.Context, req *guestwire.FileRequest) ([]byte, error) {
-	res, err := c.FileOp(ctx, guestwire.TypeFileRead, req)
-	if err != nil {
-		return nil, err
-	}
-	if res.Data == nil {
-		return []byte{}, nil
-	}
-	return res.Data, nil
-}
-
-// WriteFile replaces a file's content, creating it and its missing parent
-// directories. A symbolic link anywhere in the path is refused. mode (when
-// non-zero) is applied to the file whether it is new or not.
-func (c *Client) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
-	_, err := c.FileOp(ctx, guestwire.TypeFileWrite, &guestwire.FileRequest{Path: path, Data: data, Mode: uint32(mode.Perm()), Parents: true})
-	return err
-}
-
-// Stat describes a file without following a final symbolic link.
-func (c *Client) Stat(ctx context.Context, path string) (*guestwire.FileInfo, error) {
-	res, err := c.FileOp(ctx, guestwire.TypeFileStat, &guestwire.FileRequest{Path: path})
-	if err != nil {
-		return nil, err
-	}
-	if res.Info == nil {
-		return nil, fmt.Errorf("guestctl: the guest's stat of %s has no file info", path)
-	}
-	return res.Info, nil
-}
-
-// Mkdir creates a directory; with parents, missing parents too and an
-// existing directory is not an error.
-func (c *Client) Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool) error {
-	_, err := c.FileOp(ctx, guestwire.TypeMkdir, &guestwire.FileRequest{Path: path, Mode: uint32(mode.Perm()), Parents: parents})
-	return err
 }
 
 func (c *Client) heartbeat() {

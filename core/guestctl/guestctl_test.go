@@ -165,7 +165,7 @@ func TestGuestErrorsAndUnreadableAnswers(t *testing.T) {
 		frame := []byte{0x83, 0xa4, 't', 'y', 'p', 'e', 0xa4, 'p', 'o', 'n', 'g', 0xa2, 'i', 'd', byte(m.ID), 0xa5, 'e', 'r', 'r', 'o', 'r', 0x05}
 		g.conn.Write(append([]byte{0, 0, 0, byte(len(frame))}, frame...))
 	}()
-	_, err = c.ReadFile(context.Background(), "/x")
+	_, err = c.ReadFileTo(context.Background(), &guestwire.FileRequest{Path: "/x"}, io.Discard)
 	if !errors.Is(err, fs.ErrNotExist) || err.Error() != "read /x: no such file or directory" {
 		t.Fatalf("guest error: %v", err)
 	}
@@ -250,7 +250,7 @@ func (g *fakeGuest) openOutput(t *testing.T, id uint64, which string) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := guestwire.WriteStreamHeader(c, guestwire.StreamHeader{ExecID: id, Which: which}); err != nil {
+	if err := guestwire.WriteStreamHeader(c, guestwire.StreamHeader{ID: id, Which: which}); err != nil {
 		t.Fatal(err)
 	}
 	return c

@@ -1,8 +1,11 @@
 // Package guestwire holds the messages of the guest control protocol: the
 // host (per-VM process) and the guest agent (PID 1 in the VM) exchange them
-// on logical port 5000 as frames of [u32 BE length][msgpack]. Exec output
-// travels on port 5005, one stream per output (stdout or stderr), each
-// starting with a StreamHeader frame followed by raw bytes until EOF.
+// on logical port 5000 as frames of [u32 BE length][msgpack]. Bulk data
+// travels beside it on port 5005, one stream per exec output (stdout or
+// stderr) and one per file transfer, each starting with a StreamHeader frame
+// followed by raw bytes until EOF: no control frame ever carries a file, so
+// neither end holds a file in memory and a transfer never holds up the
+// control connection.
 //
 // Requests carry an ID chosen by their sender; the answer echoes it and may
 // arrive out of order, so many requests (several execs at once) share one
@@ -15,7 +18,7 @@ package guestwire
 
 // ProtocolVersion is bumped on any incompatible change to these messages.
 // The host refuses a guest whose Hello carries another version.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // Message types (Message.Type). Host → guest requests: BootConfig, Exec,
 // Cancel, FileRead, FileWrite, FileStat, Mkdir, Shutdown, Ping. Guest → host:
@@ -26,8 +29,8 @@ const (
 	TypeBootConfig = "boot_config" // -> ok
 	TypeExec       = "exec"        // -> exec_result (after both output streams closed)
 	TypeCancel     = "cancel"      // Target: kill a running exec's process group -> ok
-	TypeFileRead   = "file_read"   // -> file_result{data, info}
-	TypeFileWrite  = "file_write"  // -> file_result{info}
+	TypeFileRead   = "file_read"   // file bytes on a data stream, then -> file_result{info, bytes}
+	TypeFileWrite  = "file_write"  // file bytes from a data stream, then -> file_result{info, bytes}
 	TypeFileStat   = "file_stat"   // -> file_result{info}
 	TypeMkdir      = "mkdir"       // -> file_result{info}
 	TypeShutdown   = "shutdown"    // -> ok, then sync, unmount, power off
@@ -46,11 +49,18 @@ const (
 // Bounds shared by both ends. Each side checks them: the host to fail early
 // with a clear error, the guest because it trusts nothing it is sent.
 const (
-	// MaxFileSize bounds one file read or write (64 MiB).
-	MaxFileSize = 64 << 20
-	// MaxFrame bounds one control message: a whole file plus room for the
-	// rest of the message.
-	MaxFrame = MaxFileSize + 1<<20
+	// MaxFileSize bounds one file read or write (64 GiB). Files stream, so
+	// this bounds disk use, not memory.
+	MaxFileSize = 64 << 30
+	// MaxBootFileSize bounds one boot config file, which does travel in a
+	// control frame.
+	MaxBootFileSize = 1 << 20
+	// MaxFrame bounds one control message: room for the largest exec
+	// request or boot config, never a file's content.
+	MaxFrame = 4 << 20
+	// MaxFileTransfers bounds the file transfers the guest serves at once;
+	// the host queues its own below this.
+	MaxFileTransfers = 8
 	// MinOutputCap is the default and the minimum of Exec.StdoutCap and
 	// Exec.StderrCap (10 MiB each): a smaller value is raised to it.
 	MinOutputCap = 10 << 20
@@ -84,6 +94,7 @@ const (
 	CodeIsDir      = "is_dir"      // a file operation on a directory
 	CodeNotRegular = "not_regular" // a read of a device, FIFO or socket
 	CodeBusy       = "busy"        // too many requests in flight, or a duplicate exec id
+	CodeNoSpace    = "no_space"    // the file system (or its quota) is full
 	CodeIO         = "io"          // any other I/O failure
 	CodeUnknown    = "unknown"     // unknown message type
 	CodeDecode     = "decode"      // the frame did not decode
@@ -230,13 +241,12 @@ type ExecResult struct {
 // Paths are absolute and may not contain "..".
 type FileRequest struct {
 	Path string `msg:"path"`
-	// Data is the whole new content (file_write).
-	Data []byte `msg:"data,omitempty"`
 	// Mode is the permission bits for a created file or directory (0 = 0644
 	// for files, 0755 for directories); for file_write it is also applied to
 	// an existing file when non-zero.
 	Mode uint32 `msg:"mode,omitempty"`
-	// MaxSize bounds a read (0 = MaxFileSize; at most MaxFileSize).
+	// MaxSize bounds the bytes a read or write moves (0 = MaxFileSize; at
+	// most MaxFileSize).
 	MaxSize int64 `msg:"max_size,omitempty"`
 	// Parents creates missing parent directories (file_write, mkdir) and
 	// makes mkdir of an existing directory succeed.
@@ -246,10 +256,13 @@ type FileRequest struct {
 	FollowSymlink bool `msg:"follow_symlink,omitempty"`
 }
 
-// FileResult answers a file request.
+// FileResult answers a file request, after its data stream has ended.
 type FileResult struct {
-	Data []byte    `msg:"data,omitempty"`
 	Info *FileInfo `msg:"info,omitempty"`
+	// Bytes is what the data stream carried (file_read, file_write): the
+	// host checks it against what it sent or received, so a stream cut
+	// short is never taken for a whole file.
+	Bytes int64 `msg:"bytes,omitempty"`
 }
 
 // FileInfo describes a file without following a final symbolic link.
@@ -268,16 +281,21 @@ type Error struct {
 	Message string `msg:"message"`
 }
 
-// StreamHeader opens every exec output stream on port 5005.
+// StreamHeader opens every data stream on port 5005. The guest opens
+// them all: for an exec's output and for a file transfer in either
+// direction (a file_write's stream carries the host's bytes back to it).
 type StreamHeader struct {
-	ExecID uint64 `msg:"exec_id"`
-	Which  string `msg:"which"` // StreamStdout or StreamStderr
+	// ID is the request the stream belongs to: the exec's or the file
+	// request's Message.ID.
+	ID    uint64 `msg:"id"`
+	Which string `msg:"which"` // StreamStdout, StreamStderr or StreamFile
 }
 
-// Which output a stream carries.
+// What a data stream carries.
 const (
 	StreamStdout = "stdout"
 	StreamStderr = "stderr"
+	StreamFile   = "file"
 )
 
 // Header is the routing part of any Message. Reader decodes it alone from a

@@ -2190,12 +2190,6 @@ func (z *FileRequest) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Path")
 				return
 			}
-		case "data":
-			z.Data, err = dc.ReadBytes(z.Data)
-			if err != nil {
-				err = msgp.WrapError(err, "Data")
-				return
-			}
 		case "mode":
 			z.Mode, err = dc.ReadUint32()
 			if err != nil {
@@ -2234,28 +2228,24 @@ func (z *FileRequest) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *FileRequest) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(6)
-	var zb0001Mask uint8 /* 6 bits */
+	zb0001Len := uint32(5)
+	var zb0001Mask uint8 /* 5 bits */
 	_ = zb0001Mask
-	if z.Data == nil {
+	if z.Mode == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x2
 	}
-	if z.Mode == 0 {
+	if z.MaxSize == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x4
 	}
-	if z.MaxSize == 0 {
+	if z.Parents == false {
 		zb0001Len--
 		zb0001Mask |= 0x8
 	}
-	if z.Parents == false {
-		zb0001Len--
-		zb0001Mask |= 0x10
-	}
 	if z.FollowSymlink == false {
 		zb0001Len--
-		zb0001Mask |= 0x20
+		zb0001Mask |= 0x10
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -2276,18 +2266,6 @@ func (z *FileRequest) EncodeMsg(en *msgp.Writer) (err error) {
 			return
 		}
 		if (zb0001Mask & 0x2) == 0 { // if not omitted
-			// write "data"
-			err = en.Append(0xa4, 0x64, 0x61, 0x74, 0x61)
-			if err != nil {
-				return
-			}
-			err = en.WriteBytes(z.Data)
-			if err != nil {
-				err = msgp.WrapError(err, "Data")
-				return
-			}
-		}
-		if (zb0001Mask & 0x4) == 0 { // if not omitted
 			// write "mode"
 			err = en.Append(0xa4, 0x6d, 0x6f, 0x64, 0x65)
 			if err != nil {
@@ -2299,7 +2277,7 @@ func (z *FileRequest) EncodeMsg(en *msgp.Writer) (err error) {
 				return
 			}
 		}
-		if (zb0001Mask & 0x8) == 0 { // if not omitted
+		if (zb0001Mask & 0x4) == 0 { // if not omitted
 			// write "max_size"
 			err = en.Append(0xa8, 0x6d, 0x61, 0x78, 0x5f, 0x73, 0x69, 0x7a, 0x65)
 			if err != nil {
@@ -2311,7 +2289,7 @@ func (z *FileRequest) EncodeMsg(en *msgp.Writer) (err error) {
 				return
 			}
 		}
-		if (zb0001Mask & 0x10) == 0 { // if not omitted
+		if (zb0001Mask & 0x8) == 0 { // if not omitted
 			// write "parents"
 			err = en.Append(0xa7, 0x70, 0x61, 0x72, 0x65, 0x6e, 0x74, 0x73)
 			if err != nil {
@@ -2323,7 +2301,7 @@ func (z *FileRequest) EncodeMsg(en *msgp.Writer) (err error) {
 				return
 			}
 		}
-		if (zb0001Mask & 0x20) == 0 { // if not omitted
+		if (zb0001Mask & 0x10) == 0 { // if not omitted
 			// write "follow_symlink"
 			err = en.Append(0xae, 0x66, 0x6f, 0x6c, 0x6c, 0x6f, 0x77, 0x5f, 0x73, 0x79, 0x6d, 0x6c, 0x69, 0x6e, 0x6b)
 			if err != nil {
@@ -2343,28 +2321,24 @@ func (z *FileRequest) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *FileRequest) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(6)
-	var zb0001Mask uint8 /* 6 bits */
+	zb0001Len := uint32(5)
+	var zb0001Mask uint8 /* 5 bits */
 	_ = zb0001Mask
-	if z.Data == nil {
+	if z.Mode == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x2
 	}
-	if z.Mode == 0 {
+	if z.MaxSize == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x4
 	}
-	if z.MaxSize == 0 {
+	if z.Parents == false {
 		zb0001Len--
 		zb0001Mask |= 0x8
 	}
-	if z.Parents == false {
-		zb0001Len--
-		zb0001Mask |= 0x10
-	}
 	if z.FollowSymlink == false {
 		zb0001Len--
-		zb0001Mask |= 0x20
+		zb0001Mask |= 0x10
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -2375,26 +2349,21 @@ func (z *FileRequest) MarshalMsg(b []byte) (o []byte, err error) {
 		o = append(o, 0xa4, 0x70, 0x61, 0x74, 0x68)
 		o = msgp.AppendString(o, z.Path)
 		if (zb0001Mask & 0x2) == 0 { // if not omitted
-			// string "data"
-			o = append(o, 0xa4, 0x64, 0x61, 0x74, 0x61)
-			o = msgp.AppendBytes(o, z.Data)
-		}
-		if (zb0001Mask & 0x4) == 0 { // if not omitted
 			// string "mode"
 			o = append(o, 0xa4, 0x6d, 0x6f, 0x64, 0x65)
 			o = msgp.AppendUint32(o, z.Mode)
 		}
-		if (zb0001Mask & 0x8) == 0 { // if not omitted
+		if (zb0001Mask & 0x4) == 0 { // if not omitted
 			// string "max_size"
 			o = append(o, 0xa8, 0x6d, 0x61, 0x78, 0x5f, 0x73, 0x69, 0x7a, 0x65)
 			o = msgp.AppendInt64(o, z.MaxSize)
 		}
-		if (zb0001Mask & 0x10) == 0 { // if not omitted
+		if (zb0001Mask & 0x8) == 0 { // if not omitted
 			// string "parents"
 			o = append(o, 0xa7, 0x70, 0x61, 0x72, 0x65, 0x6e, 0x74, 0x73)
 			o = msgp.AppendBool(o, z.Parents)
 		}
-		if (zb0001Mask & 0x20) == 0 { // if not omitted
+		if (zb0001Mask & 0x10) == 0 { // if not omitted
 			// string "follow_symlink"
 			o = append(o, 0xae, 0x66, 0x6f, 0x6c, 0x6c, 0x6f, 0x77, 0x5f, 0x73, 0x79, 0x6d, 0x6c, 0x69, 0x6e, 0x6b)
 			o = msgp.AppendBool(o, z.FollowSymlink)
@@ -2425,12 +2394,6 @@ func (z *FileRequest) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			z.Path, bts, err = msgp.ReadStringBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Path")
-				return
-			}
-		case "data":
-			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
-			if err != nil {
-				err = msgp.WrapError(err, "Data")
 				return
 			}
 		case "mode":
@@ -2471,7 +2434,7 @@ func (z *FileRequest) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *FileRequest) Msgsize() (s int) {
-	s = 1 + 5 + msgp.StringPrefixSize + len(z.Path) + 5 + msgp.BytesPrefixSize + len(z.Data) + 5 + msgp.Uint32Size + 9 + msgp.Int64Size + 8 + msgp.BoolSize + 15 + msgp.BoolSize
+	s = 1 + 5 + msgp.StringPrefixSize + len(z.Path) + 5 + msgp.Uint32Size + 9 + msgp.Int64Size + 8 + msgp.BoolSize + 15 + msgp.BoolSize
 	return
 }
 
@@ -2493,12 +2456,6 @@ func (z *FileResult) DecodeMsg(dc *msgp.Reader) (err error) {
 			return
 		}
 		switch msgp.UnsafeString(field) {
-		case "data":
-			z.Data, err = dc.ReadBytes(z.Data)
-			if err != nil {
-				err = msgp.WrapError(err, "Data")
-				return
-			}
 		case "info":
 			if dc.IsNil() {
 				err = dc.ReadNil()
@@ -2517,6 +2474,12 @@ func (z *FileResult) DecodeMsg(dc *msgp.Reader) (err error) {
 					return
 				}
 			}
+		case "bytes":
+			z.Bytes, err = dc.ReadInt64()
+			if err != nil {
+				err = msgp.WrapError(err, "Bytes")
+				return
+			}
 		default:
 			err = dc.Skip()
 			if err != nil {
@@ -2534,11 +2497,11 @@ func (z *FileResult) EncodeMsg(en *msgp.Writer) (err error) {
 	zb0001Len := uint32(2)
 	var zb0001Mask uint8 /* 2 bits */
 	_ = zb0001Mask
-	if z.Data == nil {
+	if z.Info == nil {
 		zb0001Len--
 		zb0001Mask |= 0x1
 	}
-	if z.Info == nil {
+	if z.Bytes == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x2
 	}
@@ -2551,18 +2514,6 @@ func (z *FileResult) EncodeMsg(en *msgp.Writer) (err error) {
 	// skip if no fields are to be emitted
 	if zb0001Len != 0 {
 		if (zb0001Mask & 0x1) == 0 { // if not omitted
-			// write "data"
-			err = en.Append(0xa4, 0x64, 0x61, 0x74, 0x61)
-			if err != nil {
-				return
-			}
-			err = en.WriteBytes(z.Data)
-			if err != nil {
-				err = msgp.WrapError(err, "Data")
-				return
-			}
-		}
-		if (zb0001Mask & 0x2) == 0 { // if not omitted
 			// write "info"
 			err = en.Append(0xa4, 0x69, 0x6e, 0x66, 0x6f)
 			if err != nil {
@@ -2581,6 +2532,18 @@ func (z *FileResult) EncodeMsg(en *msgp.Writer) (err error) {
 				}
 			}
 		}
+		if (zb0001Mask & 0x2) == 0 { // if not omitted
+			// write "bytes"
+			err = en.Append(0xa5, 0x62, 0x79, 0x74, 0x65, 0x73)
+			if err != nil {
+				return
+			}
+			err = en.WriteInt64(z.Bytes)
+			if err != nil {
+				err = msgp.WrapError(err, "Bytes")
+				return
+			}
+		}
 	}
 	return
 }
@@ -2592,11 +2555,11 @@ func (z *FileResult) MarshalMsg(b []byte) (o []byte, err error) {
 	zb0001Len := uint32(2)
 	var zb0001Mask uint8 /* 2 bits */
 	_ = zb0001Mask
-	if z.Data == nil {
+	if z.Info == nil {
 		zb0001Len--
 		zb0001Mask |= 0x1
 	}
-	if z.Info == nil {
+	if z.Bytes == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x2
 	}
@@ -2606,11 +2569,6 @@ func (z *FileResult) MarshalMsg(b []byte) (o []byte, err error) {
 	// skip if no fields are to be emitted
 	if zb0001Len != 0 {
 		if (zb0001Mask & 0x1) == 0 { // if not omitted
-			// string "data"
-			o = append(o, 0xa4, 0x64, 0x61, 0x74, 0x61)
-			o = msgp.AppendBytes(o, z.Data)
-		}
-		if (zb0001Mask & 0x2) == 0 { // if not omitted
 			// string "info"
 			o = append(o, 0xa4, 0x69, 0x6e, 0x66, 0x6f)
 			if z.Info == nil {
@@ -2622,6 +2580,11 @@ func (z *FileResult) MarshalMsg(b []byte) (o []byte, err error) {
 					return
 				}
 			}
+		}
+		if (zb0001Mask & 0x2) == 0 { // if not omitted
+			// string "bytes"
+			o = append(o, 0xa5, 0x62, 0x79, 0x74, 0x65, 0x73)
+			o = msgp.AppendInt64(o, z.Bytes)
 		}
 	}
 	return
@@ -2645,12 +2608,6 @@ func (z *FileResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			return
 		}
 		switch msgp.UnsafeString(field) {
-		case "data":
-			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
-			if err != nil {
-				err = msgp.WrapError(err, "Data")
-				return
-			}
 		case "info":
 			if msgp.IsNil(bts) {
 				bts, err = msgp.ReadNilBytes(bts)
@@ -2668,6 +2625,12 @@ func (z *FileResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					return
 				}
 			}
+		case "bytes":
+			z.Bytes, bts, err = msgp.ReadInt64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Bytes")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -2682,12 +2645,13 @@ func (z *FileResult) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *FileResult) Msgsize() (s int) {
-	s = 1 + 5 + msgp.BytesPrefixSize + len(z.Data) + 5
+	s = 1 + 5
 	if z.Info == nil {
 		s += msgp.NilSize
 	} else {
 		s += z.Info.Msgsize()
 	}
+	s += 6 + msgp.Int64Size
 	return
 }
 
@@ -3180,12 +3144,6 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 						return
 					}
 					switch msgp.UnsafeString(field) {
-					case "data":
-						z.FileResult.Data, err = dc.ReadBytes(z.FileResult.Data)
-						if err != nil {
-							err = msgp.WrapError(err, "FileResult", "Data")
-							return
-						}
 					case "info":
 						if dc.IsNil() {
 							err = dc.ReadNil()
@@ -3203,6 +3161,12 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 								err = msgp.WrapError(err, "FileResult", "Info")
 								return
 							}
+						}
+					case "bytes":
+						z.FileResult.Bytes, err = dc.ReadInt64()
+						if err != nil {
+							err = msgp.WrapError(err, "FileResult", "Bytes")
+							return
 						}
 					default:
 						err = dc.Skip()
@@ -3505,11 +3469,11 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 				zb0002Len := uint32(2)
 				var zb0002Mask uint8 /* 2 bits */
 				_ = zb0002Mask
-				if z.FileResult.Data == nil {
+				if z.FileResult.Info == nil {
 					zb0002Len--
 					zb0002Mask |= 0x1
 				}
-				if z.FileResult.Info == nil {
+				if z.FileResult.Bytes == 0 {
 					zb0002Len--
 					zb0002Mask |= 0x2
 				}
@@ -3522,18 +3486,6 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 				// skip if no fields are to be emitted
 				if zb0002Len != 0 {
 					if (zb0002Mask & 0x1) == 0 { // if not omitted
-						// write "data"
-						err = en.Append(0xa4, 0x64, 0x61, 0x74, 0x61)
-						if err != nil {
-							return
-						}
-						err = en.WriteBytes(z.FileResult.Data)
-						if err != nil {
-							err = msgp.WrapError(err, "FileResult", "Data")
-							return
-						}
-					}
-					if (zb0002Mask & 0x2) == 0 { // if not omitted
 						// write "info"
 						err = en.Append(0xa4, 0x69, 0x6e, 0x66, 0x6f)
 						if err != nil {
@@ -3550,6 +3502,18 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 								err = msgp.WrapError(err, "FileResult", "Info")
 								return
 							}
+						}
+					}
+					if (zb0002Mask & 0x2) == 0 { // if not omitted
+						// write "bytes"
+						err = en.Append(0xa5, 0x62, 0x79, 0x74, 0x65, 0x73)
+						if err != nil {
+							return
+						}
+						err = en.WriteInt64(z.FileResult.Bytes)
+						if err != nil {
+							err = msgp.WrapError(err, "FileResult", "Bytes")
+							return
 						}
 					}
 				}
@@ -3770,11 +3734,11 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 				zb0002Len := uint32(2)
 				var zb0002Mask uint8 /* 2 bits */
 				_ = zb0002Mask
-				if z.FileResult.Data == nil {
+				if z.FileResult.Info == nil {
 					zb0002Len--
 					zb0002Mask |= 0x1
 				}
-				if z.FileResult.Info == nil {
+				if z.FileResult.Bytes == 0 {
 					zb0002Len--
 					zb0002Mask |= 0x2
 				}
@@ -3784,11 +3748,6 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 				// skip if no fields are to be emitted
 				if zb0002Len != 0 {
 					if (zb0002Mask & 0x1) == 0 { // if not omitted
-						// string "data"
-						o = append(o, 0xa4, 0x64, 0x61, 0x74, 0x61)
-						o = msgp.AppendBytes(o, z.FileResult.Data)
-					}
-					if (zb0002Mask & 0x2) == 0 { // if not omitted
 						// string "info"
 						o = append(o, 0xa4, 0x69, 0x6e, 0x66, 0x6f)
 						if z.FileResult.Info == nil {
@@ -3800,6 +3759,11 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 								return
 							}
 						}
+					}
+					if (zb0002Mask & 0x2) == 0 { // if not omitted
+						// string "bytes"
+						o = append(o, 0xa5, 0x62, 0x79, 0x74, 0x65, 0x73)
+						o = msgp.AppendInt64(o, z.FileResult.Bytes)
 					}
 				}
 			}
@@ -3983,12 +3947,6 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 						return
 					}
 					switch msgp.UnsafeString(field) {
-					case "data":
-						z.FileResult.Data, bts, err = msgp.ReadBytesBytes(bts, z.FileResult.Data)
-						if err != nil {
-							err = msgp.WrapError(err, "FileResult", "Data")
-							return
-						}
 					case "info":
 						if msgp.IsNil(bts) {
 							bts, err = msgp.ReadNilBytes(bts)
@@ -4005,6 +3963,12 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 								err = msgp.WrapError(err, "FileResult", "Info")
 								return
 							}
+						}
+					case "bytes":
+						z.FileResult.Bytes, bts, err = msgp.ReadInt64Bytes(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "FileResult", "Bytes")
+							return
 						}
 					default:
 						bts, err = msgp.Skip(bts)
@@ -4161,12 +4125,13 @@ func (z *Message) Msgsize() (s int) {
 	if z.FileResult == nil {
 		s += msgp.NilSize
 	} else {
-		s += 1 + 5 + msgp.BytesPrefixSize + len(z.FileResult.Data) + 5
+		s += 1 + 5
 		if z.FileResult.Info == nil {
 			s += msgp.NilSize
 		} else {
 			s += z.FileResult.Info.Msgsize()
 		}
+		s += 6 + msgp.Int64Size
 	}
 	s += 6
 	if z.Error == nil {
@@ -4202,10 +4167,10 @@ func (z *StreamHeader) DecodeMsg(dc *msgp.Reader) (err error) {
 			return
 		}
 		switch msgp.UnsafeString(field) {
-		case "exec_id":
-			z.ExecID, err = dc.ReadUint64()
+		case "id":
+			z.ID, err = dc.ReadUint64()
 			if err != nil {
-				err = msgp.WrapError(err, "ExecID")
+				err = msgp.WrapError(err, "ID")
 				return
 			}
 		case "which":
@@ -4228,14 +4193,14 @@ func (z *StreamHeader) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z StreamHeader) EncodeMsg(en *msgp.Writer) (err error) {
 	// map header, size 2
-	// write "exec_id"
-	err = en.Append(0x82, 0xa7, 0x65, 0x78, 0x65, 0x63, 0x5f, 0x69, 0x64)
+	// write "id"
+	err = en.Append(0x82, 0xa2, 0x69, 0x64)
 	if err != nil {
 		return
 	}
-	err = en.WriteUint64(z.ExecID)
+	err = en.WriteUint64(z.ID)
 	if err != nil {
-		err = msgp.WrapError(err, "ExecID")
+		err = msgp.WrapError(err, "ID")
 		return
 	}
 	// write "which"
@@ -4255,9 +4220,9 @@ func (z StreamHeader) EncodeMsg(en *msgp.Writer) (err error) {
 func (z StreamHeader) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// map header, size 2
-	// string "exec_id"
-	o = append(o, 0x82, 0xa7, 0x65, 0x78, 0x65, 0x63, 0x5f, 0x69, 0x64)
-	o = msgp.AppendUint64(o, z.ExecID)
+	// string "id"
+	o = append(o, 0x82, 0xa2, 0x69, 0x64)
+	o = msgp.AppendUint64(o, z.ID)
 	// string "which"
 	o = append(o, 0xa5, 0x77, 0x68, 0x69, 0x63, 0x68)
 	o = msgp.AppendString(o, z.Which)
@@ -4282,10 +4247,10 @@ func (z *StreamHeader) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			return
 		}
 		switch msgp.UnsafeString(field) {
-		case "exec_id":
-			z.ExecID, bts, err = msgp.ReadUint64Bytes(bts)
+		case "id":
+			z.ID, bts, err = msgp.ReadUint64Bytes(bts)
 			if err != nil {
-				err = msgp.WrapError(err, "ExecID")
+				err = msgp.WrapError(err, "ID")
 				return
 			}
 		case "which":
@@ -4308,7 +4273,7 @@ func (z *StreamHeader) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z StreamHeader) Msgsize() (s int) {
-	s = 1 + 8 + msgp.Uint64Size + 6 + msgp.StringPrefixSize + len(z.Which)
+	s = 1 + 3 + msgp.Uint64Size + 6 + msgp.StringPrefixSize + len(z.Which)
 	return
 }
 

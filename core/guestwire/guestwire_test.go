@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -29,8 +30,8 @@ func samples() map[string]*Message {
 			TimeoutMS: 5000, StdoutCap: 20 << 20, StreamID: 2}},
 		"exec_result": {Type: TypeExecResult, ID: 2, ExecResult: &ExecResult{ExitCode: 137, Signal: 9, TimedOut: true, StdoutTruncated: true,
 			StdoutBytes: 20 << 20, StderrBytes: 5, StdoutSent: 10 << 20, StderrSent: 5, DurationMS: 5001}},
-		"file_write": {Type: TypeFileWrite, ID: 3, File: &FileRequest{Path: "/root/a.bin", Data: []byte("\x00binary\xff"), Mode: 0o644, Parents: true}},
-		"file_result": {Type: TypeFileResult, ID: 4, FileResult: &FileResult{Data: []byte("hello"),
+		"file_write": {Type: TypeFileWrite, ID: 3, File: &FileRequest{Path: "/root/a.bin", Mode: 0o644, Parents: true, MaxSize: 1 << 30}},
+		"file_result": {Type: TypeFileResult, ID: 4, FileResult: &FileResult{Bytes: 5,
 			Info: &FileInfo{Mode: 0o100644, Size: 5, ModTimeUnixNs: 1796000000000000000}}},
 		"cancel":     {Type: TypeCancel, ID: 5, Target: 2},
 		"error":      {Type: TypeError, ID: 6, Error: &Error{Code: CodeSymlink, Message: "/root/link: path component \"link\" is a symbolic link"}},
@@ -82,7 +83,7 @@ func TestGolden(t *testing.T) {
 	}
 	t.Run("stream_header", func(t *testing.T) {
 		var buf bytes.Buffer
-		if err := WriteStreamHeader(&buf, StreamHeader{ExecID: 42, Which: StreamStderr}); err != nil {
+		if err := WriteStreamHeader(&buf, StreamHeader{ID: 42, Which: StreamStderr}); err != nil {
 			t.Fatal(err)
 		}
 		path := filepath.Join("..", "..", "testdata", "guestwire", "stream_header.hex")
@@ -161,22 +162,103 @@ func TestFrameRoundTripAndResync(t *testing.T) {
 }
 
 func TestWriterRejectsOversized(t *testing.T) {
-	err := NewWriter(io.Discard).Write(&Message{Type: TypeFileWrite, File: &FileRequest{Path: "/x", Data: make([]byte, MaxFrame)}})
-	if !errors.Is(err, ErrFrameTooLarge) || !strings.Contains(err.Error(), "file_write") {
+	big := []BootFile{{Path: "/a", Data: make([]byte, MaxFrame)}}
+	err := NewWriter(io.Discard).Write(&Message{Type: TypeBootConfig, BootConfig: &BootConfig{Files: big}})
+	if !errors.Is(err, ErrFrameTooLarge) || !strings.Contains(err.Error(), "boot_config") {
 		t.Fatalf("got %v", err)
 	}
-	// A whole MaxFileSize file fits in a frame.
-	if err := NewWriter(io.Discard).Write(&Message{Type: TypeFileWrite, File: &FileRequest{Path: "/x", Data: make([]byte, MaxFileSize)}}); err != nil {
-		t.Fatalf("a MaxFileSize write must fit: %v", err)
+	// The largest boot config the validator lets through fits in a frame.
+	files := make([]BootFile, 3)
+	for i := range files {
+		files[i] = BootFile{Path: "/etc/f" + strconv.Itoa(i), Data: make([]byte, MaxBootFileSize)}
 	}
+	if err := NewWriter(io.Discard).Write(&Message{Type: TypeBootConfig, BootConfig: &BootConfig{Files: files}}); err != nil {
+		t.Fatalf("three MaxBootFileSize files must fit: %v", err)
+	}
+}
+
+// TestChunkStream: what a ChunkWriter sends, a ChunkReader gives back;
+// a stream that ends before the end marker, anywhere, is ErrTransferCut and
+// never a clean EOF; an oversized chunk is refused by name.
+func TestChunkStream(t *testing.T) {
+	data := make([]byte, 3*MaxChunk+17)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	var stream bytes.Buffer
+	cw := NewChunkWriter(&stream)
+	if n, err := cw.ReadFrom(bytes.NewReader(data[:100000])); err != nil || n != 100000 {
+		t.Fatalf("ReadFrom: %d %v", n, err)
+	}
+	if n, err := cw.Write(data[100000:]); err != nil || n != len(data)-100000 {
+		t.Fatalf("Write: %d %v", n, err)
+	}
+	if err := cw.End(); err != nil {
+		t.Fatal(err)
+	}
+	whole := stream.Bytes()
+	back, err := io.ReadAll(NewChunkReader(bytes.NewReader(whole)))
+	if err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("round trip: %d bytes, %v", len(back), err)
+	}
+	for _, cut := range []int{0, 2, 4, 5, 70000, len(whole) - 4, len(whole) - 1} {
+		_, err := io.ReadAll(NewChunkReader(bytes.NewReader(whole[:cut])))
+		if !errors.Is(err, ErrTransferCut) {
+			t.Fatalf("stream cut at %d of %d: %v, want ErrTransferCut", cut, len(whole), err)
+		}
+	}
+	over := binary.BigEndian.AppendUint32(nil, MaxChunk+1)
+	if _, err := io.ReadAll(NewChunkReader(bytes.NewReader(over))); err == nil || !strings.Contains(err.Error(), strconv.Itoa(MaxChunk)) {
+		t.Fatalf("oversized chunk: %v", err)
+	}
+}
+
+// FuzzChunkReader: whatever the bytes, a ChunkReader never returns more
+// than the stream holds, and it reports a clean end only when the stream
+// is a sequence of valid chunks ending with the end marker.
+func FuzzChunkReader(f *testing.F) {
+	var ok bytes.Buffer
+	cw := NewChunkWriter(&ok)
+	cw.Write([]byte("hello"))
+	cw.End()
+	f.Add(ok.Bytes())
+	f.Add([]byte{0, 0, 0, 0})
+	f.Add([]byte{0, 0, 0, 3, 'a'})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		back, err := io.ReadAll(NewChunkReader(bytes.NewReader(stream)))
+		if len(back) > len(stream) {
+			t.Fatalf("%d bytes out of a %d-byte stream", len(back), len(stream))
+		}
+		if err != nil {
+			return
+		}
+		// A clean end: re-encoding what came out gives a prefix of the
+		// input (the reader stops at the end marker).
+		var again bytes.Buffer
+		w := NewChunkWriter(&again)
+		rest := stream
+		for len(rest) > 0 {
+			n := binary.BigEndian.Uint32(rest)
+			if n == 0 {
+				break
+			}
+			w.Write(rest[4 : 4+n])
+			rest = rest[4+n:]
+		}
+		w.End()
+		if !bytes.HasPrefix(stream, again.Bytes()) {
+			t.Fatalf("clean end on a stream that is not chunks + end marker: %x", stream)
+		}
+	})
 }
 
 func TestStreamHeader(t *testing.T) {
 	var buf bytes.Buffer
-	WriteStreamHeader(&buf, StreamHeader{ExecID: 7, Which: StreamStdout})
+	WriteStreamHeader(&buf, StreamHeader{ID: 7, Which: StreamStdout})
 	buf.WriteString("raw output")
 	h, err := ReadStreamHeader(&buf)
-	if err != nil || h.ExecID != 7 || h.Which != StreamStdout {
+	if err != nil || h.ID != 7 || h.Which != StreamStdout {
 		t.Fatalf("%v %+v", err, h)
 	}
 	if buf.String() != "raw output" {
@@ -185,7 +267,7 @@ func TestStreamHeader(t *testing.T) {
 	for name, b := range map[string][]byte{
 		"too long":  {0, 0, 1, 0},
 		"short":     {0, 0, 0, 9, 0x80},
-		"bad which": append([]byte{0, 0, 0, 17}, mustMarshal(t, StreamHeader{ExecID: 1, Which: "stdin"})...),
+		"bad which": append([]byte{0, 0, 0, 17}, mustMarshal(t, StreamHeader{ID: 1, Which: "stdin"})...),
 		"empty":     {},
 	} {
 		if _, err := ReadStreamHeader(bytes.NewReader(b)); err == nil {
@@ -400,7 +482,7 @@ func FuzzReader(f *testing.F) {
 
 func FuzzStreamHeader(f *testing.F) {
 	var buf bytes.Buffer
-	WriteStreamHeader(&buf, StreamHeader{ExecID: 1, Which: StreamStdout})
+	WriteStreamHeader(&buf, StreamHeader{ID: 1, Which: StreamStdout})
 	f.Add(buf.Bytes())
 	f.Add([]byte{0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {

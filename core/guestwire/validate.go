@@ -171,8 +171,8 @@ func ValidateBootConfig(c *BootConfig) error {
 		if err := ValidatePath(f.Path); err != nil {
 			return Errorf(CodeInvalid, "boot file: %s", err)
 		}
-		if len(f.Data) > MaxFileSize {
-			return Errorf(CodeTooLarge, "boot file %s is %d bytes, the limit is %d", f.Path, len(f.Data), MaxFileSize)
+		if len(f.Data) > MaxBootFileSize {
+			return Errorf(CodeTooLarge, "boot file %s is %d bytes, the limit is %d", f.Path, len(f.Data), MaxBootFileSize)
 		}
 		if f.Mode&^0o7777 != 0 {
 			return Errorf(CodeInvalid, "boot file %s has mode %#o: only permission bits are allowed", f.Path, f.Mode)

@@ -263,6 +263,70 @@ func TestOpenMigratesVersion2(t *testing.T) {
 	}
 }
 
+// TestOpenMigratesVersion3: a version-3 file's fs_events rows keep their
+// operation under its new column name (the seed's
+// `SELECT COUNT(*) AS n, operation FROM fs_events GROUP BY operation` works
+// on an old session), and exec_events gains pending and a unique event id.
+func TestOpenMigratesVersion3(t *testing.T) {
+	path := tempDB(t)
+	l := openLedger(t, path, Options{})
+	ctx := context.Background()
+	if err := l.Write(ctx, &FSEvent{Operation: "modified", Path: "/root/a"}, &ExecEvent{Command: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	execClosed(t, path,
+		"DROP INDEX idx_exec_events_event_id",
+		"ALTER TABLE exec_events DROP COLUMN pending",
+		"ALTER TABLE fs_events DROP COLUMN direction",
+		"ALTER TABLE fs_events DROP COLUMN digest",
+		"ALTER TABLE fs_events DROP COLUMN outcome",
+		"ALTER TABLE fs_events DROP COLUMN error_message",
+		"ALTER TABLE fs_events RENAME COLUMN operation TO action",
+		"PRAGMA user_version = 3",
+	)
+	l = openLedger(t, path, Options{})
+	if err := l.Write(ctx, &FSEvent{Operation: "read", Path: "/root/b", Direction: FromGuest, Outcome: OutcomeOK}); err != nil {
+		t.Fatal(err)
+	}
+	got := queryAll(t, path, "SELECT COUNT(*) AS n, operation FROM fs_events GROUP BY operation ORDER BY operation")
+	if len(got) != 2 || got[0][1] != "modified" || got[1][1] != "read" {
+		t.Errorf("fs_events by operation after the migration: %v", got)
+	}
+	if got := queryAll(t, path, "SELECT COUNT(*), SUM(pending) FROM exec_events")[0]; got[0] != int64(1) || got[1] != int64(0) {
+		t.Errorf("exec_events after the migration: %v", got)
+	}
+	if got := queryAll(t, path, "SELECT COUNT(*) FROM sqlite_schema WHERE name = 'idx_exec_events_event_id'")[0][0]; got != int64(1) {
+		t.Error("no unique exec event_id index after the migration")
+	}
+}
+
+// TestPendingExecIsCompleted: a command recorded pending and then ended is
+// one row; one whose end never came stays pending.
+func TestPendingExecIsCompleted(t *testing.T) {
+	path := tempDB(t)
+	l := openLedger(t, path, Options{})
+	ctx := context.Background()
+	ended := &ExecEvent{Command: "make", Pending: true}
+	killed := &ExecEvent{Command: "sleep 99", Pending: true}
+	if err := l.Write(ctx, ended, killed); err != nil {
+		t.Fatal(err)
+	}
+	code := int64(2)
+	done := *ended
+	done.Pending, done.ExitCode, done.DurationMS = false, &code, 7
+	if err := l.Write(ctx, &done); err != nil {
+		t.Fatal(err)
+	}
+	rows := queryAll(t, path, "SELECT command, pending, exit_code, duration_ms FROM exec_events ORDER BY id")
+	if len(rows) != 2 || rows[0][0] != "make" || rows[0][1] != int64(0) || rows[0][2] != int64(2) || rows[0][3] != int64(7) ||
+		rows[1][0] != "sleep 99" || rows[1][1] != int64(1) || rows[1][2] != nil {
+		t.Fatalf("rows %v", rows)
+	}
+}
+
 // TestPendingRowIsCompleted: a call recorded pending and then answered is
 // one row, completed; one never answered stays pending.
 func TestPendingRowIsCompleted(t *testing.T) {
@@ -439,10 +503,20 @@ func TestRoundTrip(t *testing.T) {
 		},
 		{
 			name: "fs event", table: "fs_events",
-			row: &FSEvent{EventID: "cccccccccccc", Timestamp: ts, TraceID: "t3", Action: "modified", Path: "/root/a.txt", Size: 99},
+			row: &FSEvent{EventID: "cccccccccccc", Timestamp: ts, TraceID: "t3", Operation: "modified", Path: "/root/a.txt", Size: 99},
 			want: map[string]any{
 				"event_id": "cccccccccccc", "timestamp": wantTS, "trace_id": "t3",
-				"action": "modified", "path": "/root/a.txt", "size": int64(99),
+				"operation": "modified", "path": "/root/a.txt", "size": int64(99),
+				"direction": nil, "digest": nil, "outcome": nil, "error_message": nil,
+			},
+		},
+		{
+			name: "fs transfer", table: "fs_events",
+			row: &FSEvent{EventID: "cccccccccccd", Timestamp: ts, Operation: "write", Path: "/root/b", Size: 3,
+				Direction: ToGuest, Digest: "ab12", Outcome: OutcomeError, ErrorMessage: "no space left on device"},
+			want: map[string]any{
+				"operation": "write", "direction": "to_guest", "digest": "ab12", "outcome": "error",
+				"error_message": "no space left on device", "trace_id": nil,
 			},
 		},
 		{
@@ -644,7 +718,7 @@ func TestValidationFailsOnlyThatWrite(t *testing.T) {
 		{"bad event id", []Row{&MCPCall{EventID: "XYZ", Decision: DecisionAllowed}}, "not 12 lowercase hex"},
 		{"nil row", []Row{(*MCPCall)(nil)}, "row 0 is nil"},
 		{"nil interface", []Row{mcp(DecisionAllowed), nil}, "row 1 is nil"},
-		{"fs without path", []Row{&FSEvent{Action: "read"}}, "action and path are required"},
+		{"fs without path", []Row{&FSEvent{Operation: "read"}}, "operation and path are required"},
 		// The valid first row must not be written either: a call is atomic.
 		{"one bad row in a call", []Row{mcp(DecisionAllowed), &MCPCall{Decision: "x"}}, "not one of"},
 	}
@@ -865,7 +939,7 @@ func TestCloseFlushesEnqueued(t *testing.T) {
 		case 2:
 			r = &ExecEvent{Command: "c"}
 		case 3:
-			r = &FSEvent{Action: "read", Path: "/p"}
+			r = &FSEvent{Operation: "read", Path: "/p"}
 		case 4:
 			r = &ModelCall{Provider: "p"}
 		}

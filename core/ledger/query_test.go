@@ -149,7 +149,7 @@ func TestQueryAllowsReads(t *testing.T) {
 		{"recursive cte", "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 5) SELECT x FROM c", []string{"x"}, 5},
 		{"values", "VALUES (1, 'a'), (2, 'b')", []string{"column1", "column2"}, 2},
 		{"pragma table_info", "PRAGMA table_info(mcp_calls)", nil, 26},
-		{"pragma function", "SELECT name FROM pragma_table_info('fs_events')", []string{"name"}, 7},
+		{"pragma function", "SELECT name FROM pragma_table_info('fs_events')", []string{"name"}, 11},
 		{"pragma user_version", "pragma user_version", []string{"user_version"}, 1},
 		{"explain", "EXPLAIN QUERY PLAN SELECT * FROM mcp_calls WHERE trace_id = 'x'", nil, 1},
 		{"empty result", "SELECT * FROM net_events", nil, 0},

@@ -288,6 +288,10 @@ func (e *NetEvent) fields() []field {
 // ExecEvent is one command run in the sandbox, in exec_events. ExitCode is
 // nil when the process never exited normally (killed, timed out). An empty
 // Source is stored as "api".
+//
+// Pending marks a command recorded before it starts: writing the same
+// EventID again when it ends completes that row, so a per-VM process killed
+// meanwhile still leaves the command in the ledger, pending.
 type ExecEvent struct {
 	EventID       string
 	Timestamp     time.Time
@@ -305,6 +309,7 @@ type ExecEvent struct {
 	Source        string
 	ProcessName   string
 	PID           int64
+	Pending       bool
 }
 
 func (*ExecEvent) table() tableID { return tableExecEvents }
@@ -337,19 +342,36 @@ func (e *ExecEvent) fields() []field {
 		{"source", CapField(e.Source)},
 		{"process_name", optText(e.ProcessName)},
 		{"pid", e.PID},
+		{"pending", boolInt(e.Pending)},
 	}
 }
 
-// FSEvent is one file-system change or transfer in fs_events; Action is one
-// of created, modified, deleted, restored, read, import, export.
+// FSEvent is one file operation or change in fs_events. Operation is what
+// happened: the host's operations in a guest (read, write, stat, mkdir) or
+// a change seen in the workspace (created, modified, deleted, restored).
+// Direction is FromGuest or ToGuest for bytes that crossed the boundary;
+// Digest is the SHA-256 (hex) of the bytes that crossed; Outcome is
+// OutcomeOK or OutcomeError (with ErrorMessage).
 type FSEvent struct {
-	EventID   string
-	Timestamp time.Time
-	TraceID   string
-	Action    string
-	Path      string
-	Size      int64
+	EventID      string
+	Timestamp    time.Time
+	TraceID      string
+	Operation    string
+	Path         string
+	Size         int64
+	Direction    string
+	Digest       string
+	Outcome      string
+	ErrorMessage string
 }
+
+// FSEvent directions and outcomes.
+const (
+	FromGuest    = "from_guest"
+	ToGuest      = "to_guest"
+	OutcomeOK    = "ok"
+	OutcomeError = "error"
+)
 
 func (*FSEvent) table() tableID { return tableFSEvents }
 
@@ -357,8 +379,8 @@ func (e *FSEvent) fill(now time.Time) error {
 	if err := fillMeta(&e.EventID, &e.Timestamp, now); err != nil {
 		return fmt.Errorf("ledger: fs_events: %w", err)
 	}
-	if e.Action == "" || e.Path == "" {
-		return fmt.Errorf("ledger: fs_events: action and path are required (got action %q, path %q)", e.Action, e.Path)
+	if e.Operation == "" || e.Path == "" {
+		return fmt.Errorf("ledger: fs_events: operation and path are required (got operation %q, path %q)", e.Operation, e.Path)
 	}
 	return nil
 }
@@ -368,9 +390,13 @@ func (e *FSEvent) fields() []field {
 		{"event_id", e.EventID},
 		{"timestamp", stamp(e.Timestamp)},
 		{"trace_id", optText(e.TraceID)},
-		{"action", CapField(e.Action)},
+		{"operation", CapField(e.Operation)},
 		{"path", CapField(e.Path)},
 		{"size", e.Size},
+		{"direction", optText(e.Direction)},
+		{"digest", optText(e.Digest)},
+		{"outcome", optText(e.Outcome)},
+		{"error_message", optText(CapField(e.ErrorMessage))},
 	}
 }
 

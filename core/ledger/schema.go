@@ -13,8 +13,12 @@ import (
 // only (see mcpCallsV1Indexes). Version 3 adds mcp_calls.pending and makes
 // event_id unique (a call is recorded pending before it is dispatched and
 // completed in the same row by its answer: MCPCall.Pending), and adds the
-// whole request's and response's digests.
-const SchemaVersion = 3
+// whole request's and response's digests. Version 4 records commands and
+// file operations the way MCP calls are: exec_events.pending (a command is
+// recorded before it starts, completed in the same row when it ends) with
+// a unique event_id, and fs_events names its column operation (was
+// action) and adds direction, digest, outcome and error_message.
+const SchemaVersion = 4
 
 // mcpCallsV1Indexes are the version-1 mcp_calls indexes that version 2 drops
 // (the trace id index comes back partial). Every MCP answer waits for its
@@ -30,6 +34,15 @@ var mcpCallsV1Indexes = []string{"idx_mcp_calls_server_name", "idx_mcp_calls_too
 // mcpCallsV3Columns are the mcp_calls columns version 3 adds to older
 // files, as their DDL.
 var mcpCallsV3Columns = []string{"pending INTEGER NOT NULL DEFAULT 0", "request_digest TEXT", "response_digest TEXT"}
+
+// v4Columns are the columns version 4 adds to older files, per table.
+var v4Columns = []struct{ table, ddl string }{
+	{"exec_events", "pending INTEGER NOT NULL DEFAULT 0"},
+	{"fs_events", "direction TEXT"},
+	{"fs_events", "digest TEXT"},
+	{"fs_events", "outcome TEXT"},
+	{"fs_events", "error_message TEXT"},
+}
 
 // tableID indexes the per-table prepared statements.
 type tableID int
@@ -147,9 +160,11 @@ var tables = [numTables]tableDef{
 	timed_out INTEGER NOT NULL DEFAULT 0 CHECK (timed_out IN (0, 1)),
 	source TEXT NOT NULL DEFAULT 'api',
 	process_name TEXT,
-	pid INTEGER NOT NULL DEFAULT 0
+	pid INTEGER NOT NULL DEFAULT 0,
+	pending INTEGER NOT NULL DEFAULT 0
 )`,
 		indexes: []string{
+			`CREATE UNIQUE INDEX IF NOT EXISTS idx_exec_events_event_id ON exec_events(event_id)`,
 			`CREATE INDEX IF NOT EXISTS idx_exec_events_timestamp ON exec_events(timestamp)`,
 			`CREATE INDEX IF NOT EXISTS idx_exec_events_trace_id ON exec_events(trace_id)`,
 			`CREATE INDEX IF NOT EXISTS idx_exec_events_exec_id ON exec_events(exec_id)`,
@@ -162,9 +177,13 @@ var tables = [numTables]tableDef{
 	event_id TEXT NOT NULL,
 	timestamp TEXT NOT NULL,
 	trace_id TEXT,
-	action TEXT NOT NULL,
+	operation TEXT NOT NULL,
 	path TEXT NOT NULL,
-	size INTEGER NOT NULL DEFAULT 0
+	size INTEGER NOT NULL DEFAULT 0,
+	direction TEXT,
+	digest TEXT,
+	outcome TEXT,
+	error_message TEXT
 )`,
 		indexes: []string{
 			`CREATE INDEX IF NOT EXISTS idx_fs_events_timestamp ON fs_events(timestamp)`,
@@ -220,9 +239,10 @@ func buildInsert(t tableID, fs []field) string {
 	}
 	insert := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s)",
 		tables[t].name, strings.Join(names, ", "), strings.Join(marks, ", "))
-	if t == tableMCPCalls {
-		// A call's answer completes the row its pending record started
-		// (same event_id): one row per call, whatever happened between.
+	if t == tableMCPCalls || t == tableExecEvents {
+		// A call's answer (a command's end) completes the row its pending
+		// record started (same event_id): one row per call, whatever
+		// happened between.
 		insert += " ON CONFLICT(event_id) DO UPDATE SET " + strings.Join(sets, ", ")
 	}
 	return insert
@@ -260,6 +280,11 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 			}
 		}
 	}
+	if version >= 1 && version < 4 {
+		if err := migrateV4(ctx, tx, path); err != nil {
+			return err
+		}
+	}
 	if version == 1 {
 		for _, idx := range mcpCallsV1Indexes {
 			if _, err := tx.ExecContext(ctx, "DROP INDEX IF EXISTS "+idx); err != nil {
@@ -281,6 +306,38 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("ledger: commit schema of %s: %w", path, err)
+	}
+	return nil
+}
+
+// migrateV4 brings a version 1-3 file's exec_events and fs_events to
+// version 4: the new columns, and fs_events.action renamed operation.
+func migrateV4(ctx context.Context, tx *sql.Tx, path string) error {
+	has := func(table, column string) (bool, error) {
+		var n int
+		err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?", table, column).Scan(&n)
+		if err != nil {
+			return false, fmt.Errorf("ledger: read the columns of %s in %s: %w", table, path, err)
+		}
+		return n > 0, nil
+	}
+	if old, err := has("fs_events", "action"); err != nil {
+		return err
+	} else if old {
+		if _, err := tx.ExecContext(ctx, "ALTER TABLE fs_events RENAME COLUMN action TO operation"); err != nil {
+			return fmt.Errorf("ledger: rename fs_events.action in %s: %w", path, err)
+		}
+	}
+	for _, c := range v4Columns {
+		name, _, _ := strings.Cut(c.ddl, " ")
+		if ok, err := has(c.table, name); err != nil {
+			return err
+		} else if ok {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, "ALTER TABLE "+c.table+" ADD COLUMN "+c.ddl); err != nil {
+			return fmt.Errorf("ledger: add %s.%s in %s: %w", c.table, name, path, err)
+		}
 	}
 	return nil
 }

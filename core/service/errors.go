@@ -4,13 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/capsem/capsem/core/api"
 )
 
 // Error is a refusal with the HTTP status that says what kind it is: 400
 // bad input, 404 unknown VM, 409 name taken or wrong state, 413 too large,
-// 503 VM not running. Other errors are 500.
+// 503 VM not running. Other errors are 500. Code (api.Error.Code) is the
+// status's default unless set.
 type Error struct {
 	Status int
+	Code   string
 	Err    error
 }
 
@@ -25,6 +29,15 @@ func badRequest(format string, args ...any) error {
 	return refuse(http.StatusBadRequest, format, args...)
 }
 func conflict(format string, args ...any) error { return refuse(http.StatusConflict, format, args...) }
+
+// CodeOf is the api.Error code for err.
+func CodeOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) && e.Code != "" {
+		return e.Code
+	}
+	return api.CodeOf(StatusOf(err))
+}
 
 // StatusOf is the HTTP status for err.
 func StatusOf(err error) int {

@@ -5,16 +5,17 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 
 	"github.com/capsem/capsem/core/api"
 )
 
-// Body bounds: a JSON request is small, but a file write carries up to
-// api.MaxFileBytes, base64-encoded (4/3 of it) inside JSON.
+// Body bounds: a JSON request is small, but a file write as JSON carries
+// up to api.MaxJSONFileBytes, base64-encoded (4/3 of it).
 const (
 	maxRequestBody   = 1 << 20
-	maxWriteFileBody = api.MaxFileBytes/3*4 + 1<<20
+	maxWriteFileBody = api.MaxJSONFileBytes/3*4 + 1<<20
 )
 
 // Handler serves the service API. stop, when not nil, is what
@@ -180,6 +181,35 @@ func (s *Service) Handler(stop func()) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("GET "+api.RouteVMFileContent, func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		follow, max, err := fileReadQuery(q)
+		body := api.NewFileStream(w)
+		if err == nil {
+			err = s.ReadFileTo(r.Context(), r.PathValue("vm"), q.Get("path"), follow, max, body)
+		}
+		if err != nil {
+			body.Fail(StatusOf(err), err)
+			return
+		}
+		body.Finish()
+	})
+	mux.HandleFunc("PUT "+api.RouteVMFileContent, func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		var mode uint64
+		if m := q.Get("mode"); m != "" {
+			var err error
+			if mode, err = strconv.ParseUint(m, 8, 32); err != nil {
+				writeError(w, badRequest("query parameter mode=%q: want octal permission bits such as 644", m))
+				return
+			}
+		}
+		if err := s.WriteFileFrom(r.Context(), r.PathValue("vm"), q.Get("path"), uint32(mode), r.Body); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("GET "+api.RouteVMLogs, func(w http.ResponseWriter, r *http.Request) {
 		if tail, grep, ok := logQuery(w, r); ok {
 			out, err := s.Logs(r.PathValue("vm"), tail, grep)
@@ -220,7 +250,25 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	writeJSON(w, StatusOf(err), api.Error{Error: err.Error()})
+	writeJSON(w, StatusOf(err), api.Error{Error: err.Error(), Code: CodeOf(err)})
+}
+
+// fileReadQuery reads a streamed read's follow=0|1 (default 1, as the JSON
+// read follows) and max=N.
+func fileReadQuery(q url.Values) (follow bool, max int64, err error) {
+	switch f := q.Get("follow"); f {
+	case "", "1":
+		follow = true
+	case "0":
+	default:
+		return false, 0, badRequest("query parameter follow=%q: want 0 or 1", f)
+	}
+	if m := q.Get("max"); m != "" {
+		if max, err = strconv.ParseInt(m, 10, 64); err != nil || max < 1 {
+			return false, 0, badRequest("query parameter max=%q: want a positive byte count", m)
+		}
+	}
+	return follow, max, nil
 }
 
 // decode reads one JSON object of at most limit bytes into into, refusing

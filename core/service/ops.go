@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"maps"
@@ -14,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
@@ -78,17 +80,40 @@ func checkCommand(req api.ExecRequest) error {
 	return nil
 }
 
-// vmError turns a per-VM API failure into a refusal: a VM that stopped
-// meanwhile is 503, a guest's refusal (no such file) is 400.
+// vmError turns a per-VM API failure into a refusal that says whose it
+// is: the guest's refusal (no such file) is 400 (or 413, 507) with code
+// refused; a call the VM's stop or removal cut off is 409 interrupted; a
+// VM that is not running, or whose process or guest stopped answering
+// (a guest panic, a dead process), is 503 unavailable.
 func (s *Service) vmError(v *vm, err error) error {
+	s.mu.Lock()
+	stopping := v.stopping
+	s.mu.Unlock()
 	r := s.snapshot(v)
-	if r.State != api.StateRunning {
-		return notRunning(&r)
+	var se *apiclient.StatusError
+	switch {
+	case stopping:
+		return &Error{Status: http.StatusConflict, Code: api.CodeInterrupted,
+			Err: fmt.Errorf("VM %s was stopped or removed during the call, which ended it: %v", r.Label(), err)}
+	case r.State != api.StateRunning:
+		return &Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+			Err: fmt.Errorf("VM %s is %s: the call ended with it: %v%s", r.Label(), r.State, err, resumeHint(&r))}
+	case errors.As(err, &se) && se.Status/100 == 4:
+		status, code := http.StatusBadRequest, api.CodeRefused
+		if se.Status == http.StatusRequestEntityTooLarge {
+			status, code = se.Status, api.CodeTooLarge
+		}
+		return &Error{Status: status, Code: code, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
+	case errors.As(err, &se) && se.Status == http.StatusInsufficientStorage:
+		return &Error{Status: se.Status, Code: api.CodeNoSpace, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
+	default:
+		return &Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
+			Err: fmt.Errorf("VM %s did not complete the call: its guest or process stopped answering (see capsem logs %s): %v", r.Label(), r.Label(), err)}
 	}
-	return refuse(http.StatusBadRequest, "VM %s: %v", r.Label(), err)
 }
 
-// ReadFile reads a file in a running VM.
+// ReadFile reads a file in a running VM, as JSON: at most
+// api.MaxJSONFileBytes (ReadFileTo streams any size).
 func (s *Service) ReadFile(ctx context.Context, ref string, req api.ReadFileRequest) (api.ReadFileResult, error) {
 	if req.Path == "" {
 		return api.ReadFileResult{}, badRequest("path is required")
@@ -100,8 +125,13 @@ func (s *Service) ReadFile(ctx context.Context, ref string, req api.ReadFileRequ
 	if err != nil {
 		return api.ReadFileResult{}, err
 	}
-	data, err := c.ReadFile(ctx, req.Path, !req.NoFollow)
+	data, err := c.ReadFile(ctx, req.Path, !req.NoFollow, api.MaxJSONFileBytes)
 	if err != nil {
+		var se *apiclient.StatusError
+		if errors.As(err, &se) && se.Status == http.StatusRequestEntityTooLarge {
+			return api.ReadFileResult{}, refuse(http.StatusRequestEntityTooLarge,
+				"%s is larger than the %d bytes a read as JSON returns: copy it with capsem cp (files/content streams any size)", req.Path, api.MaxJSONFileBytes)
+		}
 		return api.ReadFileResult{}, s.vmError(v, err)
 	}
 	if req.Encoding == "base64" {
@@ -113,7 +143,8 @@ func (s *Service) ReadFile(ctx context.Context, ref string, req api.ReadFileRequ
 	return api.ReadFileResult{Content: string(data), Encoding: "utf8", Size: len(data)}, nil
 }
 
-// WriteFile writes a file in a running VM.
+// WriteFile writes a file in a running VM, from JSON: at most
+// api.MaxJSONFileBytes (WriteFileFrom streams any size).
 func (s *Service) WriteFile(ctx context.Context, ref string, req api.WriteFileRequest) error {
 	if req.Path == "" {
 		return badRequest("path is required")
@@ -132,14 +163,52 @@ func (s *Service) WriteFile(ctx context.Context, ref string, req api.WriteFileRe
 	default:
 		return badRequest("encoding %q: want utf8 or base64", req.Encoding)
 	}
-	if len(data) > api.MaxFileBytes {
-		return refuse(http.StatusRequestEntityTooLarge, "%d bytes, more than the %d a file write takes", len(data), api.MaxFileBytes)
+	if len(data) > api.MaxJSONFileBytes {
+		return refuse(http.StatusRequestEntityTooLarge, "%d bytes, more than the %d a file write as JSON takes: copy it with capsem cp (files/content streams any size)", len(data), api.MaxJSONFileBytes)
+	}
+	mode := req.Mode
+	if mode == 0 {
+		mode = 0o644
 	}
 	v, c, err := s.running(ref)
 	if err != nil {
 		return err
 	}
-	if err := c.WriteFile(ctx, req.Path, data, req.Mode); err != nil {
+	if err := c.WriteFile(ctx, req.Path, data, mode); err != nil {
+		return s.vmError(v, err)
+	}
+	return nil
+}
+
+// ReadFileTo streams a file of a running VM into w (a FileStream), whatever
+// its size; max (when > 0) refuses a larger one.
+func (s *Service) ReadFileTo(ctx context.Context, ref, path string, follow bool, max int64, w *api.FileStream) error {
+	if path == "" {
+		return badRequest("query parameter path is required")
+	}
+	v, c, err := s.running(ref)
+	if err != nil {
+		return err
+	}
+	if _, _, err := c.ReadFileTo(ctx, path, follow, max, w); err != nil {
+		return s.vmError(v, err)
+	}
+	return nil
+}
+
+// WriteFileFrom streams r into a file of a running VM, whatever its size.
+func (s *Service) WriteFileFrom(ctx context.Context, ref, path string, mode uint32, r io.Reader) error {
+	if path == "" {
+		return badRequest("query parameter path is required")
+	}
+	if mode > 0o777 {
+		return badRequest("mode %o: want permission bits from 0 to 777", mode)
+	}
+	v, c, err := s.running(ref)
+	if err != nil {
+		return err
+	}
+	if _, err := c.WriteFileFrom(ctx, path, mode, r); err != nil {
 		return s.vmError(v, err)
 	}
 	return nil

@@ -2,9 +2,12 @@ package vmhost
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"net/http"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/logs"
 )
 
@@ -41,7 +45,11 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 }
 
 func writeError(w http.ResponseWriter, status int, err error) {
-	writeJSON(w, status, api.Error{Error: err.Error()})
+	code := api.CodeOf(status)
+	if status == http.StatusUnprocessableEntity {
+		code = api.CodeRefused
+	}
+	writeJSON(w, status, api.Error{Error: err.Error(), Code: code})
 }
 
 func decodeBody(w http.ResponseWriter, r *http.Request, into any) bool {
@@ -93,18 +101,25 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 	var out api.FileResponse
 	var info *guestwire.FileInfo
 	var err error
+	row := &ledger.FSEvent{Path: req.Path}
 	switch r.URL.Path {
 	case api.RouteFileStat:
+		row.Operation = "stat"
 		info, err = v.ctl.Stat(ctx, req.Path)
 	case api.RouteFileMkdir:
+		row.Operation = "mkdir"
 		mode := fs.FileMode(req.Mode)
 		if mode == 0 {
 			mode = 0o755
 		}
 		err = v.ctl.Mkdir(ctx, req.Path, mode, true)
 	}
+	if lerr := v.recordFileOp(ctx, row, err); lerr != nil {
+		writeError(w, http.StatusServiceUnavailable, lerr)
+		return
+	}
 	if err != nil {
-		writeError(w, http.StatusUnprocessableEntity, err)
+		writeError(w, fileErrorStatus(err), err)
 		return
 	}
 	if info != nil {
@@ -114,35 +129,88 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// handleReadContent answers GET /files/content?path=P with the file's bytes.
+// recordFileOp completes row with err's outcome and commits it before the
+// answer goes out. A row that cannot be committed is the error the caller
+// answers with: the operation may have happened, but nobody is told it
+// worked without a record of it.
+func (v *VM) recordFileOp(ctx context.Context, row *ledger.FSEvent, err error) error {
+	row.Outcome = ledger.OutcomeOK
+	if err != nil {
+		row.Outcome, row.ErrorMessage = ledger.OutcomeError, err.Error()
+	}
+	if row.Path == "" {
+		row.Path = "(none)"
+	}
+	lerr := v.ledger.Write(context.WithoutCancel(ctx), row)
+	if lerr == nil {
+		return nil
+	}
+	v.log.Error("fs_events row not written", "operation", row.Operation, "path", row.Path, "err", lerr)
+	return fmt.Errorf("%s %s: recording it in the ledger failed: %w", row.Operation, row.Path, lerr)
+}
+
+// fileErrorStatus is the status of a failed file operation: the guest's
+// refusal (no such file, too large, disk full) is the request's problem;
+// a guest that is gone is the service's.
+func fileErrorStatus(err error) int {
+	var we *guestwire.Error
+	switch {
+	case errors.As(err, &we) && we.Code == guestwire.CodeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case errors.As(err, &we) && we.Code == guestwire.CodeNoSpace:
+		return http.StatusInsufficientStorage
+	case errors.As(err, &we):
+		return http.StatusUnprocessableEntity
+	default:
+		return http.StatusServiceUnavailable
+	}
+}
+
+// handleReadContent answers GET /files/content?path=P with the file's bytes
+// as they stream from the guest (see api.TrailerError: a failure after the
+// first byte is in the trailer). ?max=N refuses a larger file.
 func (v *VM) handleReadContent(w http.ResponseWriter, r *http.Request) {
-	path := r.URL.Query().Get("path")
+	q := r.URL.Query()
+	path := q.Get("path")
 	if path == "" {
 		writeError(w, http.StatusBadRequest, errors.New("query parameter path is required"))
 		return
 	}
-	read := v.ctl.ReadFile
-	switch f := r.URL.Query().Get("follow"); f {
+	req := &guestwire.FileRequest{Path: path}
+	switch f := q.Get("follow"); f {
 	case "", "0":
 	case "1":
-		read = v.ctl.ReadFileFollow
+		req.FollowSymlink = true
 	default:
 		writeError(w, http.StatusBadRequest, fmt.Errorf("query parameter follow=%q: want 0 or 1", f))
 		return
 	}
-	data, err := read(r.Context(), path)
-	if err != nil {
-		writeError(w, http.StatusUnprocessableEntity, err)
+	if s := q.Get("max"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 || n > api.MaxFileBytes {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("query parameter max=%q: want a byte count from 1 to %d", s, api.MaxFileBytes))
+			return
+		}
+		req.MaxSize = n
+	}
+	row := &ledger.FSEvent{Operation: "read", Path: path, Direction: ledger.FromGuest, TraceID: q.Get("trace_id")}
+	body := api.NewFileStream(w)
+	_, err := v.ctl.ReadFileTo(r.Context(), req, body)
+	row.Size, row.Digest = body.Bytes(), body.Digest()
+	if lerr := v.recordFileOp(r.Context(), row, err); lerr != nil {
+		body.Fail(http.StatusServiceUnavailable, lerr)
 		return
 	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
-	w.Write(data)
+	if err != nil {
+		body.Fail(fileErrorStatus(err), err)
+		return
+	}
+	body.Finish()
 }
 
-// handleWriteContent stores PUT /files/content?path=P[&mode=OCTAL]'s body as
-// the file. The body is read into one buffer of its declared length, so a
-// 64 MiB write costs 64 MiB here, not the growth steps of an unsized read.
+// handleWriteContent stores PUT /files/content?path=P[&mode=OCTAL]'s body
+// as the file, streaming it to the guest: the guest replaces the file only
+// once the whole body has arrived.
 func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	path := q.Get("path")
@@ -150,7 +218,7 @@ func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, errors.New("query parameter path is required"))
 		return
 	}
-	mode := fs.FileMode(0o644)
+	var mode uint32
 	if s := q.Get("mode"); s != "" {
 		// Only permission bits: setuid, setgid and sticky would be dropped
 		// on the way to the guest, so they are refused rather than ignored.
@@ -159,33 +227,40 @@ func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, fmt.Errorf("query parameter mode=%q: want octal permission bits from 0 to 777, such as 644", s))
 			return
 		}
-		mode = fs.FileMode(m)
+		mode = uint32(m)
 	}
 	if r.ContentLength > api.MaxFileBytes {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("write %s: %d bytes, the limit is %d", path, r.ContentLength, api.MaxFileBytes))
 		return
 	}
-	var data []byte
-	var err error
-	if r.ContentLength >= 0 {
-		data = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(r.Body, data)
-	} else { // chunked: bounded, then measured
-		data, err = io.ReadAll(io.LimitReader(r.Body, api.MaxFileBytes+1))
-		if err == nil && len(data) > api.MaxFileBytes {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("write %s: more than %d bytes", path, api.MaxFileBytes))
-			return
-		}
+	row := &ledger.FSEvent{Operation: "write", Path: path, Direction: ledger.ToGuest, TraceID: q.Get("trace_id")}
+	body := &hashingReader{r: r.Body, hash: sha256.New()}
+	_, err := v.ctl.WriteFileFrom(r.Context(), &guestwire.FileRequest{Path: path, Mode: mode, Parents: true, MaxSize: api.MaxFileBytes}, body)
+	row.Size, row.Digest = body.n, hex.EncodeToString(body.hash.Sum(nil))
+	if lerr := v.recordFileOp(r.Context(), row, err); lerr != nil {
+		writeError(w, http.StatusServiceUnavailable, lerr)
+		return
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Errorf("write %s: reading the request body: %w", path, err))
+		writeError(w, fileErrorStatus(err), err)
 		return
 	}
-	if err := v.ctl.WriteFile(r.Context(), path, data, mode); err != nil {
-		writeError(w, http.StatusUnprocessableEntity, err)
-		return
-	}
+	w.Header().Set(api.TrailerDigest, row.Digest)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// hashingReader counts and hashes what is read through it.
+type hashingReader struct {
+	r    io.Reader
+	hash hash.Hash
+	n    int64
+}
+
+func (h *hashingReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	h.hash.Write(p[:n])
+	h.n += int64(n)
+	return n, err
 }
 
 // handleLogs returns the tail of the guest's serial console log:

@@ -3,6 +3,7 @@ package vmhost
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -50,18 +51,27 @@ func (p *previewWriter) String() string {
 }
 
 // Exec runs req in the guest, streaming its output to stdout and stderr as
-// it comes, records it as an exec_events row, and returns the final event
-// (exit status, or why it failed). Cancelling ctx kills the guest command.
+// it comes, and returns the final event (exit status, or why it failed).
+// The command is an exec_events row before it starts (pending, durable),
+// completed in place when it ends: a command that runs is in the ledger
+// even if this process dies meanwhile, and one that could not be recorded
+// does not run. Cancelling ctx kills the guest command.
 func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.Writer) api.ExecEvent {
-	out, errOut := &previewWriter{w: stdout}, &previewWriter{w: stderr}
-	start := time.Now()
-	res, err := v.ctl.Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: req.Env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, out, errOut)
 	command := req.Command
 	if command == "" {
 		command = strings.Join(req.Argv, " ")
 	}
-	row := &ledger.ExecEvent{Command: command, DurationMS: time.Since(start).Milliseconds(), Source: "api",
-		StdoutPreview: out.String(), StderrPreview: errOut.String()}
+	row := &ledger.ExecEvent{Command: command, Source: "api", Pending: true}
+	if err := v.ledger.Write(ctx, row); err != nil {
+		v.log.Error("exec_events row not written; the command does not run", "err", err)
+		return api.ExecEvent{Error: fmt.Sprintf("the command was not run: recording it in the ledger failed: %v", err)}
+	}
+	out, errOut := &previewWriter{w: stdout}, &previewWriter{w: stderr}
+	start := time.Now()
+	res, err := v.ctl.Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: req.Env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, out, errOut)
+	row.Pending = false
+	row.DurationMS = time.Since(start).Milliseconds()
+	row.StdoutPreview, row.StderrPreview = out.String(), errOut.String()
 	final := api.ExecEvent{Done: true}
 	if err != nil {
 		final = api.ExecEvent{Error: err.Error()}
@@ -77,7 +87,7 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 		row.TimedOut = res.TimedOut
 	}
 	if lerr := v.ledger.Write(context.WithoutCancel(ctx), row); lerr != nil {
-		v.log.Error("exec_events row not written", "err", lerr)
+		v.log.Error("exec_events row not completed", "err", lerr)
 	}
 	return final
 }

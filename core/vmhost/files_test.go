@@ -27,7 +27,7 @@ func TestFileContentRoutesRefuseBadRequests(t *testing.T) {
 		{"write without path", httptest.NewRequest(http.MethodPut, "/v1/files/content", strings.NewReader("x")), 400, "query parameter path is required"},
 		{"write with a decimal-looking mode", httptest.NewRequest(http.MethodPut, "/v1/files/content?path=/tmp/x&mode=999", strings.NewReader("x")), 400, `mode="999": want octal`},
 		{"write with a setuid mode", httptest.NewRequest(http.MethodPut, "/v1/files/content?path=/tmp/x&mode=4755", strings.NewReader("x")), 400, "want octal permission bits from 0 to 777"},
-		{"write over the size limit", tooLarge, 413, "the limit is 67108864"},
+		{"write over the size limit", tooLarge, 413, "the limit is 68719476736"},
 		{"content by POST", httptest.NewRequest(http.MethodPost, "/v1/files/content?path=/tmp/x", strings.NewReader("x")), 405, ""},
 		{"JSON stat without a body", httptest.NewRequest(http.MethodPost, "/v1/files/stat", strings.NewReader("")), 400, "invalid request body"},
 		{"JSON stat with an unknown field", httptest.NewRequest(http.MethodPost, "/v1/files/stat", strings.NewReader(`{"path":"/x","data":"AA=="}`)), 400, `unknown field "data"`},

@@ -38,20 +38,39 @@ func (v *VM) handleTerminal(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, errors.New("this connection cannot be taken over"))
 		return
 	}
+	command := "(terminal) " + strings.Join(open.Argv, " ")
+	if len(open.Argv) == 0 {
+		command = "(terminal) /bin/sh -l"
+	}
+	// Recorded before it starts, like every command (see Exec).
+	row := &ledger.ExecEvent{Command: command, Source: "terminal", Pending: true}
+	if err := v.ledger.Write(r.Context(), row); err != nil {
+		writeError(w, http.StatusServiceUnavailable, fmt.Errorf("the terminal was not opened: recording it in the ledger failed: %w", err))
+		return
+	}
+	row.Pending = false
+	defer func() {
+		if lerr := v.ledger.Write(context.WithoutCancel(r.Context()), row); lerr != nil {
+			v.log.Error("exec_events row not completed", "err", lerr)
+		}
+	}()
 	dctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	guest, err := v.machine.Channel().Dial(dctx, guestchan.PortTerminal)
 	cancel()
 	if err != nil {
+		row.StderrPreview = "the terminal did not open: " + err.Error()
 		writeError(w, http.StatusServiceUnavailable, fmt.Errorf("reaching the guest's terminal port: %w", err))
 		return
 	}
 	defer guest.Close()
 	if err := guestwire.WriteTermFrame(guest, guestwire.TermOpenKind, payload); err != nil {
+		row.StderrPreview = "the terminal did not open: " + err.Error()
 		writeError(w, http.StatusServiceUnavailable, fmt.Errorf("opening the terminal: %w", err))
 		return
 	}
 	conn, rw, err := hj.Hijack()
 	if err != nil {
+		row.StderrPreview = "the terminal did not open: " + err.Error()
 		return
 	}
 	defer conn.Close()
@@ -61,19 +80,12 @@ func (v *VM) handleTerminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	code, err := spliceTerminal(rw.Reader, conn, guest)
-	command := "(terminal) " + strings.Join(open.Argv, " ")
-	if len(open.Argv) == 0 {
-		command = "(terminal) /bin/sh -l"
-	}
-	row := &ledger.ExecEvent{Command: command, DurationMS: time.Since(start).Milliseconds(), Source: "terminal"}
+	row.DurationMS = time.Since(start).Milliseconds()
 	if err == nil {
 		c := int64(code)
 		row.ExitCode = &c
 	} else {
 		row.StderrPreview = "terminal ended without an exit status: " + err.Error()
-	}
-	if lerr := v.ledger.Write(context.WithoutCancel(r.Context()), row); lerr != nil {
-		v.log.Error("exec_events row not written", "err", lerr)
 	}
 }
 

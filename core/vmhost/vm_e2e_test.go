@@ -225,7 +225,7 @@ func TestFilesRoundTripAndSymlinks(t *testing.T) {
 	if err := v.client.WriteFile(ctx, "/root/blob.bin", data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	back, err := v.client.ReadFile(ctx, "/root/blob.bin", false)
+	back, err := v.client.ReadFile(ctx, "/root/blob.bin", false, 0)
 	if err != nil || !bytes.Equal(back, data) {
 		t.Fatalf("5 MiB round trip: %v (len %d)", err, len(back))
 	}
@@ -237,27 +237,27 @@ func TestFilesRoundTripAndSymlinks(t *testing.T) {
 	if err := v.client.WriteFile(ctx, "/root/empty", nil, 0); err != nil {
 		t.Fatal(err)
 	}
-	if back, err := v.client.ReadFile(ctx, "/root/empty", false); err != nil || len(back) != 0 {
+	if back, err := v.client.ReadFile(ctx, "/root/empty", false, 0); err != nil || len(back) != 0 {
 		t.Fatalf("empty file: %q, %v", back, err)
 	}
-	if _, err := v.client.ReadFile(ctx, "/root/no-such-file", false); err == nil || !strings.Contains(err.Error(), "no-such-file") {
+	if _, err := v.client.ReadFile(ctx, "/root/no-such-file", false, 0); err == nil || !strings.Contains(err.Error(), "no-such-file") {
 		t.Fatalf("reading a missing file: %v", err)
 	}
 	v.exec(ctx, &api.ExecRequest{Command: "mkdir -p /tmp/real && ln -sfn /etc /tmp/linkdir && ln -sf /etc/hostname /tmp/linkfile"})
 	if err := v.client.WriteFile(ctx, "/tmp/linkdir/evil", []byte("x"), 0o644); err == nil || !strings.Contains(err.Error(), "symbolic link") {
 		t.Fatalf("write through a symlinked directory: %v", err)
 	}
-	if _, err := v.client.ReadFile(ctx, "/tmp/linkfile", false); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+	if _, err := v.client.ReadFile(ctx, "/tmp/linkfile", false, 0); err == nil || !strings.Contains(err.Error(), "symbolic link") {
 		t.Fatalf("read of a symlink: %v", err)
 	}
-	host, err := v.client.ReadFile(ctx, "/etc/hostname", false)
+	host, err := v.client.ReadFile(ctx, "/etc/hostname", false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b, err := v.client.ReadFile(ctx, "/tmp/linkfile", true); err != nil || !bytes.Equal(b, host) {
+	if b, err := v.client.ReadFile(ctx, "/tmp/linkfile", true, 0); err != nil || !bytes.Equal(b, host) {
 		t.Fatalf("read following the symlink: %q, %v; want %q", b, err, host)
 	}
-	if _, err := v.client.ReadFile(ctx, "/nonexistent/file", false); err == nil {
+	if _, err := v.client.ReadFile(ctx, "/nonexistent/file", false, 0); err == nil {
 		t.Fatal("missing file read succeeded")
 	}
 }

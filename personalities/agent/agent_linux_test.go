@@ -38,7 +38,7 @@ func testLog(t testing.TB) *slog.Logger {
 // harness is a guest agent Server and a host guestctl Client joined by an
 // in-memory channel, in this process.
 type harness struct {
-	client *guestctl.Client
+	client fileClient
 	srv    *Server
 	host   guestctl.Channel
 	served chan error // Serve's result
@@ -115,7 +115,7 @@ func startOn(t *testing.T, pair channelPair, tune func(*Server)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.client = c
+	h.client = fileClient{c}
 	t.Cleanup(func() {
 		c.Close()
 		cancel()
@@ -618,8 +618,8 @@ func TestReadSymlinkRefused(t *testing.T) {
 	if !isCode(err, guestwire.CodeSymlink) || !strings.Contains(err.Error(), dir+"/link") {
 		t.Fatalf("read of a symlink: %v", err)
 	}
-	res, err := h.client.FileOp(ctx, guestwire.TypeFileRead, &guestwire.FileRequest{Path: dir + "/link", FollowSymlink: true})
-	if err != nil || string(res.Data) != "secret-ish" {
+	res, err := h.client.read(ctx, &guestwire.FileRequest{Path: dir + "/link", FollowSymlink: true})
+	if err != nil || string(res) != "secret-ish" {
 		t.Fatalf("read following the link: %v", err)
 	}
 	info, err := h.client.Stat(ctx, dir+"/link")
@@ -660,7 +660,7 @@ func TestOversizedRefused(t *testing.T) {
 	if !isCode(err, guestwire.CodeTooLarge) || !strings.Contains(err.Error(), strconv.Itoa(limit)) {
 		t.Fatalf("oversized read: %v", err)
 	}
-	_, err = h.client.FileOp(ctx, guestwire.TypeFileRead, &guestwire.FileRequest{Path: dir + "/big", MaxSize: 10})
+	_, err = h.client.read(ctx, &guestwire.FileRequest{Path: dir + "/big", MaxSize: 10})
 	if !isCode(err, guestwire.CodeTooLarge) {
 		t.Fatalf("read past the requested max: %v", err)
 	}
@@ -669,7 +669,7 @@ func TestOversizedRefused(t *testing.T) {
 		t.Fatalf("a read of exactly the limit: %d %v", len(b), err)
 	}
 	// The host refuses past the protocol's bound before sending anything.
-	err = h.client.WriteFile(ctx, dir+"/huge", make([]byte, guestwire.MaxFileSize+1), 0)
+	_, err = h.client.WriteFileFrom(ctx, &guestwire.FileRequest{Path: dir + "/huge", MaxSize: guestwire.MaxFileSize + 1}, strings.NewReader("x"))
 	if !isCode(err, guestwire.CodeTooLarge) || !strings.Contains(err.Error(), strconv.Itoa(guestwire.MaxFileSize)) {
 		t.Fatalf("write past MaxFileSize: %v", err)
 	}
@@ -1120,4 +1120,25 @@ func TestCmdParsesKernelArgs(t *testing.T) {
 			t.Fatal("flag not parsed")
 		}
 	}
+}
+
+// fileClient gives the tests whole-file reads and writes over the
+// streaming protocol.
+type fileClient struct{ *guestctl.Client }
+
+func (c fileClient) read(ctx context.Context, req *guestwire.FileRequest) ([]byte, error) {
+	var buf bytes.Buffer
+	if _, err := c.ReadFileTo(ctx, req, &buf); err != nil {
+		return nil, err
+	}
+	return append([]byte{}, buf.Bytes()...), nil
+}
+
+func (c fileClient) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	return c.read(ctx, &guestwire.FileRequest{Path: path})
+}
+
+func (c fileClient) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
+	_, err := c.WriteFileFrom(ctx, &guestwire.FileRequest{Path: path, Mode: uint32(mode.Perm()), Parents: true}, bytes.NewReader(data))
+	return err
 }

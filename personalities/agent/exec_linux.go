@@ -166,7 +166,7 @@ func (s *Server) exec(ctx context.Context, id uint64, run *runningExec, e *guest
 		dialed.Add(1)
 		go func() {
 			defer dialed.Done()
-			p.stream, dialErr[i] = s.openStream(ctx, id, p.which)
+			p.stream, dialErr[i] = s.openDataStream(ctx, id, p.which)
 		}()
 	}
 	dialed.Wait()
@@ -311,16 +311,18 @@ func (s *Server) exec(ctx context.Context, id uint64, run *runningExec, e *guest
 	return res, nil
 }
 
-func (s *Server) openStream(ctx context.Context, id uint64, which string) (net.Conn, error) {
+// openDataStream opens the data stream (exec output or file transfer) for
+// request id.
+func (s *Server) openDataStream(ctx context.Context, id uint64, which string) (net.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	c, err := s.Dial(dctx, guestchan.PortExecOutput)
 	if err != nil {
-		return nil, guestwire.Errorf(guestwire.CodeIO, "exec: opening the %s stream to the host: %v", which, err)
+		return nil, guestwire.Errorf(guestwire.CodeIO, "opening the %s stream to the host: %v", which, err)
 	}
-	if err := guestwire.WriteStreamHeader(c, guestwire.StreamHeader{ExecID: id, Which: which}); err != nil {
+	if err := guestwire.WriteStreamHeader(c, guestwire.StreamHeader{ID: id, Which: which}); err != nil {
 		c.Close()
-		return nil, guestwire.Errorf(guestwire.CodeIO, "exec: starting the %s stream: %v", which, err)
+		return nil, guestwire.Errorf(guestwire.CodeIO, "starting the %s stream: %v", which, err)
 	}
 	return c, nil
 }

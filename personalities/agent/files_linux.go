@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"io"
 	"os"
@@ -43,6 +46,8 @@ func fsError(op, path string, err error) *guestwire.Error {
 			code = guestwire.CodeSymlink
 		case unix.EFBIG:
 			code = guestwire.CodeTooLarge
+		case unix.ENOSPC, unix.EDQUOT:
+			code = guestwire.CodeNoSpace
 		}
 	}
 	return guestwire.Errorf(code, "%s %s: %v", op, path, err)
@@ -110,37 +115,109 @@ func infoFromStat(st *unix.Stat_t) *guestwire.FileInfo {
 	return &guestwire.FileInfo{Mode: st.Mode, Size: st.Size, ModTimeUnixNs: st.Mtim.Nano()}
 }
 
-// writeFile replaces path's content with data. No link is followed anywhere
-// in the path; the target must be a regular file or not exist.
+// writeFile replaces path's content with data (boot files).
 func writeFile(path string, data []byte, mode uint32, parents bool, maxSize int64) (*guestwire.FileInfo, error) {
+	info, _, err := writeFileFrom(path, bytes.NewReader(data), mode, parents, maxSize)
+	return info, err
+}
+
+// writeFileFrom replaces path's content with what r yields, at most maxSize
+// bytes. No link is followed anywhere in the path; the target must be a
+// regular file or not exist. The bytes go to a temporary file beside the
+// target, which replaces it (rename) only once all of them have arrived
+// and are synced: a transfer cut short, or a full disk, leaves the old file
+// untouched. An existing file keeps its owner, and its mode unless mode is
+// given.
+func writeFileFrom(path string, r io.Reader, mode uint32, parents bool, maxSize int64) (*guestwire.FileInfo, int64, error) {
 	const op = "write"
 	if err := guestwire.ValidatePath(path); err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > maxSize {
-		return nil, guestwire.Errorf(guestwire.CodeTooLarge, "write %s: %d bytes, the limit is %d", path, len(data), maxSize)
+		return nil, 0, err
 	}
 	if mode&^0o7777 != 0 {
-		return nil, guestwire.Errorf(guestwire.CodeInvalid, "write %s: mode %#o has bits other than permissions", path, mode)
+		return nil, 0, guestwire.Errorf(guestwire.CodeInvalid, "write %s: mode %#o has bits other than permissions", path, mode)
 	}
 	dirs, name := splitPath(path)
 	if name == "" {
-		return nil, guestwire.Errorf(guestwire.CodeIsDir, "write %s: is a directory", path)
+		return nil, 0, guestwire.Errorf(guestwire.CodeIsDir, "write %s: is a directory", path)
 	}
 	dfd, err := openDirNoFollow(op, path, dirs, parents)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer unix.Close(dfd)
-	// Look before opening, so a device or FIFO is refused without being
-	// opened (opening one can block or have side effects).
+	old, err := writeTarget(dfd, path, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	perm := mode
+	switch {
+	case perm != 0:
+	case old != nil:
+		perm = old.Mode & 0o7777
+	default:
+		perm = 0o644
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	tmp := ".capsem-write-" + hex.EncodeToString(rnd[:])
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, 0, fsError(op, path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	committed := false
+	defer func() {
+		if !committed {
+			unix.Unlinkat(dfd, tmp, 0)
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	n, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(onlyReader{r}, maxSize+1), buf)
+	if err != nil {
+		return nil, n, fsError(op, path, err)
+	}
+	if n > maxSize {
+		return nil, n, guestwire.Errorf(guestwire.CodeTooLarge, "write %s: more than %d bytes, the limit", path, maxSize)
+	}
+	if err := unix.Fchmod(fd, perm); err != nil {
+		return nil, n, fsError(op, path, err)
+	}
+	if old != nil {
+		if err := unix.Fchown(fd, int(old.Uid), int(old.Gid)); err != nil {
+			return nil, n, fsError(op, path, err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return nil, n, fsError(op, path, err)
+	}
+	// Look again just before the rename: a directory or link put there
+	// meanwhile is refused, not replaced (rename would replace a link
+	// itself, never write through it, but the caller asked for a file).
+	if _, err := writeTarget(dfd, path, name); err != nil {
+		return nil, n, err
+	}
+	if err := unix.Renameat(dfd, tmp, dfd, name); err != nil {
+		return nil, n, fsError(op, path, err)
+	}
+	committed = true
 	var st unix.Stat_t
-	created := false
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, n, fsError(op, path, err)
+	}
+	return infoFromStat(&st), n, nil
+}
+
+// writeTarget looks at what a write would replace without opening it (so
+// a device or FIFO is refused without the side effects of an open): nil
+// when nothing is there, the regular file's stat, or a refusal.
+func writeTarget(dfd int, path, name string) (*unix.Stat_t, error) {
+	var st unix.Stat_t
 	switch err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); {
 	case errors.Is(err, unix.ENOENT):
-		created = true
+		return nil, nil
 	case err != nil:
-		return nil, fsError(op, path, err)
+		return nil, fsError("write", path, err)
 	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
 		return nil, guestwire.Errorf(guestwire.CodeSymlink, "write %s: it is a symbolic link, which writes never follow", path)
 	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
@@ -148,51 +225,17 @@ func writeFile(path string, data []byte, mode uint32, parents bool, maxSize int6
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
 		return nil, guestwire.Errorf(guestwire.CodeNotRegular, "write %s: not a regular file", path)
 	}
-	perm := mode
-	if perm == 0 {
-		perm = 0o644
-	}
-	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, perm)
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, guestwire.Errorf(guestwire.CodeSymlink, "write %s: it is a symbolic link, which writes never follow", path)
-		}
-		return nil, fsError(op, path, err)
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	// Re-check what was opened: the name may have changed since the look.
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fsError(op, path, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, guestwire.Errorf(guestwire.CodeNotRegular, "write %s: not a regular file", path)
-	}
-	if err := unix.Ftruncate(fd, 0); err != nil {
-		return nil, fsError(op, path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		return nil, fsError(op, path, err)
-	}
-	// The umask would otherwise trim a new file's mode; an explicit mode is
-	// applied to an existing file too.
-	if mode != 0 || created {
-		if err := unix.Fchmod(fd, perm); err != nil {
-			return nil, fsError(op, path, err)
-		}
-	}
-	if err := f.Sync(); err != nil {
-		return nil, fsError(op, path, err)
-	}
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fsError(op, path, err)
-	}
-	return infoFromStat(&st), nil
+	return &st, nil
 }
 
-// readFile reads a whole regular file of at most maxSize bytes. A link as
-// the last component is refused unless follow is set.
-func readFile(path string, follow bool, maxSize int64) ([]byte, *guestwire.FileInfo, error) {
+// onlyWriter hides everything but Write (see onlyReader).
+type onlyWriter struct{ w io.Writer }
+
+func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
+
+// openRead opens a regular file for a read of at most maxSize bytes. A
+// link as the last component is refused unless follow is set.
+func openRead(path string, follow bool, maxSize int64) (*os.File, *guestwire.FileInfo, error) {
 	const op = "read"
 	if err := guestwire.ValidatePath(path); err != nil {
 		return nil, nil, err
@@ -209,32 +252,47 @@ func readFile(path string, follow bool, maxSize int64) ([]byte, *guestwire.FileI
 		return nil, nil, fsError(op, path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
 		return nil, nil, fsError(op, path, err)
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 	case unix.S_IFDIR:
+		f.Close()
 		return nil, nil, guestwire.Errorf(guestwire.CodeIsDir, "read %s: is a directory", path)
 	default:
+		f.Close()
 		return nil, nil, guestwire.Errorf(guestwire.CodeNotRegular, "read %s: not a regular file", path)
 	}
 	if st.Size > maxSize {
+		f.Close()
 		return nil, nil, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the file is %d bytes, the limit is %d", path, st.Size, maxSize)
 	}
-	// Some files (in /proc, /sys) report size 0 and have content: read to
-	// EOF, one byte past the limit to tell "exactly at" from "over".
-	data, err := io.ReadAll(io.LimitReader(f, maxSize+1))
-	if err != nil {
-		return nil, nil, fsError(op, path, err)
-	}
-	if int64(len(data)) > maxSize {
-		return nil, nil, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the file is more than %d bytes, the limit", path, maxSize)
-	}
-	return data, infoFromStat(&st), nil
+	return f, infoFromStat(&st), nil
 }
+
+// copyRead sends f to w, at most maxSize bytes. Some files (in /proc,
+// /sys) report size 0 and have content, so it reads to EOF, one byte past
+// the limit to tell "exactly at" from "over".
+func copyRead(w io.Writer, f *os.File, path string, maxSize int64) (int64, error) {
+	buf := make([]byte, 64<<10)
+	n, err := io.CopyBuffer(w, io.LimitReader(onlyReader{f}, maxSize+1), buf)
+	if err != nil {
+		return n, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, n, err)
+	}
+	if n > maxSize {
+		return n, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the file is more than %d bytes, the limit", path, maxSize)
+	}
+	return n, nil
+}
+
+// onlyReader hides everything but Read, so io.CopyBuffer uses the bounded
+// buffer it is given and never a WriterTo/ReaderFrom path of its own.
+type onlyReader struct{ r io.Reader }
+
+func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }
 
 // statFile describes path without following a link in its last component.
 func statFile(path string) (*guestwire.FileInfo, error) {

@@ -31,7 +31,7 @@ type DialFunc func(ctx context.Context, port uint32) (net.Conn, error)
 // connections, so a reconnect does not lose it.
 type Server struct {
 	Log *slog.Logger
-	// Dial opens exec output streams (port 5005).
+	// Dial opens data streams (port 5005): exec output and file transfers.
 	Dial DialFunc
 	// Reaper starts and waits for every exec child.
 	Reaper *Reaper
@@ -61,9 +61,10 @@ type Server struct {
 	// (guestwire.GuestBootFacts in the VM).
 	FactsPath string
 
-	mu      sync.Mutex
-	bootEnv map[string]string
-	execs   map[uint64]*runningExec
+	mu        sync.Mutex
+	bootEnv   map[string]string
+	execs     map[uint64]*runningExec
+	transfers int // file transfers in progress (startTransfer)
 }
 
 // DefaultEnv is the environment an exec starts from.
@@ -216,7 +217,7 @@ func (s *Server) handleRegistered(ctx context.Context, m *guestwire.Message, id 
 		resp = &guestwire.Message{Type: guestwire.TypeExecResult, ExecResult: res}
 	case guestwire.TypeFileRead, guestwire.TypeFileWrite, guestwire.TypeFileStat, guestwire.TypeMkdir:
 		var res *guestwire.FileResult
-		res, err = s.file(m.Type, m.File)
+		res, err = s.file(ctx, m.ID, m.Type, m.File)
 		resp = &guestwire.Message{Type: guestwire.TypeFileResult, FileResult: res}
 	default:
 		err = guestwire.Errorf(guestwire.CodeUnknown, "unknown request type %q", m.Type)
@@ -228,30 +229,27 @@ func (s *Server) handleRegistered(ctx context.Context, m *guestwire.Message, id 
 	return resp
 }
 
-func (s *Server) file(typ string, req *guestwire.FileRequest) (*guestwire.FileResult, error) {
+func (s *Server) file(ctx context.Context, id uint64, typ string, req *guestwire.FileRequest) (*guestwire.FileResult, error) {
 	if req == nil {
 		return nil, guestwire.Errorf(guestwire.CodeInvalid, "%s request has no file payload", typ)
 	}
 	switch typ {
-	case guestwire.TypeFileRead:
+	case guestwire.TypeFileRead, guestwire.TypeFileWrite:
 		max := s.maxFileSize()
 		if req.MaxSize < 0 || req.MaxSize > max {
-			return nil, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: max size %d is outside 0..%d", req.Path, req.MaxSize, max)
+			return nil, guestwire.Errorf(guestwire.CodeTooLarge, "%s %s: max size %d is outside 0..%d", typ, req.Path, req.MaxSize, max)
 		}
 		if req.MaxSize > 0 {
 			max = req.MaxSize
 		}
-		data, info, err := readFile(req.Path, req.FollowSymlink, max)
-		if err != nil {
-			return nil, err
+		if !s.startTransfer() {
+			return nil, guestwire.Errorf(guestwire.CodeBusy, "%s %s: %d file transfers are already in progress", typ, req.Path, guestwire.MaxFileTransfers)
 		}
-		return &guestwire.FileResult{Data: data, Info: info}, nil
-	case guestwire.TypeFileWrite:
-		info, err := writeFile(req.Path, req.Data, req.Mode, req.Parents, s.maxFileSize())
-		if err != nil {
-			return nil, err
+		defer s.endTransfer()
+		if typ == guestwire.TypeFileRead {
+			return s.sendFile(ctx, id, req, max)
 		}
-		return &guestwire.FileResult{Info: info}, nil
+		return s.receiveFile(ctx, id, req, max)
 	case guestwire.TypeFileStat:
 		info, err := statFile(req.Path)
 		if err != nil {
@@ -265,6 +263,66 @@ func (s *Server) file(typ string, req *guestwire.FileRequest) (*guestwire.FileRe
 		}
 		return &guestwire.FileResult{Info: info}, nil
 	}
+}
+
+// startTransfer takes one of the guestwire.MaxFileTransfers slots, or
+// reports that none is free: each transfer holds a copy buffer and a
+// stream, and PID 1's memory must not grow with what the host asks.
+func (s *Server) startTransfer() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.transfers >= guestwire.MaxFileTransfers {
+		return false
+	}
+	s.transfers++
+	return true
+}
+
+func (s *Server) endTransfer() {
+	s.mu.Lock()
+	s.transfers--
+	s.mu.Unlock()
+}
+
+// sendFile streams a file to the host on a data stream for request id.
+// The file is opened (and refused) before the stream, so a refusal is an
+// answer with no stream at all.
+func (s *Server) sendFile(ctx context.Context, id uint64, req *guestwire.FileRequest, max int64) (*guestwire.FileResult, error) {
+	f, info, err := openRead(req.Path, req.FollowSymlink, max)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	conn, err := s.openDataStream(ctx, id, guestwire.StreamFile)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	n, err := copyRead(conn, f, req.Path, max)
+	if err != nil {
+		return nil, err
+	}
+	return &guestwire.FileResult{Info: info, Bytes: n}, nil
+}
+
+// receiveFile writes the file the host sends on a data stream for request
+// id (chunked, so a stream the host gave up on is never taken for the
+// whole file).
+func (s *Server) receiveFile(ctx context.Context, id uint64, req *guestwire.FileRequest, max int64) (*guestwire.FileResult, error) {
+	conn, err := s.openDataStream(ctx, id, guestwire.StreamFile)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	info, n, err := writeFileFrom(req.Path, guestwire.NewChunkReader(conn), req.Mode, req.Parents, max)
+	if err != nil {
+		return nil, err
+	}
+	return &guestwire.FileResult{Info: info, Bytes: n}, nil
 }
 
 // bootConfig applies the boot config: all of it is checked first, so a

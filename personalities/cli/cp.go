@@ -2,15 +2,12 @@ package cli
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
-
-	"github.com/capsem/capsem/core/api"
 )
 
 // CpCmd is `capsem cp SRC DST`, one side VM:PATH.
@@ -28,7 +25,10 @@ func guestPath(s string) (vm, path string, ok bool) {
 	return vm, path, true
 }
 
-// Run copies one file in or out of a VM (binary-safe).
+// Run copies one file in or out of a VM (binary-safe, any size: the bytes
+// stream, and neither this process nor the service holds the file). The
+// destination is replaced only once the whole file has arrived, in the
+// guest and on the host alike.
 func (c *CpCmd) Run(ctx context.Context) error {
 	srcVM, srcPath, fromGuest := guestPath(c.Src)
 	dstVM, dstPath, toGuest := guestPath(c.Dst)
@@ -44,27 +44,47 @@ func (c *CpCmd) Run(ctx context.Context) error {
 		if strings.HasSuffix(dstPath, "/") {
 			dstPath += filepath.Base(c.Src)
 		}
-		data, err := os.ReadFile(c.Src)
+		f, err := os.Open(c.Src)
 		if err != nil {
-			return err
+			return fmt.Errorf("cp: %w", err)
 		}
-		mode := uint32(0o644)
-		if st, err := os.Stat(c.Src); err == nil {
-			mode = uint32(st.Mode().Perm())
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("cp: %w", err)
 		}
-		return cl.WriteFile(ctx, dstVM, api.WriteFileRequest{Path: dstPath, Content: base64.StdEncoding.EncodeToString(data), Encoding: "base64", Mode: mode})
-	}
-	r, err := cl.ReadFile(ctx, srcVM, api.ReadFileRequest{Path: srcPath, Encoding: "base64"})
-	if err != nil {
-		return err
-	}
-	data, err := base64.StdEncoding.DecodeString(r.Content)
-	if err != nil {
-		return fmt.Errorf("cp: the service sent bad base64: %w", err)
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("cp: %s is not a regular file", c.Src)
+		}
+		return cl.WriteFileFrom(ctx, dstVM, dstPath, uint32(st.Mode().Perm()), f)
 	}
 	dst := c.Dst
 	if st, err := os.Stat(dst); err == nil && st.IsDir() {
 		dst = filepath.Join(dst, path.Base(srcPath))
 	}
-	return os.WriteFile(dst, data, fs.FileMode(0o644))
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".capsem-cp-*")
+	if err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, _, err := cl.ReadFileTo(ctx, srcVM, srcPath, true, tmp); err != nil {
+		return err
+	}
+	if err := tmp.Chmod(fs.FileMode(0o644)); err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	done = true
+	return nil
 }
