@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/capsem/capsem/core/api"
 )
@@ -204,7 +205,8 @@ func (s *Service) Handler(stop func()) http.Handler {
 				return
 			}
 		}
-		if err := s.WriteFileFrom(r.Context(), r.PathValue("vm"), q.Get("path"), uint32(mode), r.Body); err != nil {
+		abandon := func() { http.NewResponseController(w).SetReadDeadline(time.Now()) }
+		if err := s.WriteFileFrom(r.Context(), r.PathValue("vm"), q.Get("path"), uint32(mode), r.Body, abandon); err != nil {
 			writeError(w, err)
 			return
 		}

@@ -197,7 +197,10 @@ func (s *Service) ReadFileTo(ctx context.Context, ref, path string, follow bool,
 }
 
 // WriteFileFrom streams r into a file of a running VM, whatever its size.
-func (s *Service) WriteFileFrom(ctx context.Context, ref, path string, mode uint32, r io.Reader) error {
+// abandon, when not nil, is called if the VM's process goes away during
+// the transfer: it must unblock a read of r that waits on a slow sender,
+// or the call would wait for that sender before it could answer.
+func (s *Service) WriteFileFrom(ctx context.Context, ref, path string, mode uint32, r io.Reader, abandon func()) error {
 	if path == "" {
 		return badRequest("query parameter path is required")
 	}
@@ -207,6 +210,20 @@ func (s *Service) WriteFileFrom(ctx context.Context, ref, path string, mode uint
 	v, c, err := s.running(ref)
 	if err != nil {
 		return err
+	}
+	s.mu.Lock()
+	gone := v.gone
+	s.mu.Unlock()
+	if gone != nil && abandon != nil {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-gone:
+				abandon()
+			case <-done:
+			}
+		}()
 	}
 	if _, err := c.WriteFileFrom(ctx, path, mode, r); err != nil {
 		return s.vmError(v, err)

@@ -1,0 +1,286 @@
+package cli_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/testkit"
+)
+
+// TestFilesAndCommandsUnderAttack attacks one VM the way a hostile client
+// and the guest's own workload would, and checks what must hold: files of
+// any size move in bounded chunks (six parallel 60 MB reads once made PID 1
+// hold them all and panicked the guest), every file operation is an
+// fs_events row with its digest, a write cut short or refused by a full
+// disk leaves the old file, a guest that runs out of memory loses the
+// greedy command and not PID 1, a command is in the ledger while it runs
+// and after its VM's process is killed, and a call cut off by a stop is
+// 409 interrupted, not a 400.
+func TestFilesAndCommandsUnderAttack(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	c := capsemCLI{t: t, env: env}
+	ctx := context.Background()
+	c.must("create", "dev", "--ram-mb", "512", "--cpus", "1", "--disk-gb", "1")
+	svc := apiclient.NewServiceClient(filepath.Join(runDir, "service.sock"), nil)
+
+	// A 60 MB file of random bytes in the guest, and its digest there.
+	c.must("exec", "dev", "--", "sh", "-c", "head -c 62914560 /dev/urandom > /root/big")
+	guestSum := func(path string) string {
+		t.Helper()
+		f := strings.Fields(c.must("exec", "dev", "--", "sha256sum", path))
+		if len(f) == 0 {
+			t.Fatalf("sha256sum %s printed nothing", path)
+		}
+		return f[0]
+	}
+	bigSum := guestSum("/root/big")
+
+	t.Run("six parallel 60 MB reads", func(t *testing.T) {
+		dir := t.TempDir()
+		var wg sync.WaitGroup
+		errs := make([]error, 6)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f, err := os.Create(filepath.Join(dir, strconv.Itoa(i)))
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer f.Close()
+				_, digest, err := svc.ReadFileTo(ctx, "dev", "/root/big", false, f)
+				if err == nil && digest != bigSum {
+					err = fmt.Errorf("digest %s, the guest's is %s", digest, bigSum)
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("read %d: %v", i, err)
+			}
+			if sum := fileSum(t, filepath.Join(dir, strconv.Itoa(i))); sum != bigSum {
+				t.Fatalf("read %d wrote %s, want %s", i, sum, bigSum)
+			}
+		}
+		// As JSON a file is held whole, so that is bounded and says how
+		// to copy a larger one.
+		var se *apiclient.StatusError
+		if _, err := svc.ReadFile(ctx, "dev", api.ReadFileRequest{Path: "/root/big", Encoding: "base64"}); !errors.As(err, &se) ||
+			se.Status != http.StatusRequestEntityTooLarge || !strings.Contains(se.Message, "capsem cp") {
+			t.Fatalf("a 60 MB read as JSON: %v", err)
+		}
+		// PID 1 never held a file: its peak stays far below one.
+		hwm := guestPeakKiB(t, c, 1)
+		if hwm > 40<<10 {
+			t.Fatalf("the guest's PID 1 peaked at %d KiB after six 60 MB reads", hwm)
+		}
+	})
+
+	t.Run("write through cp, recorded with its digest", func(t *testing.T) {
+		src := filepath.Join(t.TempDir(), "up.bin")
+		writeRandom(t, src, 5<<20)
+		c.must("cp", src, "dev:/root/up.bin")
+		want := fileSum(t, src)
+		if got := guestSum("/root/up.bin"); got != want {
+			t.Fatalf("the guest has %s, the host sent %s", got, want)
+		}
+		c.must("cp", "dev:/root/up.bin", filepath.Join(t.TempDir(), "back.bin"))
+		res, err := svc.Inspect(ctx, "dev", api.InspectRequest{SQL: "SELECT COUNT(*) AS n, operation FROM fs_events GROUP BY operation ORDER BY operation"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops := map[string]float64{}
+		for _, r := range res.Rows {
+			ops[r[1].(string)] = r[0].(float64)
+		}
+		if ops["read"] < 7 || ops["write"] < 1 {
+			t.Fatalf("fs_events by operation: %v", res.Rows)
+		}
+		res, err = svc.Inspect(ctx, "dev", api.InspectRequest{SQL: "SELECT direction, size, digest, outcome FROM fs_events WHERE operation = 'write' AND path = '/root/up.bin'"})
+		if err != nil || len(res.Rows) != 1 {
+			t.Fatalf("the write's row: %v %v", res.Rows, err)
+		}
+		if r := res.Rows[0]; r[0] != "to_guest" || r[1] != float64(5<<20) || r[2] != want || r[3] != "ok" {
+			t.Fatalf("the write's row: %v, want to_guest, %d, %s, ok", r, 5<<20, want)
+		}
+	})
+
+	t.Run("a write cut short leaves the old file", func(t *testing.T) {
+		before := guestSum("/root/up.bin")
+		body := io.MultiReader(strings.NewReader(strings.Repeat("x", 3<<20)), failingReader{})
+		if err := svc.WriteFileFrom(ctx, "dev", "/root/up.bin", 0, body); err == nil {
+			t.Fatal("a write whose body broke succeeded")
+		}
+		if after := guestSum("/root/up.bin"); after != before {
+			t.Fatalf("the file changed from %s to %s", before, after)
+		}
+		if left := c.must("exec", "dev", "--", "sh", "-c", "ls -a /root | grep capsem-write || true"); left != "" {
+			t.Fatalf("temporary files left: %q", left)
+		}
+		res, err := svc.Inspect(ctx, "dev", api.InspectRequest{SQL: "SELECT outcome FROM fs_events WHERE operation = 'write' ORDER BY id DESC LIMIT 1"})
+		if err != nil || len(res.Rows) != 1 || res.Rows[0][0] != "error" {
+			t.Fatalf("the cut write's row: %v %v", res.Rows, err)
+		}
+	})
+
+	t.Run("a full disk refuses the write and keeps the old file", func(t *testing.T) {
+		c.must("exec", "dev", "--", "sh", "-c", "mkdir -p /mnt/tiny && mount -t tmpfs -o size=1m tmpfs /mnt/tiny && echo old > /mnt/tiny/f")
+		src := filepath.Join(t.TempDir(), "big.bin")
+		writeRandom(t, src, 2<<20)
+		_, errOut, code := c.run("cp", src, "dev:/mnt/tiny/f")
+		if code == 0 || !strings.Contains(errOut, "no space") {
+			t.Fatalf("cp onto a full disk: exit %d %q", code, errOut)
+		}
+		if out := c.must("exec", "dev", "--", "cat", "/mnt/tiny/f"); out != "old\n" {
+			t.Fatalf("the old file became %q", out)
+		}
+	})
+
+	t.Run("the guest running out of memory loses the command, not PID 1", func(t *testing.T) {
+		_, _, code := c.run("exec", "dev", "--", "sh", "-c", "tail /dev/zero")
+		if code == 0 {
+			t.Fatal("tail /dev/zero succeeded")
+		}
+		if out := c.must("exec", "dev", "--", "echo", "alive"); out != "alive\n" {
+			t.Fatalf("after the OOM: %q", out)
+		}
+	})
+
+	t.Run("a call cut off by a stop is 409 interrupted", func(t *testing.T) {
+		pr, pw := io.Pipe()
+		defer pw.CloseWithError(errors.New("the test stopped sending"))
+		done := make(chan error, 1)
+		go func() { done <- svc.WriteFileFrom(ctx, "dev", "/root/slow", 0, pr) }()
+		pw.Write(make([]byte, 1<<20))
+		// Stop while the write waits for the rest of its body: the
+		// answer comes without it.
+		time.Sleep(200 * time.Millisecond)
+		c.must("stop", "dev")
+		var se *apiclient.StatusError
+		select {
+		case err := <-done:
+			if !errors.As(err, &se) || se.Status != http.StatusConflict || se.Code != api.CodeInterrupted {
+				t.Fatalf("a write cut off by a stop: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("no answer to a write cut off by a stop")
+		}
+		c.must("resume", "dev")
+	})
+
+	t.Run("a running command is in the ledger, and stays there when its process dies", func(t *testing.T) {
+		cmdDone := make(chan string, 1)
+		go func() {
+			out, errOut, code := c.run("exec", "dev", "--", "sleep", "60")
+			cmdDone <- fmt.Sprintf("exit %d %q %q", code, out, errOut)
+		}()
+		pending := func() []any {
+			res, err := svc.Inspect(ctx, "dev", api.InspectRequest{SQL: "SELECT pending, exit_code FROM exec_events WHERE command = 'sleep 60'"})
+			if err != nil || len(res.Rows) > 1 {
+				t.Fatalf("the command's row: %v %v", res.Rows, err)
+			}
+			if len(res.Rows) == 0 {
+				return nil
+			}
+			return res.Rows[0]
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for pending() == nil {
+			if time.Now().After(deadline) {
+				res, _ := svc.Inspect(ctx, "dev", api.InspectRequest{SQL: "SELECT command, pending FROM exec_events"})
+				select {
+				case ended := <-cmdDone:
+					t.Fatalf("no row for the running command; it ended: %s; rows %v", ended, res.Rows)
+				default:
+					t.Fatalf("no row for the running command; rows %v", res.Rows)
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if r := pending(); r[0] != float64(1) || r[1] != nil {
+			t.Fatalf("the running command's row: %v, want pending", r)
+		}
+		// Kill the VM's process: the row it wrote before the command
+		// started is there, pending.
+		vm, err := svc.Info(ctx, "dev")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(vm.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-cmdDone
+		if r := pending(); r == nil || r[0] != float64(1) {
+			t.Fatalf("after the process died, the command's row is %v, want pending", r)
+		}
+	})
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("the client's disk failed") }
+
+// guestPeakKiB is a guest process's peak resident memory (VmHWM).
+func guestPeakKiB(t *testing.T, c capsemCLI, pid int) int {
+	t.Helper()
+	out := c.must("exec", "dev", "--", "grep", "VmHWM", fmt.Sprintf("/proc/%d/status", pid))
+	f := strings.Fields(out)
+	if len(f) < 2 {
+		t.Fatalf("VmHWM: %q", out)
+	}
+	n, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatalf("VmHWM: %q", out)
+	}
+	return n
+}
+
+func fileSum(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func writeRandom(t *testing.T, path string, n int64) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := os.Open("/dev/urandom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := io.CopyN(f, r, n); err != nil {
+		t.Fatal(err)
+	}
+}
