@@ -66,11 +66,11 @@ type Client struct {
 	// transfers holds a slot per file transfer in progress, so a burst of
 	// requests queues here instead of piling onto the guest.
 	transfers chan struct{}
-	err     error
-	done    chan struct{}
-	life    context.Context // cancelled with done, for context.AfterFunc
-	endLife context.CancelFunc
-	wg      sync.WaitGroup
+	err       error
+	done      chan struct{}
+	life      context.Context // cancelled with done, for context.AfterFunc
+	endLife   context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 // Accept waits (bounded by ctx) for the guest agent to connect to the
