@@ -139,6 +139,55 @@ func TestCLIVerbs(t *testing.T) {
 	}
 }
 
+// TestGuestCannotDriveTheTerminal: a hostile guest writes OSC 52 (set the
+// clipboard) and OSC 0 (retitle the window) to its console and into its
+// ledger. capsem logs and capsem inspect show them escaped, not one ESC
+// byte reaching the terminal; --raw (and exec, which the person asked for)
+// pass them as they are, and --json escapes them in its own way.
+func TestGuestCannotDriveTheTerminal(t *testing.T) {
+	env, _ := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	c := capsemCLI{t: t, env: env}
+	c.must("create", "osc", "--ram-mb", "512", "--cpus", "1")
+
+	const (
+		clipboard = "\x1b]52;c;Y2Fwc2VtLXBhc3RlZA==\x07"
+		title     = "\x1b]0;capsem-pwned\x07"
+		shown     = `\x1b]52;c;Y2Fwc2VtLXBhc3RlZA==\x07\x1b]0;capsem-pwned\x07 osc-marker`
+	)
+	script := `printf '\033]52;c;Y2Fwc2VtLXBhc3RlZA==\007\033]0;capsem-pwned\007 osc-marker\n' | tee /dev/console`
+	if out := c.must("exec", "osc", "--", "sh", "-c", script); out != clipboard+title+" osc-marker\n" {
+		t.Fatalf("exec output is not passed as it is: %q", out)
+	}
+
+	var logs string
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		logs = c.must("logs", "osc", "--grep", "osc-marker")
+		if strings.Contains(logs, "osc-marker") || time.Now().After(deadline) {
+			break
+		}
+	}
+	if strings.ContainsRune(logs, 0x1b) || !strings.Contains(logs, shown) {
+		t.Fatalf("capsem logs: want the console's escapes shown as %q, no ESC byte:\n%q", shown, logs)
+	}
+	if raw := c.must("logs", "osc", "--raw", "--grep", "osc-marker"); !strings.Contains(raw, clipboard+title) {
+		t.Fatalf("capsem logs --raw: want the bytes as they are:\n%q", raw)
+	}
+
+	const query = "SELECT stdout_preview FROM exec_events WHERE stdout_preview LIKE '%osc-marker%'"
+	if table := c.must("inspect", "osc", query); strings.ContainsRune(table, 0x1b) || !strings.Contains(table, shown+`\n`) {
+		t.Fatalf("capsem inspect: want the cell shown as %q, no ESC byte:\n%q", shown+`\n`, table)
+	}
+	if raw := c.must("inspect", "osc", "--raw", query); !strings.Contains(raw, clipboard+title) {
+		t.Fatalf("capsem inspect --raw: want the bytes as they are:\n%q", raw)
+	}
+	js := c.must("inspect", "osc", "--json", query)
+	var r api.InspectResult
+	if strings.ContainsRune(js, 0x1b) || json.Unmarshal([]byte(js), &r) != nil || len(r.Rows) != 1 || r.Rows[0][0] != clipboard+title+" osc-marker\n" {
+		t.Fatalf("capsem inspect --json: want the cell escaped by JSON and decoding to the guest's bytes:\n%q", js)
+	}
+}
+
 // ptyOutput collects what a program writes to its pseudo-terminal.
 type ptyOutput struct {
 	mu  sync.Mutex
