@@ -50,12 +50,12 @@ func NewServiceClient(path string, start func(ctx context.Context) error) *Servi
 	return &ServiceClient{http: &http.Client{Transport: tr}}
 }
 
-// transportError is err of a request that got no answer, without the
-// method and URL the HTTP client puts before it (the URL's host is not
-// the socket's path, which the error names).
+// transportError is err of a request that got no answer; a refusal to
+// connect goes without the method and URL the HTTP client puts before it
+// (the URL is not the socket, which the refusal names).
 func transportError(err error) error {
 	var ue *url.Error
-	if errors.As(err, &ue) {
+	if errors.As(err, &ue) && unixsock.IsNotPrivate(ue.Err) {
 		return ue.Err
 	}
 	return err
