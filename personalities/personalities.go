@@ -14,6 +14,7 @@ import (
 
 	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/logs"
+	"github.com/capsem/capsem/core/printable"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/version"
 	"github.com/capsem/capsem/personalities/agent"
@@ -95,7 +96,9 @@ func Main(args []string) int {
 		if code, ok := exitcode.Of(err); ok {
 			return code
 		}
-		fmt.Fprintln(os.Stderr, "capsem:", err)
+		// An error may quote what a guest said: escaped, it cannot drive
+		// the terminal.
+		fmt.Fprintln(os.Stderr, "capsem:", printable.Text(err.Error()))
 		return 1
 	}
 	return 0

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // ProcessClient talks to one per-VM process over its Unix socket.
@@ -23,11 +24,11 @@ type ProcessClient struct {
 	http *http.Client
 }
 
-// NewProcessClient returns a client for the socket at path.
+// NewProcessClient returns a client for the socket at path. It talks only
+// to a process of this user's (unixsock.Dial).
 func NewProcessClient(path string) *ProcessClient {
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", path)
+		return unixsock.Dial(ctx, path)
 	}}
 	return &ProcessClient{http: &http.Client{Transport: tr}}
 }
@@ -61,7 +62,7 @@ func (c *ProcessClient) do(ctx context.Context, method, route string, query url.
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", route, err)
+		return nil, fmt.Errorf("%s: %w", route, transportError(err))
 	}
 	return resp, nil
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // StatusError is a refusal from the service or a per-VM process: its HTTP
@@ -33,20 +34,33 @@ type ServiceClient struct {
 // NewServiceClient returns a client for the socket at path. When start is
 // not nil, a connection that finds no service calls it (to start one and
 // wait until it answers) and dials once more: the client then works
-// whether or not a service ran before, or survived, its last call.
+// whether or not a service ran before, or survived, its last call. It
+// talks only to a service of this user's (unixsock.Dial): a socket that
+// may be another user's is refused before anything is sent, and no
+// service is started in its place.
 func NewServiceClient(path string, start func(ctx context.Context) error) *ServiceClient {
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", path)
-		if err == nil || start == nil {
+		c, err := unixsock.Dial(ctx, path)
+		if err == nil || start == nil || unixsock.IsNotPrivate(err) {
 			return c, err
 		}
 		if serr := start(ctx); serr != nil {
 			return nil, fmt.Errorf("no capsem service answered on %s (%v), and starting one failed: %w", path, err, serr)
 		}
-		return d.DialContext(ctx, "unix", path)
+		return unixsock.Dial(ctx, path)
 	}}
 	return &ServiceClient{http: &http.Client{Transport: tr}}
+}
+
+// transportError is err of a request that got no answer; a refusal to
+// connect goes without the method and URL the HTTP client puts before it
+// (the URL is not the socket, which the refusal names).
+func transportError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) && unixsock.IsNotPrivate(ue.Err) {
+		return ue.Err
+	}
+	return err
 }
 
 // call sends in (nil: no body) to route and decodes the answer into out
@@ -73,7 +87,7 @@ func (c *ServiceClient) call(ctx context.Context, method, route string, query ur
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("the capsem service: %w", err)
+		return fmt.Errorf("the capsem service: %w", transportError(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -222,7 +236,7 @@ func (c *ServiceClient) stream(ctx context.Context, route string, in any, read f
 	hreq.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(hreq)
 	if err != nil {
-		return fmt.Errorf("the capsem service: %w", err)
+		return fmt.Errorf("the capsem service: %w", transportError(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {

@@ -18,6 +18,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/capsem/capsem/core/printable"
 )
 
 // Status is a check's outcome.
@@ -94,22 +96,23 @@ func (r *Reporter) Add(res Result) {
 	}
 	if r.json {
 		b, _ := json.Marshal(res)
-		fmt.Fprintf(r.w, "%s\n", b)
+		fmt.Fprintf(r.w, "%s\n", printable.JSON(b))
 		return
 	}
 	fmt.Fprintln(r.w, FormatLine(res))
 }
 
-// FormatLine is a result's text line.
+// FormatLine is a result's text line. A guest's doctor reports through
+// the host's, so the text is escaped for the terminal.
 func FormatLine(res Result) string {
-	line := fmt.Sprintf("%-4s  %-8s  %-18s  %s", res.Status, res.Group, res.Name, oneLine(res.Detail))
+	line := fmt.Sprintf("%-4s  %-8s  %-18s  %s", res.Status, oneLine(res.Group), oneLine(res.Name), oneLine(res.Detail))
 	if res.Hint != "" && res.Status != OK {
 		line += "  (fix: " + oneLine(res.Hint) + ")"
 	}
 	return line
 }
 
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+func oneLine(s string) string { return printable.Line(strings.Join(strings.Fields(s), " ")) }
 
 // Okf, Warnf and Failf report the running check's result.
 func (r *Reporter) Okf(format string, a ...any) { r.report(OK, "", format, a...) }

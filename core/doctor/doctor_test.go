@@ -52,6 +52,24 @@ func TestRunText(t *testing.T) {
 	}
 }
 
+// A guest's doctor results are relayed by the host's: what a hostile guest
+// puts in them is shown, never sent to the terminal.
+func TestGuestResultsCannotDriveTheTerminal(t *testing.T) {
+	hostile := Result{Group: "vm\x1b]0;title\x07", Name: "net\u009b2J", Status: Fail,
+		Detail: "\x1b]52;c;ZXZpbA==\x07 gone", Hint: "run \x1b[8m hidden"}
+	for _, asJSON := range []bool{false, true} {
+		var out bytes.Buffer
+		NewReporter(&out, asJSON).Add(hostile)
+		if i := strings.IndexFunc(out.String(), func(r rune) bool { return r < 0x20 && r != '\n' || r >= 0x7f && r <= 0x9f }); i >= 0 {
+			t.Errorf("json %v: a control character reached the output at %d: %q", asJSON, i, out.String())
+		}
+	}
+	want := `fail  vm\x1b]0;title\x07  net\u009b2J         \x1b]52;c;ZXZpbA==\x07 gone  (fix: run \x1b[8m hidden)`
+	if got := FormatLine(hostile); got != want {
+		t.Errorf("FormatLine = %q, want %q", got, want)
+	}
+}
+
 func TestRunJSONRoundTrips(t *testing.T) {
 	var calls []string
 	var out bytes.Buffer

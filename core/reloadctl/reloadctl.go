@@ -43,8 +43,8 @@ type ReloadFunc func(ctx context.Context) (string, error)
 // Register serves reload requests for this process, on a socket in dir,
 // until ctx is done or the returned function is called.
 func Register(ctx context.Context, dir, kind, name string, reload ReloadFunc, log *slog.Logger) (func(), error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating endpoint registry: %w", err)
+	if err := unixsock.SecureDir(dir); err != nil {
+		return nil, fmt.Errorf("endpoint registry: %w", err)
 	}
 	path := filepath.Join(dir, strconv.Itoa(os.Getpid())+".sock")
 	ln, err := unixsock.Listen(path)
@@ -124,8 +124,7 @@ func ReloadAll(ctx context.Context, dir string) ([]Result, error) {
 func reloadOne(ctx context.Context, socket string) (Result, error) {
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
+			return unixsock.Dial(ctx, socket)
 		},
 	}}
 	defer client.CloseIdleConnections()

@@ -27,9 +27,20 @@ var ErrAlreadyServing = errors.New("a capsem service is already serving")
 // next. A second service returns ErrAlreadyServing; a socket left by one
 // that died is replaced.
 func Serve(ctx context.Context, o Options) error {
+	if _, err := SecureRunDir(); err != nil {
+		return err
+	}
 	sock, err := paths.ServiceSocket()
 	if err != nil {
 		return err
+	}
+	// Clients refuse a socket that another user could have put in place
+	// (unixsock.Dial): serving on one would help no one.
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		return fmt.Errorf("creating the directory of %s: %w", sock, err)
+	}
+	if err := unixsock.CheckPrivateDir(filepath.Dir(sock)); err != nil {
+		return fmt.Errorf("refusing to serve on %s: %w", sock, err)
 	}
 	unlock, err := lockService(ctx, sock)
 	if err != nil {
@@ -72,15 +83,6 @@ func lockService(ctx context.Context, sock string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating the run directory: %w", err)
-	}
-	// The run directory holds the sockets and the VMs' sessions: the
-	// owner's alone, whatever made it first.
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("securing the run directory %s: %w", dir, err)
-	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		unlock, ok, err := filelock.TryLock(path)
@@ -96,6 +98,24 @@ func lockService(ctx context.Context, sock string) (func(), error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// SecureRunDir returns the run directory (paths.RunDir) once it is private
+// to this user: it holds the sockets and the VMs' sessions. One missing is
+// created 0700; one of another user's, or shared (as /tmp is), is refused
+// and left as it is (unixsock.SecureDir).
+func SecureRunDir() (string, error) {
+	dir, err := paths.RunDir()
+	if err != nil {
+		return "", err
+	}
+	if err := unixsock.SecureDir(dir); err != nil {
+		if unixsock.IsNotPrivate(err) {
+			return "", fmt.Errorf("refusing the run directory: %w; it is left as it is (set CAPSEM_RUN_DIR to a directory of your own)", err)
+		}
+		return "", fmt.Errorf("the run directory: %w", err)
+	}
+	return dir, nil
 }
 
 // Ensuring returns a client of the service that starts one (detached,
@@ -140,12 +160,12 @@ func StartDetached(exe string, env []string) error {
 			return fmt.Errorf("locating the capsem executable: %w", err)
 		}
 	}
+	if _, err := SecureRunDir(); err != nil {
+		return err
+	}
 	logPath, err := paths.ServiceLog()
 	if err != nil {
 		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
-		return fmt.Errorf("creating the run directory: %w", err)
 	}
 	logFile, err := logs.OpenRotated(logPath)
 	if err != nil {

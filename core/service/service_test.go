@@ -11,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/testkit"
 	"github.com/capsem/capsem/core/unixsock"
 	"github.com/capsem/capsem/core/vmrecord"
 )
@@ -189,15 +191,18 @@ func TestServiceLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("CAPSEM_RUN_DIR", run)
+	if _, err := SecureRunDir(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(run); st.Mode().Perm() != 0o700 {
+		t.Errorf("run directory mode %v, want 0700: it is this user's, only readable by others", st.Mode().Perm())
+	}
 	sock := filepath.Join(run, "service.sock")
 	unlock, err := lockService(context.Background(), sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unlock()
-	if st, _ := os.Stat(run); st.Mode().Perm() != 0o700 {
-		t.Errorf("run directory mode %v, want 0700", st.Mode().Perm())
-	}
 	ln, err := unixsock.Listen(sock)
 	if err != nil {
 		t.Fatal(err)
@@ -205,6 +210,61 @@ func TestServiceLock(t *testing.T) {
 	defer ln.Close()
 	if _, err := lockService(context.Background(), sock); !errors.Is(err, ErrAlreadyServing) {
 		t.Fatalf("a second service: %v, want ErrAlreadyServing", err)
+	}
+}
+
+// TestServeRefusesASharedRunDir: pointed at a run directory that is shared
+// (sticky and world-writable, as /tmp is, though this user owns it) or that
+// is another user's, the service refuses to start, naming the directory
+// and why, and leaves it as it is: no chmod, nothing created in it.
+func TestServeRefusesASharedRunDir(t *testing.T) {
+	tests := []struct {
+		name    string
+		mode    os.FileMode
+		owner   int // -1: this user
+		refusal string
+	}{
+		{"sticky and world-writable", 0o777 | os.ModeSticky, -1, "other users can create and replace files in it (mode 1777)"},
+		{"group-writable", 0o770, -1, "other users can create and replace files in it (mode 0770)"},
+		{"another user's", 0o755, testkit.NobodyUID, "it belongs to uid 65534, not to you"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := filepath.Join(t.TempDir(), "shared")
+			if err := os.Mkdir(run, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(run, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			if tt.owner >= 0 {
+				if err := os.Chown(run, tt.owner, tt.owner); err != nil {
+					t.Fatalf("giving the directory to another user (the test runs as root, as make test does): %v", err)
+				}
+			}
+			before, _ := os.Stat(run)
+			t.Setenv("CAPSEM_RUN_DIR", run)
+			t.Setenv("CAPSEM_HOME", t.TempDir())
+			t.Setenv("CAPSEM_UDS_PATH", "")
+			// Should it serve after all, it stops here and the test fails.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := Serve(ctx, Options{Executable: "/nonexistent/capsem", Logger: slog.New(slog.DiscardHandler)})
+			want := "refusing the run directory: " + run + " is not private to you: " + tt.refusal
+			if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "CAPSEM_RUN_DIR") {
+				t.Errorf("Serve = %v, want %q and a hint", err, want)
+			}
+			after, _ := os.Stat(run)
+			if after.Mode() != before.Mode() || after.Sys().(*syscall.Stat_t).Uid != before.Sys().(*syscall.Stat_t).Uid {
+				t.Errorf("the run directory changed: %v to %v", before.Mode(), after.Mode())
+			}
+			if entries, _ := os.ReadDir(run); len(entries) > 0 {
+				t.Errorf("the service left %d entries in the refused directory, first %s", len(entries), entries[0].Name())
+			}
+			if err := StartDetached("/nonexistent/capsem", nil); err == nil || !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("StartDetached = %v, want %q", err, want)
+			}
+		})
 	}
 }
 

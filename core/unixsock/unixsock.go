@@ -1,7 +1,9 @@
 // Package unixsock creates the Unix sockets Capsem serves its local APIs
 // on (the service, each per-VM process, a gateway, the policy-reload
 // endpoints): only the owner may connect, and an old path is replaced only
-// when it is a socket, never a file someone put there.
+// when it is a socket, never a file someone put there. Its clients connect
+// with Dial, which talks only to a server of the same user, and the
+// directories that hold the sockets are made private with SecureDir.
 package unixsock
 
 import (

@@ -14,20 +14,26 @@ import (
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/printable"
 	"github.com/capsem/capsem/core/service"
 )
 
 // client is the service's client, starting a service when none answers.
 func client() (*apiclient.ServiceClient, error) { return service.Ensuring("", nil) }
 
-// printJSON prints v as indented JSON.
+// printJSON prints v as indented JSON, every character a terminal would
+// act on escaped.
 func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = os.Stdout.Write(append(printable.JSON(b), '\n'))
+	return err
 }
 
-// table prints rows under a header, aligned.
+// table prints rows under a header, aligned; the caller escapes the cells
+// (printable.Line), which must not hold a tab or a newline.
 func table(header []string, rows [][]string) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, strings.Join(header, "\t"))
@@ -77,7 +83,8 @@ func orDash(s string) string {
 	return s
 }
 
-// printVM prints one VM as "key: value" lines.
+// printVM prints one VM as "key: value" lines. The values are escaped:
+// the last log holds what the guest made the VM's process write.
 func printVM(v api.VM) {
 	rows := [][2]string{{"id", v.ID}, {"name", orDash(v.Name)}, {"state", v.State}, {"persistent", fmt.Sprint(v.Persistent)}, {"run", fmt.Sprint(v.Run)},
 		{"memory", fmt.Sprintf("%d MB", v.RAMMB)}, {"cpus", fmt.Sprint(v.CPUs)}, {"image", v.Image},
@@ -93,6 +100,6 @@ func printVM(v api.VM) {
 		rows = append(rows, [2]string{"last log", "\n" + v.LastLog})
 	}
 	for _, r := range rows {
-		fmt.Printf("%-12s %s\n", r[0]+":", r[1])
+		fmt.Printf("%-12s %s\n", r[0]+":", printable.Text(r[1]))
 	}
 }

@@ -2,14 +2,17 @@ package cli_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,6 +139,170 @@ func TestCLIVerbs(t *testing.T) {
 	}
 	if status := c.must("service", "status"); !strings.Contains(status, "0 VM(s)") {
 		t.Fatalf("service status: %s", status)
+	}
+}
+
+// TestGuestCannotDriveTheTerminal: a hostile guest writes OSC 52 (set the
+// clipboard) and OSC 0 (retitle the window) to its console and into its
+// ledger. capsem logs and capsem inspect show them escaped, not one ESC
+// byte reaching the terminal; --raw (and exec, which the person asked for)
+// pass them as they are, and --json escapes them in its own way.
+func TestGuestCannotDriveTheTerminal(t *testing.T) {
+	env, _ := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	c := capsemCLI{t: t, env: env}
+	c.must("create", "osc", "--ram-mb", "512", "--cpus", "1")
+
+	const (
+		clipboard = "\x1b]52;c;Y2Fwc2VtLXBhc3RlZA==\x07"
+		title     = "\x1b]0;capsem-pwned\x07"
+		shown     = `\x1b]52;c;Y2Fwc2VtLXBhc3RlZA==\x07\x1b]0;capsem-pwned\x07 osc-marker`
+	)
+	script := `printf '\033]52;c;Y2Fwc2VtLXBhc3RlZA==\007\033]0;capsem-pwned\007 osc-marker\n' | tee /dev/console`
+	if out := c.must("exec", "osc", "--", "sh", "-c", script); out != clipboard+title+" osc-marker\n" {
+		t.Fatalf("exec output is not passed as it is: %q", out)
+	}
+
+	var logs string
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		logs = c.must("logs", "osc", "--grep", "osc-marker")
+		if strings.Contains(logs, "osc-marker") || time.Now().After(deadline) {
+			break
+		}
+	}
+	if strings.ContainsRune(logs, 0x1b) || !strings.Contains(logs, shown) {
+		t.Fatalf("capsem logs: want the console's escapes shown as %q, no ESC byte:\n%q", shown, logs)
+	}
+	if raw := c.must("logs", "osc", "--raw", "--grep", "osc-marker"); !strings.Contains(raw, clipboard+title) {
+		t.Fatalf("capsem logs --raw: want the bytes as they are:\n%q", raw)
+	}
+
+	const query = "SELECT stdout_preview FROM exec_events WHERE stdout_preview LIKE '%osc-marker%'"
+	if table := c.must("inspect", "osc", query); strings.ContainsRune(table, 0x1b) || !strings.Contains(table, shown+`\n`) {
+		t.Fatalf("capsem inspect: want the cell shown as %q, no ESC byte:\n%q", shown+`\n`, table)
+	}
+	if raw := c.must("inspect", "osc", "--raw", query); !strings.Contains(raw, clipboard+title) {
+		t.Fatalf("capsem inspect --raw: want the bytes as they are:\n%q", raw)
+	}
+	js := c.must("inspect", "osc", "--json", query)
+	var r api.InspectResult
+	if strings.ContainsRune(js, 0x1b) || json.Unmarshal([]byte(js), &r) != nil || len(r.Rows) != 1 || r.Rows[0][0] != clipboard+title+" osc-marker\n" {
+		t.Fatalf("capsem inspect --json: want the cell escaped by JSON and decoding to the guest's bytes:\n%q", js)
+	}
+}
+
+// TestCLISendsNothingToAnotherUser: another local user listens on the
+// service's socket: in a shared directory where it bound first
+// (CAPSEM_UDS_PATH in /tmp), or on a socket file of this user's, where only
+// the kernel's record of who listens tells. capsem refuses, naming the
+// socket and why, and the listener receives not one byte: not the command,
+// not the secret given with -e.
+func TestCLISendsNothingToAnotherUser(t *testing.T) {
+	env, _ := testkit.ServiceEnv(t)
+	places := []struct {
+		name    string
+		listen  func(t *testing.T, path string) *testkit.ForeignListener
+		refusal string
+	}{
+		{"a shared directory", func(t *testing.T, path string) *testkit.ForeignListener {
+			if err := os.Chmod(filepath.Dir(path), 0o777|os.ModeSticky); err != nil {
+				t.Fatal(err)
+			}
+			return testkit.ListenAsNobody(t, path)
+		}, "other users can create and replace files in it (mode 1777)"},
+		{"a socket of this user's", func(t *testing.T, path string) *testkit.ForeignListener {
+			l := testkit.MoveInAsNobody(t, path)
+			if err := os.Lchown(path, os.Geteuid(), os.Getegid()); err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}, "runs as uid 65534, not as you"},
+	}
+	for _, p := range places {
+		t.Run(p.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "csu-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(dir)
+			os.Chmod(dir, 0o755)
+			sock := filepath.Join(dir, "service.sock")
+			l := p.listen(t, sock)
+			c := capsemCLI{t: t, env: append(slices.Clip(env), "CAPSEM_UDS_PATH="+sock)}
+			for _, args := range [][]string{
+				{"exec", "-e", "API_KEY=sk-must-not-leave", "dev", "--", "env"},
+				{"ls"},
+				{"service", "start"},
+				{"service", "stop"},
+				{"service", "status"},
+			} {
+				out, errOut, code := c.run(args...)
+				if code == 0 || !strings.Contains(errOut, "refusing to connect to "+sock+": ") || !strings.Contains(errOut, p.refusal) {
+					t.Errorf("capsem %v: exit %d, stdout %q, stderr %q; want a refusal naming %s and %q", args, code, out, errOut, sock, p.refusal)
+				}
+			}
+			if _, bytes := l.Stop(); bytes != 0 {
+				t.Errorf("the other user's listener received %d bytes", bytes)
+			}
+		})
+	}
+}
+
+// TestServiceRefusesASharedRunDir: CAPSEM_RUN_DIR names a shared directory
+// (sticky and world-writable, as /tmp is, and this user's: the test runs
+// as root) or another user's. The service refuses to start, saying why,
+// and the directory keeps its mode and owner, and gets no file.
+func TestServiceRefusesASharedRunDir(t *testing.T) {
+	env, _ := testkit.ServiceEnv(t)
+	tests := []struct {
+		name    string
+		mode    os.FileMode
+		owner   int // -1: this user
+		refusal string
+	}{
+		{"sticky and world-writable", 0o777 | os.ModeSticky, -1, "other users can create and replace files in it (mode 1777)"},
+		{"another user's", 0o755, testkit.NobodyUID, "it belongs to uid 65534, not to you"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run, err := os.MkdirTemp("", "csr-shared-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(run)
+			if err := os.Chmod(run, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			if tt.owner >= 0 {
+				if err := os.Chown(run, tt.owner, tt.owner); err != nil {
+					t.Fatalf("giving the directory to another user (the test runs as root, as make test does): %v", err)
+				}
+			}
+			before, _ := os.Stat(run)
+			c := capsemCLI{t: t, env: append(slices.Clip(env), "CAPSEM_RUN_DIR="+run)}
+			// Should the service serve after all, the timeout ends it.
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, testkit.CapsemBinary(t), "service")
+			cmd.Env = c.env
+			out, err := cmd.CombinedOutput()
+			want := "refusing the run directory: " + run + " is not private to you: " + tt.refusal
+			if err == nil || !strings.Contains(string(out), want) || !strings.Contains(string(out), "CAPSEM_RUN_DIR") {
+				t.Errorf("capsem service: %v\n%s\nwant %q", err, out, want)
+			}
+			for _, args := range [][]string{{"service", "start"}, {"ls"}} {
+				if _, errOut, code := c.run(args...); code == 0 || !strings.Contains(errOut, run+" is not private to you: "+tt.refusal) {
+					t.Errorf("capsem %v: exit %d %q", args, code, errOut)
+				}
+			}
+			after, _ := os.Stat(run)
+			if after.Mode() != before.Mode() || after.Sys().(*syscall.Stat_t).Uid != before.Sys().(*syscall.Stat_t).Uid {
+				t.Errorf("the run directory changed: %v to %v", before.Mode(), after.Mode())
+			}
+			if entries, _ := os.ReadDir(run); len(entries) > 0 {
+				t.Errorf("%d entries left in the refused directory, first %s", len(entries), entries[0].Name())
+			}
+		})
 	}
 }
 

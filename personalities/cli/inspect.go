@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/printable"
 )
 
 // InspectCmd is `capsem inspect VM SQL` (or --schema).
@@ -15,6 +16,7 @@ type InspectCmd struct {
 	Schema  bool   `help:"Print the ledger's CREATE TABLE statements."`
 	MaxRows int    `help:"At most this many rows (default 100)."`
 	JSON    bool   `help:"Print the answer as JSON."`
+	Raw     bool   `help:"Print the cells as they are, control characters included (the guest writes much of the ledger: they can drive your terminal). By default they are shown escaped (ESC as \\x1b)."`
 }
 
 // Run queries the VM's ledger.
@@ -28,7 +30,11 @@ func (c *InspectCmd) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		fmt.Println(strings.Join(r.Tables, ";\n\n") + ";")
+		schema := strings.Join(r.Tables, ";\n\n") + ";"
+		if !c.Raw {
+			schema = printable.Text(schema)
+		}
+		fmt.Println(schema)
 		return nil
 	}
 	if c.SQL == "" {
@@ -41,19 +47,29 @@ func (c *InspectCmd) Run(ctx context.Context) error {
 	if c.JSON {
 		return printJSON(r)
 	}
+	show := printable.Line
+	if c.Raw {
+		// As they are, but on one line: the table's shape is ours.
+		show = strings.NewReplacer("\n", `\n`, "\t", `\t`).Replace
+	}
+	header := make([]string, len(r.Columns))
+	for i, col := range r.Columns {
+		header[i] = show(col)
+	}
 	rows := make([][]string, len(r.Rows))
 	for i, row := range r.Rows {
 		for _, v := range row {
-			rows[i] = append(rows[i], cell(v))
+			rows[i] = append(rows[i], show(cell(v)))
 		}
 	}
-	table(r.Columns, rows)
+	table(header, rows)
 	if r.Truncated {
 		fmt.Printf("(more rows: raise --max-rows)\n")
 	}
 	return nil
 }
 
+// cell is a value as text.
 func cell(v any) string {
 	switch v := v.(type) {
 	case nil:
@@ -63,7 +79,7 @@ func cell(v any) string {
 			return fmt.Sprint(int64(v))
 		}
 	case string:
-		return strings.NewReplacer("\n", `\n`, "\t", `\t`).Replace(v)
+		return v
 	}
 	return fmt.Sprint(v)
 }

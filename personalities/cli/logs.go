@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+
+	"github.com/capsem/capsem/core/printable"
 )
 
 // LogsCmd is `capsem logs VM` (or `capsem logs --service`).
@@ -11,6 +13,7 @@ type LogsCmd struct {
 	Service bool   `help:"The service's own log instead of a VM's."`
 	Tail    int    `short:"n" help:"Only the last N lines (default 200)."`
 	Grep    string `help:"Only lines containing this text."`
+	Raw     bool   `help:"Print the logs as they are, control characters included (the guest writes them: they can drive your terminal). By default they are shown escaped (ESC as \\x1b)."`
 }
 
 // Run prints the logs.
@@ -22,12 +25,16 @@ func (c *LogsCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	show := printable.Text
+	if c.Raw {
+		show = func(s string) string { return s }
+	}
 	if c.Service {
 		r, err := cl.ServiceLogs(ctx, c.Tail, c.Grep)
 		if err != nil {
 			return err
 		}
-		fmt.Print(r.Service)
+		fmt.Print(show(r.Service))
 		return nil
 	}
 	r, err := cl.Logs(ctx, c.VM, c.Tail, c.Grep)
@@ -35,8 +42,8 @@ func (c *LogsCmd) Run(ctx context.Context) error {
 		return err
 	}
 	fmt.Println("== serial console ==")
-	fmt.Print(r.Serial)
+	fmt.Print(show(r.Serial))
 	fmt.Println("== VM process ==")
-	fmt.Print(r.Process)
+	fmt.Print(show(r.Process))
 	return nil
 }

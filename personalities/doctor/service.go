@@ -62,9 +62,13 @@ func (h *host) checkRunDir(ctx context.Context, r *doctor.Reporter) {
 		r.Failf("", "%v", err)
 		return
 	}
+	if err := unixsock.CheckPrivateDir(dir); err != nil {
+		r.Failf("set CAPSEM_RUN_DIR to a directory of your own (the service refuses this one)", "%v", err)
+		return
+	}
 	if perm := st.Mode().Perm(); perm&0o077 != 0 {
 		r.Warnf("chmod 700 "+dir+" (the service does it when it starts)",
-			"%s is mode %04o: other users may reach the sessions and sockets in it", dir, perm)
+			"%s is mode %04o: other users may read the sessions in it", dir, perm)
 		return
 	}
 	r.Okf("%s is the owner's alone (%04o)", dir, st.Mode().Perm()&fs.ModePerm)

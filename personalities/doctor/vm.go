@@ -12,6 +12,7 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/doctor"
 	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/service"
 	"github.com/capsem/capsem/core/vmhost"
 )
 
@@ -28,7 +29,11 @@ const vmTimeout = 15 * time.Minute
 func (h *host) checkVM(ctx context.Context, r *doctor.Reporter) {
 	ctx, cancel := context.WithTimeout(ctx, vmTimeout)
 	defer cancel()
-	sessions, err := paths.SessionsDir()
+	_, err := service.SecureRunDir()
+	var sessions string
+	if err == nil {
+		sessions, err = paths.SessionsDir()
+	}
 	if err == nil {
 		err = os.MkdirAll(sessions, 0o700)
 	}

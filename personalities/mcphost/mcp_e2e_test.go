@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -96,6 +97,34 @@ func stopService(t *testing.T, env []string) {
 	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("capsem service stop: %v\n%s", err, out)
+	}
+}
+
+// TestMCPSendsNothingToAnotherUser: another local user listens on the
+// service's socket, on a socket file of this user's where only the
+// kernel's record of who listens tells. capsem mcp answers every call
+// with the refusal, naming the socket and why, and the listener receives
+// not one byte: not the command, not the secret in its environment.
+func TestMCPSendsNothingToAnotherUser(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	dir, err := os.MkdirTemp("", "cmu-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	sock := filepath.Join(dir, "service.sock")
+	l := testkit.MoveInAsNobody(t, sock)
+	if err := os.Lchown(sock, os.Geteuid(), os.Getegid()); err != nil {
+		t.Fatal(err)
+	}
+	c := startMCP(t, append(slices.Clip(env), "CAPSEM_UDS_PATH="+sock), runDir)
+	want := "refusing to connect to " + sock + ": " + sock + " is not private to you: the process serving it"
+	c.refused("capsem_exec", map[string]any{"id": "dev", "command": "env", "env": map[string]any{"API_KEY": "sk-must-not-leave"}}, want)
+	c.refused("capsem_create", map[string]any{"name": "dev", "env": map[string]any{"API_KEY": "sk-must-not-leave"}}, want)
+	c.refused("capsem_list", map[string]any{}, want)
+	if _, bytes := l.Stop(); bytes != 0 {
+		t.Errorf("the other user's listener received %d bytes", bytes)
 	}
 }
 

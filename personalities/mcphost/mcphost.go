@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -28,12 +27,12 @@ type Cmd struct{}
 func (Cmd) Run(ctx context.Context) error {
 	// Its log goes to run/mcp.log as well as to stderr (which the AI client
 	// may or may not keep): its stdout is the protocol.
-	if path, err := paths.MCPLog(); err == nil {
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err == nil {
-			if f, err := logs.OpenRotated(path); err == nil {
-				defer f.Close()
-				slog.SetDefault(logs.New(io.MultiWriter(os.Stderr, f), levelOf(ctx, slog.Default())))
-			}
+	if _, err := service.SecureRunDir(); err != nil {
+		slog.Warn("capsem mcp logs to stderr only", "err", err)
+	} else if path, err := paths.MCPLog(); err == nil {
+		if f, err := logs.OpenRotated(path); err == nil {
+			defer f.Close()
+			slog.SetDefault(logs.New(io.MultiWriter(os.Stderr, f), levelOf(ctx, slog.Default())))
 		}
 	}
 	slog.Info("capsem mcp serving on stdio", "pid", os.Getpid())

@@ -56,12 +56,17 @@ func (StartCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if unixsock.Live(sock) {
-		fmt.Printf("capsem service already serving on %s\n", sock)
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if unixsock.Live(sock) {
+		// Whatever listens must prove to be this user's service.
+		v, err := apiclient.NewServiceClient(sock, nil).Version(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("capsem service %s already serving on %s (pid %d)\n", v.Version, sock, v.PID)
+		return nil
+	}
 	c, err := service.Ensuring("", nil)
 	if err != nil {
 		return err

@@ -1,0 +1,13 @@
+//go:build !linux
+
+package unixsock
+
+import (
+	"errors"
+	"net"
+)
+
+// peerCredentials: only Linux's are read; elsewhere Dial refuses.
+func peerCredentials(*net.UnixConn) (uid, pid int, err error) {
+	return 0, 0, errors.New("reading a peer's credentials is implemented only on Linux")
+}
