@@ -1,4 +1,4 @@
-//go:build !linux
+//go:build !linux && !darwin
 
 package unixsock
 
@@ -7,7 +7,7 @@ import (
 	"net"
 )
 
-// peerCredentials: only Linux's are read; elsewhere Dial refuses.
+// peerCredentials: only Linux and macOS have them read; elsewhere Dial refuses.
 func peerCredentials(*net.UnixConn) (uid, pid int, err error) {
-	return 0, 0, errors.New("reading a peer's credentials is implemented only on Linux")
+	return 0, 0, errors.New("reading a peer's credentials is implemented only on Linux and macOS")
 }
