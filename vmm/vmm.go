@@ -42,7 +42,10 @@ type Spec struct {
 	// on backends without vsock. It exists only while the VM starts.
 	ChannelSocket string
 	// ConsoleLog is the file the guest's serial console is appended to.
-	ConsoleLog string
+	// It is bounded while the VM runs: past ConsoleLogMaxBytes it moves
+	// to ConsoleLog.1 and a new one starts (0: logs.ConsoleLogMaxBytes).
+	ConsoleLog         string
+	ConsoleLogMaxBytes int64
 	// Accel is "" (choose: kvm when usable, else tcg; CAPSEM_ACCEL forces
 	// one), "kvm" or "tcg".
 	Accel string

@@ -19,7 +19,8 @@ const (
 
 // Tail returns the last n lines (DefaultTailLines when n is 0) of the log
 // at path that contain grep (every line when grep is ""), from its last
-// TailMaxBytes. A missing log is an error naming it.
+// TailMaxBytes, read across a rotation (path.1, then path). A missing log
+// is an error naming it.
 func Tail(path string, n int, grep string) (string, error) {
 	if n == 0 {
 		n = DefaultTailLines
@@ -27,19 +28,18 @@ func Tail(path string, n int, grep string) (string, error) {
 	if n < 0 || n > TailMaxLines {
 		return "", fmt.Errorf("tail %d: want a number of lines from 1 to %d", n, TailMaxLines)
 	}
-	f, err := os.Open(path)
+	b, err := tailBytes(path, TailMaxBytes)
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > TailMaxBytes {
-		if _, err := f.Seek(st.Size()-TailMaxBytes, io.SeekStart); err != nil {
-			return "", err
+	if room := TailMaxBytes - len(b); room > 0 {
+		// The log rotated not long ago: its start is in path.1.
+		if older, err := tailBytes(path+".1", room); err == nil && len(older) > 0 {
+			if older[len(older)-1] != '\n' {
+				older = append(older, '\n')
+			}
+			b = append(older, b...)
 		}
-	}
-	b, err := io.ReadAll(io.LimitReader(f, TailMaxBytes))
-	if err != nil {
-		return "", err
 	}
 	text := strings.TrimRight(string(b), "\n")
 	if text == "" {
@@ -62,6 +62,21 @@ func Tail(path string, n int, grep string) (string, error) {
 		return "", nil
 	}
 	return strings.Join(lines, "\n") + "\n", nil
+}
+
+// tailBytes is the last max bytes of the file at path.
+func tailBytes(path string, max int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > int64(max) {
+		if _, err := f.Seek(st.Size()-int64(max), io.SeekStart); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(io.LimitReader(f, int64(max)))
 }
 
 // MaxLogBytes is the size past which OpenRotated starts a new file.

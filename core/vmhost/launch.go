@@ -38,6 +38,8 @@ type ProcessConfig struct {
 	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
 	NoBootState  bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
 	BootStateDir string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
+	// ConsoleLogMaxKiB is a test's smaller console bound.
+	ConsoleLogMaxKiB int `name:"console-log-max-kib" hidden:"" default:"0" help:"Rotate the console log past this many KiB (0: the default bound)."`
 }
 
 // Resource bounds a ProcessConfig is checked against.

@@ -532,3 +532,54 @@ func TestLedgerFailureStopsTheBoot(t *testing.T) {
 		t.Errorf("the API socket exists after a failed boot: %v", err)
 	}
 }
+
+// TestConsoleLogIsBoundedWhileTheVMRuns: a guest writing its serial console
+// as fast as it can fills no more than the console log's bound and one
+// rotated predecessor, the newest lines stay readable through the logs
+// route, and the VM runs on.
+func TestConsoleLogIsBoundedWhileTheVMRuns(t *testing.T) {
+	const bound = 64 << 10
+	v := startVM(t, "noisy", func(c *vmhost.ProcessConfig) { c.ConsoleLogMaxKiB = bound >> 10; c.DiskGiB = 0 })
+	defer v.stop(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// 600 KB, about ten times the bound, then a last line.
+	o := v.exec(ctx, &api.ExecRequest{Command: `head -c 600000 /dev/zero | tr '\0' x > /dev/ttyS0; echo; echo the-last-line > /dev/ttyS0`})
+	if o.err != nil || o.ev.ExitCode != 0 {
+		t.Fatalf("writing the console: %+v %v %s", o.ev, o.err, o.stderr.String())
+	}
+	console := filepath.Join(v.sessionDir, "console.log")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		text, err := v.client.Logs(ctx, 3, "")
+		if err == nil && strings.Contains(text, "the-last-line") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the last console line never showed in the logs route: %q %v", text, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var total int64
+	for _, p := range []string{console, console + ".1"} {
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatalf("%s: %v (the log should have rotated)", p, err)
+		}
+		// A write that would pass the bound starts a new file first, so a
+		// file passes it only by one copy buffer (32 KiB) at most.
+		if st.Size() > bound+32<<10 {
+			t.Errorf("%s is %d bytes, the bound is %d", p, st.Size(), bound)
+		}
+		total += st.Size()
+	}
+	if _, err := os.Stat(console + ".2"); err == nil {
+		t.Error("more than one rotated console log is kept")
+	}
+	if total >= 600000 {
+		t.Fatalf("the console logs hold %d bytes after the guest wrote 600000", total)
+	}
+	if o := v.exec(ctx, &api.ExecRequest{Argv: []string{"echo", "alive"}}); o.err != nil || o.stdout.String() != "alive\n" {
+		t.Fatalf("after the flood: %q %v", o.stdout.String(), o.err)
+	}
+}

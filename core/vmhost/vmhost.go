@@ -56,7 +56,9 @@ type Options struct {
 	MemoryMiB    int
 	// TCGCacheMiB bounds the TCG translation cache (vmm.Spec.TCGCacheMiB).
 	TCGCacheMiB int
-	GuestBinary string
+	// ConsoleLogMaxBytes bounds the console log (vmm.Spec.ConsoleLogMaxBytes).
+	ConsoleLogMaxBytes int64
+	GuestBinary        string
 	// NoBootState boots the VM, neither resuming a saved state nor saving
 	// one (as CAPSEM_BOOT_STATE=off does).
 	NoBootState bool
@@ -256,18 +258,19 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		return vmm.Spec{}, false, err
 	}
 	spec := vmm.Spec{
-		Name:          o.Name,
-		Kernel:        assets.Kernel,
-		Initramfs:     assets.Initramfs,
-		Cmdline:       "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs,
-		CPUs:          o.CPUs,
-		MemoryMiB:     o.MemoryMiB,
-		TCGCacheMiB:   o.TCGCacheMiB,
-		Disks:         disks,
-		Shares:        shares,
-		ChannelSocket: v.session.ChannelSocket(),
-		ConsoleLog:    v.session.ConsoleLog(),
-		Firmware:      o.Firmware,
+		Name:               o.Name,
+		Kernel:             assets.Kernel,
+		Initramfs:          assets.Initramfs,
+		Cmdline:            "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs,
+		CPUs:               o.CPUs,
+		MemoryMiB:          o.MemoryMiB,
+		TCGCacheMiB:        o.TCGCacheMiB,
+		ConsoleLogMaxBytes: o.ConsoleLogMaxBytes,
+		Disks:              disks,
+		Shares:             shares,
+		ChannelSocket:      v.session.ChannelSocket(),
+		ConsoleLog:         v.session.ConsoleLog(),
+		Firmware:           o.Firmware,
 	}
 	return spec, diskCreated || o.DiskGiB == 0, nil
 }

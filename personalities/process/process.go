@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/vmhost"
 	"github.com/capsem/capsem/vmm/qemu"
@@ -33,6 +35,12 @@ func (c *Cmd) Run(ctx context.Context) error {
 	defer stop()
 	log := slog.Default().With("vm", c.Name)
 	stage, notify := c.readiness(log) // before anything is started that could inherit the pipe
+	// The launcher points stderr (this process's log, and a crash's) at
+	// the session's process log: keep it bounded while the VM runs, since
+	// a guest can make it write.
+	if logPath := (paths.Session{Dir: c.SessionDir}).ProcessLog(); stderrIs(logPath) {
+		go logs.RotateFD(logs.WithLogger(ctx, log), logPath, int(os.Stderr.Fd()), logs.ProcessLogMaxBytes, processLogCheck)
+	}
 	verdicts, err := paths.AccelVerdict()
 	if err != nil {
 		return err
@@ -41,7 +49,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		Backend:    &qemu.Backend{Log: log, VerdictPath: verdicts},
 		Firmware:   qemu.PreferredFirmware(),
 		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
-		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, TCGCacheMiB: c.TCGCacheMiB, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log,
+		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log,
 		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage,
 	})
 	if err != nil {
@@ -105,4 +113,17 @@ func (c *Cmd) readiness(log *slog.Logger) (stage func(string), ready func()) {
 		closed = true
 	}
 	return stage, ready
+}
+
+// processLogCheck is how often the process log's size is looked at.
+const processLogCheck = 2 * time.Second
+
+// stderrIs reports whether this process's stderr is the file at path.
+func stderrIs(path string) bool {
+	st, err := os.Stderr.Stat()
+	if err != nil {
+		return false
+	}
+	other, err := os.Stat(path)
+	return err == nil && os.SameFile(st, other)
 }

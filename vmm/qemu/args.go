@@ -45,17 +45,18 @@ const (
 )
 
 // extraFDs are the descriptors QEMU inherits for spec, in order from fd 3
-// (exec.Cmd.ExtraFiles): the monitor socket when spec.Monitor, then the
-// state file when spec.RestoreFrom is set.
-func extraFDs(spec vmm.Spec) (monitor, incoming int) {
-	next := 3
+// (exec.Cmd.ExtraFiles): the console socket, the monitor socket when
+// spec.Monitor, then the state file when spec.RestoreFrom is set.
+func extraFDs(spec vmm.Spec) (console, monitor, incoming int) {
+	console = 3
+	next := 4
 	if spec.Monitor {
 		monitor, next = next, next+1
 	}
 	if spec.RestoreFrom != "" {
 		incoming = next
 	}
-	return monitor, incoming
+	return console, monitor, incoming
 }
 
 // TCGKernelParams are added to the guest kernel's command line under TCG.
@@ -97,6 +98,7 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if accel.Name == vmm.AccelTCG && spec.TCGCacheMiB > 0 {
 		accelOpt += ",tb-size=" + strconv.Itoa(spec.TCGCacheMiB)
 	}
+	consoleFD, monitorFD, incomingFD := extraFDs(spec)
 	a := []string{
 		"-name", "guest=" + spec.Name + ",debug-threads=on",
 		"-machine", machine,
@@ -117,9 +119,10 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 		"-kernel", spec.Kernel,
 		"-initrd", spec.Initramfs,
 		"-append", cmdline,
-		// Serial console (ttyS0) appended to the log file; append=on so a
-		// named VM's log survives a restart.
-		"-chardev", "file,id=" + consoleChardevID + ",path=" + optValue(spec.ConsoleLog) + ",append=on",
+		// Serial console (ttyS0) on a socket pair we made: the Machine
+		// writes it to spec.ConsoleLog, bounded and rotating, since the
+		// guest writes it as fast as it likes.
+		"-chardev", "socket,id=" + consoleChardevID + ",fd=" + strconv.Itoa(consoleFD),
 		"-serial", "chardev:" + consoleChardevID,
 		// The guest channel: one virtio-serial port on a socket we listen on.
 		// max_ports=2 (port 0 stays reserved for a console, ours is 1): the
@@ -132,7 +135,6 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if spec.Firmware != "" {
 		a = append(a, "-bios", spec.Firmware)
 	}
-	monitorFD, incomingFD := extraFDs(spec)
 	if spec.Monitor {
 		// QMP on a socket pair we made: no socket file anyone else
 		// could connect to.

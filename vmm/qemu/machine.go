@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -173,6 +174,7 @@ type Machine struct {
 	stopping bool
 
 	monitorConn *net.UnixConn // our end of the QMP socket pair (spec.Monitor)
+	console     *os.File      // our end of the console socket pair: read into the console log
 	monitorMu   sync.Mutex
 	monitor     *qmp // connected on first use
 
@@ -245,9 +247,14 @@ func (m *Machine) Start(ctx context.Context) error {
 	}
 
 	t0 := time.Now()
-	if err := prepareConsoleLog(m.spec.ConsoleLog); err != nil {
+	consoleMax := m.spec.ConsoleLogMaxBytes
+	if consoleMax <= 0 {
+		consoleMax = logs.ConsoleLogMaxBytes
+	}
+	consoleLog, err := logs.OpenRotating(m.spec.ConsoleLog, consoleMax)
+	if err != nil {
 		m.finishUnstarted(err)
-		return err
+		return fmt.Errorf("qemu: console log: %w", err)
 	}
 	ln, err := listenChannel(m.spec.ChannelSocket)
 	if err != nil {
@@ -262,9 +269,16 @@ func (m *Machine) Start(ctx context.Context) error {
 	}()
 
 	if err := m.spawn(); err != nil {
+		consoleLog.Close()
 		m.finishUnstarted(err)
 		return err
 	}
+	// QEMU holds the other end: this ends when QEMU does.
+	go func(console *os.File) {
+		io.CopyBuffer(consoleLog, console, make([]byte, 32<<10))
+		console.Close()
+		consoleLog.Close()
+	}(m.console)
 	m.log.Info("qemu started", "pid", m.proc.Pid, "accel", m.accel.Name, "argv", strings.Join(m.Argv(), " "))
 
 	m.mu.Lock()
@@ -408,8 +422,19 @@ func (m *Machine) extraFiles() ([]*os.File, error) {
 			m.monitorConn.Close()
 			m.monitorConn = nil
 		}
+		if m.console != nil {
+			m.console.Close()
+			m.console = nil
+		}
 		return nil, err
 	}
+	// The console first (extraFDs' order).
+	cfds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fail(fmt.Errorf("qemu: console socket pair: %w", err))
+	}
+	m.console = os.NewFile(uintptr(cfds[0]), "console")
+	files = append(files, os.NewFile(uintptr(cfds[1]), "console-qemu"))
 	if m.spec.Monitor {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
@@ -671,16 +696,6 @@ func listenChannel(path string) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("qemu: chmod channel socket: %w", err)
 	}
 	return ln, nil
-}
-
-// prepareConsoleLog creates the console log 0600 before QEMU opens it, so
-// QEMU's umask-derived mode never applies.
-func prepareConsoleLog(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("qemu: console log: %w", err)
-	}
-	return f.Close()
 }
 
 // Channel is the host side of the guest channel; nil before Start succeeds.

@@ -1,0 +1,6 @@
+package logs
+
+import "golang.org/x/sys/unix"
+
+// replaceFD makes fd refer to what from refers to.
+func replaceFD(from, fd int) error { return unix.Dup2(from, fd) }
