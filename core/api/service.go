@@ -182,7 +182,7 @@ const (
 	// MaxInspectMemoryBytes bounds what SQLite may allocate in the service
 	// for inspect queries: one that needs more (SQLite builds every value
 	// whole, wide ones too) fails with an error saying so.
-	MaxInspectMemoryBytes = 128 << 20
+	MaxInspectMemoryBytes = 96 << 20
 )
 
 // InspectRequest runs one read-only SQL statement on the session ledger.

@@ -74,7 +74,7 @@ func queryAll(t testing.TB, path, q string) [][]any {
 // testLimits are the service's bounds on answers, with maxRows rows and the
 // timeout given.
 func testLimits(maxRows int, timeout time.Duration) QueryLimits {
-	return QueryLimits{MaxRows: maxRows, MaxCellBytes: 1 << 20, MaxAnswerBytes: 8 << 20, Timeout: timeout, MaxMemoryBytes: 128 << 20}
+	return QueryLimits{MaxRows: maxRows, MaxCellBytes: 1 << 20, MaxAnswerBytes: 8 << 20, Timeout: timeout, MaxMemoryBytes: 96 << 20}
 }
 
 func count(t testing.TB, path, table string) int64 {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
@@ -122,6 +123,7 @@ func Query(ctx context.Context, path, query string, lim QueryLimits) (QueryResul
 
 	// The limit is SQLite's, for the whole process: set on every query, it
 	// is in force wherever Query runs.
+	tuneAllocator.Do(returnLargeAllocations)
 	if _, err := conn.ExecContext(ctx, fmt.Sprintf("PRAGMA hard_heap_limit = %d", lim.MaxMemoryBytes)); err != nil {
 		return QueryResult{}, queryErr(ctx, lim.Timeout, lim.MaxMemoryBytes, fmt.Errorf("ledger: bounding SQLite's memory: %w", err))
 	}
@@ -298,6 +300,9 @@ func cuttingStatement(body string, cols, bound int) string {
 	b.WriteString(" FROM capsem_answer")
 	return b.String()
 }
+
+// tuneAllocator sets the C allocator up for Query once per process.
+var tuneAllocator sync.Once
 
 // queryErr names a timeout as such; SQLite itself reports only
 // "interrupted". Running out of the memory bound is named too.
