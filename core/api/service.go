@@ -171,17 +171,70 @@ type SchemaResult struct {
 	Tables []string `json:"tables"` // CREATE TABLE statements
 }
 
+// Bounds on an inspect answer. The byte bounds count the answer's JSON.
+const (
+	DefaultInspectRows = 100
+	MaxInspectRows     = 10000
+	// MaxInspectCellBytes bounds one cell: a longer text or blob is cut to
+	// its first bytes (a CutCell). With more than MaxInspectAnswerBytes /
+	// MaxInspectCellBytes columns, a cell's bound is the answer's over
+	// their number, so that any one row fits.
+	MaxInspectCellBytes = 1 << 20
+	// MaxInspectAnswerBytes bounds the answer: the rows past it are left
+	// out (TruncatedBy "bytes"); the first row is always there.
+	MaxInspectAnswerBytes = 8 << 20
+	// MaxInspectMemoryBytes bounds what SQLite may allocate in the service
+	// for inspect queries: one that needs more (SQLite builds every value
+	// whole, wide ones too) fails with an error saying so.
+	MaxInspectMemoryBytes = 96 << 20
+)
+
 // InspectRequest runs one read-only SQL statement on the session ledger.
 type InspectRequest struct {
 	SQL     string `json:"sql"`
-	MaxRows int    `json:"max_rows,omitempty"` // default 100, at most 10000
+	MaxRows int    `json:"max_rows,omitempty"` // default DefaultInspectRows, at most MaxInspectRows
 }
 
-// InspectResult is a query's answer.
+// InspectResult is a query's answer, bounded in rows, bytes and cells.
 type InspectResult struct {
-	Columns   []string `json:"columns"`
-	Rows      [][]any  `json:"rows"`
-	Truncated bool     `json:"truncated,omitempty"`
+	Columns []string `json:"columns"`
+	// Rows hold numbers, strings (text, or a blob in base64), nulls, and a
+	// CutCell (a JSON object) for a value too long for a cell.
+	Rows [][]any `json:"rows"`
+	// Truncated: the answer is not the whole result: rows were left out
+	// (TruncatedBy) or cells cut (CutCells).
+	Truncated bool `json:"truncated,omitempty"`
+	// TruncatedBy names the bound that left rows out: "rows" (max_rows) or
+	// "bytes" (MaxInspectAnswerBytes).
+	TruncatedBy string `json:"truncated_by,omitempty"`
+	// CutCells counts the cells cut to a CutCell.
+	CutCells int `json:"cut_cells,omitempty"`
+}
+
+// Why rows were left out of an InspectResult.
+const (
+	TruncatedByRows  = "rows"
+	TruncatedByBytes = "bytes"
+)
+
+// CutCell stands in an InspectResult row for a text or blob value longer
+// than a cell may hold: its first bytes, and its whole length.
+type CutCell struct {
+	Cut   bool  `json:"cut"`   // always true: what tells a CutCell from a value
+	Bytes int64 `json:"bytes"` // the whole value's length in bytes
+	// Value is its first bytes: a string for text, base64 for a blob.
+	Value any `json:"value"`
+}
+
+// AsCutCell reads v, a cell of a decoded InspectResult, as a CutCell. A
+// value from SQLite is never a JSON object, so any object is one.
+func AsCutCell(v any) (CutCell, bool) {
+	m, ok := v.(map[string]any)
+	if !ok || m["cut"] != true {
+		return CutCell{}, false
+	}
+	n, _ := m["bytes"].(float64)
+	return CutCell{Cut: true, Bytes: int64(n), Value: m["value"]}, true
 }
 
 // Version is the service's build.

@@ -66,6 +66,12 @@ func transportError(err error) error {
 // call sends in (nil: no body) to route and decodes the answer into out
 // (nil: none expected).
 func (c *ServiceClient) call(ctx context.Context, method, route string, query url.Values, in, out any) error {
+	return c.callBounded(ctx, method, route, query, in, out, -1)
+}
+
+// callBounded is call reading at most limit bytes of the answer (-1: no
+// bound); a longer one is an error, read no further.
+func (c *ServiceClient) callBounded(ctx context.Context, method, route string, query url.Values, in, out any, limit int64) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -96,10 +102,35 @@ func (c *ServiceClient) call(ctx context.Context, method, route string, query ur
 	if out == nil {
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	var answer io.Reader = resp.Body
+	if limit >= 0 {
+		answer = &boundedReader{r: resp.Body, left: limit}
+	}
+	if err := json.NewDecoder(answer).Decode(out); err != nil {
 		return fmt.Errorf("%s: decoding the answer: %w", route, err)
 	}
 	return nil
+}
+
+// ErrAnswerTooLarge: the service's answer is longer than the client reads.
+var ErrAnswerTooLarge = errors.New("the service's answer is over the size this client reads")
+
+// boundedReader reads at most left bytes of r, then fails.
+type boundedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, ErrAnswerTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // statusError is the refusal a non-2xx answer carries.
@@ -363,10 +394,15 @@ func (c *ServiceClient) Schema(ctx context.Context, vm string) (api.SchemaResult
 	return v, c.call(ctx, http.MethodGet, route, nil, nil, &v)
 }
 
-// Inspect runs read-only SQL on a VM's session ledger.
+// maxInspectAnswer is what Inspect reads of an answer: its bound, and room
+// for the column names and the frame around the rows.
+const maxInspectAnswer = api.MaxInspectAnswerBytes + 1<<20
+
+// Inspect runs read-only SQL on a VM's session ledger. It reads a bounded
+// answer (ErrAnswerTooLarge past it), whatever the service sends.
 func (c *ServiceClient) Inspect(ctx context.Context, vm string, req api.InspectRequest) (api.InspectResult, error) {
 	var v api.InspectResult
-	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMInspect, vm), nil, req, &v)
+	return v, c.callBounded(ctx, http.MethodPost, api.VMPath(api.RouteVMInspect, vm), nil, req, &v, maxInspectAnswer)
 }
 
 // StopService asks the service to exit (its VMs keep running).

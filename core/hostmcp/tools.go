@@ -133,9 +133,11 @@ type (
 		Tables []string `json:"tables"`
 	}
 	InspectOut struct {
-		Columns   []string `json:"columns"`
-		Rows      [][]any  `json:"rows"`
-		Truncated bool     `json:"truncated,omitempty"`
+		Columns     []string `json:"columns"`
+		Rows        [][]any  `json:"rows" jsonschema:"each a number, a string (a blob in base64), null, or {cut: true, bytes, value} for a value cut to its first bytes"`
+		Truncated   bool     `json:"truncated,omitempty" jsonschema:"the answer is not the whole result: rows were left out or cells cut"`
+		TruncatedBy string   `json:"truncatedBy,omitempty" jsonschema:"the bound that left rows out: rows (maxRows) or bytes (the answer's size)"`
+		CutCells    int      `json:"cutCells,omitempty" jsonschema:"how many cells were cut"`
 	}
 	VersionOut struct {
 		MCPVersion       string `json:"mcpVersion"`
@@ -201,7 +203,11 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_service_logs", Annotations: readOnly, Description: "The tail of the capsem service's own log (JSON lines). grep keeps matching lines; tail limits to the last N."}, t.serviceLogs)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect_schema", Annotations: readOnly, Description: "The CREATE TABLE statements of session.db, the per-VM ledger capsem_inspect queries."}, t.schema)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect", Annotations: readOnly, Description: "Run one read-only SQL statement on a VM's session.db (its ledger: mcp_calls, net_events, exec_events, fs_events, model_calls) and return columns and rows. " +
-		"Writes, ATTACH, extensions and pragmas that change anything are refused; rows, size and time are bounded."}, t.inspect)
+		"Writes, ATTACH, extensions and pragmas that change anything are refused. The answer is bounded: at most maxRows rows, " +
+		fmt.Sprintf("%d MiB of JSON in all (the rows past it are left out) and %d MiB per cell (fewer with many columns): ", api.MaxInspectAnswerBytes>>20, api.MaxInspectCellBytes>>20) +
+		"a longer text or blob comes as {cut: true, bytes: its whole length, value: its first bytes}; truncated, truncatedBy and cutCells say what was left out. " +
+		"Use substr() and length() to read a long value in parts. " +
+		fmt.Sprintf("A query runs for at most 5 s, and one that needs more than %d MiB of memory fails with an error saying so.", api.MaxInspectMemoryBytes>>20)}, t.inspect)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger)."}, t.delete)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_version", Annotations: readOnly, Description: "This MCP server's version, the service's, and whether they match."}, t.versionTool)
 }
@@ -328,7 +334,7 @@ func (t *tools) schema(ctx context.Context, _ *mcp.CallToolRequest, in SchemaIn)
 
 func (t *tools) inspect(ctx context.Context, _ *mcp.CallToolRequest, in InspectIn) (*mcp.CallToolResult, InspectOut, error) {
 	r, err := t.svc.Inspect(ctx, in.ID, api.InspectRequest{SQL: in.SQL, MaxRows: in.MaxRows})
-	return nil, InspectOut{Columns: r.Columns, Rows: r.Rows, Truncated: r.Truncated}, err
+	return nil, InspectOut{Columns: r.Columns, Rows: r.Rows, Truncated: r.Truncated, TruncatedBy: r.TruncatedBy, CutCells: r.CutCells}, err
 }
 
 func (t *tools) delete(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, DeleteOut, error) {

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -49,4 +50,62 @@ func check(t *testing.T, in, out string, limit int) {
 			t.Fatalf("cut inside a rune")
 		}
 	}
+}
+
+// FuzzAnswerCells checks the bounds of cut cells against encoding/json
+// itself: a text's JSON length is what it writes, a text cut to a budget
+// is a prefix within it that splits no rune, a blob's prefix encodes
+// within its budget, and a cell boundCell keeps whole fits its bound.
+func FuzzAnswerCells(f *testing.F) {
+	for _, s := range []string{"", "a", "é", "<&>", "\"\\\n\r\t\b\f\x01\x1f\x7f", "\u2028\u2029", "\xff\xfe", "ab\xe2\x82", "😀x"} {
+		f.Add(s, uint16(8))
+		f.Add(s, uint16(70))
+	}
+	f.Fuzz(func(t *testing.T, s string, budget uint16) {
+		b, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := jsonStringLen(s); n != len(b) {
+			t.Fatalf("jsonStringLen(%q) = %d, encoding/json wrote %d: %s", s, n, len(b), b)
+		}
+		p := cutText(s, int(budget))
+		if !strings.HasPrefix(s, p) {
+			t.Fatalf("cutText(%q) = %q, not a prefix", s, p)
+		}
+		if n := jsonStringLen(p); n > max(int(budget), 2) {
+			t.Fatalf("cutText(%q, %d) = %q takes %d", s, budget, p, n)
+		}
+		if utf8.ValidString(s) && !utf8.ValidString(p) {
+			t.Fatalf("cutText(%q) = %q split a rune", s, p)
+		}
+		if jsonStringLen(s) <= int(budget) && p != s {
+			t.Fatalf("cutText(%q, %d) cut a text that fits", s, budget)
+		}
+		for k := 0; k <= len(s); k++ {
+			if tr := trimPartialRune(s[:k]); !strings.HasPrefix(s, tr) || (utf8.ValidString(s) && !utf8.ValidString(tr)) || len(tr) < k-(utf8.UTFMax-1) {
+				t.Fatalf("trimPartialRune(%q) = %q", s[:k], tr)
+			}
+		}
+		bound := max(int(budget), minCellBytes)
+		for _, v := range []any{s, []byte(s)} {
+			cell, cost := boundCell(v, -1, bound)
+			enc, err := json.Marshal(cell)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c, ok := cell.(CutValue); ok {
+				if c.Bytes != int64(len(s)) {
+					t.Fatalf("cut %q: whole length %d", s, c.Bytes)
+				}
+				if cost > bound {
+					t.Fatalf("cut %q: costs %d over %d", s, cost, bound)
+				}
+				continue
+			}
+			if len(enc) != cost || cost > bound {
+				t.Fatalf("%T %q kept whole: costs %d, encodes to %d, bound %d", v, s, cost, len(enc), bound)
+			}
+		}
+	})
 }

@@ -61,11 +61,20 @@ func journalMode(t testing.TB, path string) string {
 
 func queryAll(t testing.TB, path, q string) [][]any {
 	t.Helper()
-	_, rows, _, err := Query(context.Background(), path, q, 1_000_000, 30*time.Second)
+	res, err := Query(context.Background(), path, q, QueryLimits{MaxRows: 1_000_000, MaxCellBytes: 1 << 30, MaxAnswerBytes: 1 << 30, Timeout: 30 * time.Second, MaxMemoryBytes: 1 << 30})
 	if err != nil {
 		t.Fatalf("Query(%q): %v", q, err)
 	}
-	return rows
+	if res.Stopped != "" || res.CutCells > 0 {
+		t.Fatalf("Query(%q): the answer was cut (%q, %d cells)", q, res.Stopped, res.CutCells)
+	}
+	return res.Rows
+}
+
+// testLimits are the service's bounds on answers, with maxRows rows and the
+// timeout given.
+func testLimits(maxRows int, timeout time.Duration) QueryLimits {
+	return QueryLimits{MaxRows: maxRows, MaxCellBytes: 1 << 20, MaxAnswerBytes: 8 << 20, Timeout: timeout, MaxMemoryBytes: 96 << 20}
 }
 
 func count(t testing.TB, path, table string) int64 {
@@ -547,11 +556,12 @@ func TestRoundTrip(t *testing.T) {
 					eventID = f.value.(string)
 				}
 			}
-			cols, rows, _, err := Query(context.Background(), path,
-				fmt.Sprintf("SELECT * FROM %s WHERE event_id = '%s'", tt.table, eventID), 10, 10*time.Second)
+			res, err := Query(context.Background(), path,
+				fmt.Sprintf("SELECT * FROM %s WHERE event_id = '%s'", tt.table, eventID), testLimits(10, 10*time.Second))
 			if err != nil {
 				t.Fatalf("Query: %v", err)
 			}
+			cols, rows := res.Columns, res.Rows
 			if len(rows) != 1 {
 				t.Fatalf("got %d rows for event %s, want 1", len(rows), eventID)
 			}

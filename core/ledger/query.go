@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
@@ -87,9 +88,14 @@ func Schema(ctx context.Context, path string) ([]string, error) {
 }
 
 // Query runs one read-only SQL statement against the ledger at path and
-// returns at most maxRows rows; truncated reports that more rows existed.
-// The statement is interrupted when timeout (or ctx) expires. Values are
-// int64, float64, string, []byte or nil.
+// returns its answer, bounded by lim: rows past lim.MaxRows or past
+// lim.MaxAnswerBytes are left out (Stopped), and a text or blob longer than
+// a cell may hold is cut to a prefix (CutValue). A SELECT, WITH or VALUES
+// statement is run inside one that cuts its long values in SQLite, so that
+// no whole value is copied out of it; the values of PRAGMA and EXPLAIN are
+// short, and cut after. The statement is interrupted when lim.Timeout (or
+// ctx) expires, and fails with a clear error when it needs more than
+// lim.MaxMemoryBytes.
 //
 // Writes are made impossible in depth: the file is opened read-only with
 // query_only set; the text must be exactly one statement starting with
@@ -97,26 +103,32 @@ func Schema(ctx context.Context, path string) ([]string, error) {
 // reading functions and a list of side-effect-free pragmas (so no ATTACH,
 // no PRAGMA assignments, no temp tables); and SQLite must report the
 // compiled statement read-only.
-func Query(ctx context.Context, path, query string, maxRows int, timeout time.Duration) (columns []string, rows [][]any, truncated bool, err error) {
-	if maxRows <= 0 {
-		return nil, nil, false, fmt.Errorf("ledger: query row limit must be positive, got %d", maxRows)
+func Query(ctx context.Context, path, query string, lim QueryLimits) (QueryResult, error) {
+	if err := lim.check(); err != nil {
+		return QueryResult{}, err
 	}
-	if timeout <= 0 {
-		return nil, nil, false, fmt.Errorf("ledger: query timeout must be positive, got %s", timeout)
+	text, err := checkQueryText(query)
+	if err != nil {
+		return QueryResult{}, err
 	}
-	if err := checkQueryText(query); err != nil {
-		return nil, nil, false, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	defer cancel()
 
 	db, conn, err := openReadOnly(ctx, path)
 	if err != nil {
-		return nil, nil, false, queryErr(ctx, timeout, err)
+		return QueryResult{}, queryErr(ctx, lim.Timeout, lim.MaxMemoryBytes, err)
 	}
 	defer db.Close()
 	defer conn.Close()
 
+	// The limit is SQLite's, for the whole process: set on every query, it
+	// is in force wherever Query runs.
+	tuneAllocator.Do(returnLargeAllocations)
+	if _, err := conn.ExecContext(ctx, fmt.Sprintf("PRAGMA hard_heap_limit = %d", lim.MaxMemoryBytes)); err != nil {
+		return QueryResult{}, queryErr(ctx, lim.Timeout, lim.MaxMemoryBytes, fmt.Errorf("ledger: bounding SQLite's memory: %w", err))
+	}
+
+	var res QueryResult
 	err = conn.Raw(func(dc any) error {
 		c, ok := dc.(*sqlite3.SQLiteConn)
 		if !ok {
@@ -137,31 +149,32 @@ func Query(ctx context.Context, path, query string, maxRows int, timeout time.Du
 		})
 		defer c.RegisterAuthorizer(nil)
 
-		st, err := c.PrepareContext(ctx, query)
+		columns, err := statementColumns(ctx, c, query, &refused)
 		if err != nil {
-			if refused != "" {
-				return fmt.Errorf("ledger: query refused: %s; the ledger is read-only", refused)
-			}
-			return fmt.Errorf("ledger: invalid SQL: %w", err)
+			return err
 		}
-		defer st.Close()
-		ss, ok := st.(*sqlite3.SQLiteStmt)
-		if !ok {
-			return fmt.Errorf("ledger: unexpected driver statement %T", st)
+		res.Columns = columns
+		bound := lim.cellBound(len(columns))
+		stmt, cutInSQL := query, text.selects
+		if cutInSQL {
+			stmt = cuttingStatement(text.body, len(columns), bound)
 		}
-		if !ss.Readonly() {
-			return errors.New("ledger: query refused: the statement would modify the database; the ledger is read-only")
+		ss, err := prepareChecked(ctx, c, stmt, &refused)
+		if err != nil {
+			return err
 		}
-		if n := ss.NumInput(); n > 0 {
-			return fmt.Errorf("ledger: query refused: it has %d bound parameter(s) (?, :name); write the values into the SQL", n)
-		}
+		defer ss.Close()
 		dr, err := ss.QueryContext(ctx, nil)
 		if err != nil {
 			return err
 		}
 		defer dr.Close()
-		columns = dr.Columns()
-		dest := make([]driver.Value, len(columns))
+		dest := make([]driver.Value, len(dr.Columns()))
+		// The answer's frame: {"columns":[...],"rows":[...]} and the flags.
+		size := 64
+		for _, name := range columns {
+			size += jsonStringLen(name) + 1
+		}
 		for {
 			if err := dr.Next(dest); err != nil {
 				if errors.Is(err, io.EOF) {
@@ -169,33 +182,140 @@ func Query(ctx context.Context, path, query string, maxRows int, timeout time.Du
 				}
 				return err
 			}
-			if len(rows) == maxRows {
-				truncated = true
+			if len(res.Rows) == lim.MaxRows {
+				res.Stopped = StoppedRows
 				return nil
 			}
-			row := make([]any, len(dest))
-			for i, v := range dest {
-				row[i] = v // the driver returns fresh strings and []byte each step
+			row := make([]any, len(columns))
+			rowSize, cut := 2, 0
+			for i := range row {
+				v, whole := dest[i], int64(-1)
+				if cutInSQL {
+					v = dest[2*i]
+					if n, ok := dest[2*i+1].(int64); ok {
+						whole = n
+					}
+				}
+				// The driver returns fresh strings and []byte each step.
+				cell, cost := boundCell(v, whole, bound)
+				if _, ok := cell.(CutValue); ok {
+					cut++
+				}
+				row[i] = cell
+				rowSize += cost + 1
 			}
-			rows = append(rows, row)
+			if len(res.Rows) > 0 && size+rowSize > lim.MaxAnswerBytes {
+				res.Stopped = StoppedBytes
+				return nil
+			}
+			size += rowSize
+			res.CutCells += cut
+			res.Rows = append(res.Rows, row)
 		}
 	})
 	if err != nil {
-		return nil, nil, false, queryErr(ctx, timeout, err)
+		return QueryResult{}, queryErr(ctx, lim.Timeout, lim.MaxMemoryBytes, err)
 	}
-	if columns == nil {
-		columns = []string{}
+	if res.Columns == nil {
+		res.Columns = []string{}
 	}
-	return columns, rows, truncated, nil
+	return res, nil
 }
 
-// queryErr names a timeout as such; SQLite itself reports only "interrupted".
-func queryErr(ctx context.Context, timeout time.Duration, err error) error {
+// statementColumns compiles query, with every check prepareChecked makes,
+// and returns the names of its result columns without running it.
+func statementColumns(ctx context.Context, c *sqlite3.SQLiteConn, query string, refused *string) ([]string, error) {
+	ss, err := prepareChecked(ctx, c, query, refused)
+	if err != nil {
+		return nil, err
+	}
+	defer ss.Close()
+	// go-sqlite3 steps a statement only on Next: this binds and names.
+	dr, err := ss.QueryContext(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer dr.Close()
+	return dr.Columns(), nil
+}
+
+// prepareChecked compiles stmt under the authorizer and refuses what would
+// write or wants parameters.
+func prepareChecked(ctx context.Context, c *sqlite3.SQLiteConn, stmt string, refused *string) (*sqlite3.SQLiteStmt, error) {
+	st, err := c.PrepareContext(ctx, stmt)
+	if err != nil {
+		if *refused != "" {
+			return nil, fmt.Errorf("ledger: query refused: %s; the ledger is read-only", *refused)
+		}
+		return nil, fmt.Errorf("ledger: invalid SQL: %w", err)
+	}
+	ss, ok := st.(*sqlite3.SQLiteStmt)
+	if !ok {
+		st.Close()
+		return nil, fmt.Errorf("ledger: unexpected driver statement %T", st)
+	}
+	if !ss.Readonly() {
+		ss.Close()
+		return nil, errors.New("ledger: query refused: the statement would modify the database; the ledger is read-only")
+	}
+	if n := ss.NumInput(); n > 0 {
+		ss.Close()
+		return nil, fmt.Errorf("ledger: query refused: it has %d bound parameter(s) (?, :name); write the values into the SQL", n)
+	}
+	return ss, nil
+}
+
+// cuttingStatement runs the SELECT body (cols result columns) inside one
+// that answers, for each column, the value cut to the bytes a cell of
+// bound bytes of JSON could hold (text stays text), and its whole length
+// when it was cut (else NULL). octet_length reads a stored value's length
+// without loading it and a zeroblob's without building it. The OFFSET keeps
+// SQLite from merging the body into the outer statement, which would
+// evaluate each of its expressions once per reference (a random() would
+// differ between its length and its value).
+func cuttingStatement(body string, cols, bound int) string {
+	n := bound // bytes: JSON never takes fewer than the raw bytes of text
+	var b strings.Builder
+	b.WriteString("WITH capsem_answer(")
+	for i := range cols {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "c%d", i)
+	}
+	// The newline ends a -- comment the body may close with.
+	b.WriteString(") AS (SELECT * FROM (\n")
+	b.WriteString(body)
+	b.WriteString("\n) LIMIT -1 OFFSET 0) SELECT ")
+	for i := range cols {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "CASE WHEN octet_length(c%[1]d) > %[2]d THEN "+
+			"CASE WHEN typeof(c%[1]d) = 'blob' THEN substr(c%[1]d, 1, %[2]d) "+
+			"ELSE CAST(substr(CAST(c%[1]d AS BLOB), 1, %[2]d) AS TEXT) END "+
+			"ELSE c%[1]d END, "+
+			"CASE WHEN octet_length(c%[1]d) > %[2]d THEN octet_length(c%[1]d) END", i, n)
+	}
+	b.WriteString(" FROM capsem_answer")
+	return b.String()
+}
+
+// tuneAllocator sets the C allocator up for Query once per process.
+var tuneAllocator sync.Once
+
+// queryErr names a timeout as such; SQLite itself reports only
+// "interrupted". Running out of the memory bound is named too.
+func queryErr(ctx context.Context, timeout time.Duration, memory int64, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		if errors.Is(ctxErr, context.DeadlineExceeded) {
 			return fmt.Errorf("ledger: query interrupted after its %s time limit: %w", timeout, ctxErr)
 		}
 		return fmt.Errorf("ledger: query interrupted: %w", ctxErr)
+	}
+	var serr sqlite3.Error
+	if errors.As(err, &serr) && serr.Code == sqlite3.ErrNomem {
+		return fmt.Errorf("ledger: query needs more than the %d MiB of memory queries may use; select fewer or shorter values (substr, length): %w", memory>>20, err)
 	}
 	if strings.HasPrefix(err.Error(), "ledger:") {
 		return err
@@ -264,20 +384,31 @@ var allowedFirstWords = map[string]bool{
 	"SELECT": true, "WITH": true, "VALUES": true, "PRAGMA": true, "EXPLAIN": true,
 }
 
+// queryText is what checkQueryText learnt of a statement.
+type queryText struct {
+	// body is the statement without its ';' and what follows it (only
+	// blanks and comments may).
+	body string
+	// selects: the statement is a SELECT (or WITH or VALUES), which can
+	// run inside another as a subquery.
+	selects bool
+}
+
 // checkQueryText does what only the text can tell: one statement, not empty,
 // a reading verb, no NUL (SQLite would silently stop reading at it). It
 // lexes strings, quoted identifiers and comments so a ';' inside them does
 // not count. A CREATE TRIGGER body would look like several statements, which
 // is fine: it is refused either way.
-func checkQueryText(q string) error {
+func checkQueryText(q string) (queryText, error) {
 	if len(q) > MaxQueryBytes {
-		return fmt.Errorf("ledger: query is %d bytes, over the %d-byte limit", len(q), MaxQueryBytes)
+		return queryText{}, fmt.Errorf("ledger: query is %d bytes, over the %d-byte limit", len(q), MaxQueryBytes)
 	}
 	if strings.IndexByte(q, 0) >= 0 {
-		return errors.New("ledger: query contains a NUL byte")
+		return queryText{}, errors.New("ledger: query contains a NUL byte")
 	}
 	var first string
 	sawToken, ended := false, false
+	end := 0 // just past the statement's last token
 	for i := 0; i < len(q); {
 		c := q[i]
 		switch {
@@ -300,11 +431,11 @@ func checkQueryText(q string) error {
 			continue
 		}
 		if ended {
-			return errors.New("ledger: query refused: only one statement is allowed (text follows the first ';')")
+			return queryText{}, errors.New("ledger: query refused: only one statement is allowed (text follows the first ';')")
 		}
 		if c == ';' {
 			if !sawToken {
-				return errors.New("ledger: query refused: empty statement before ';'")
+				return queryText{}, errors.New("ledger: query refused: empty statement before ';'")
 			}
 			ended = true
 			i++
@@ -321,9 +452,10 @@ func checkQueryText(q string) error {
 				if first == "" {
 					first = string(c)
 				}
-				return fmt.Errorf("ledger: query refused: only SELECT, WITH, VALUES, PRAGMA or EXPLAIN statements are allowed, got %q", capString(first, 32))
+				return queryText{}, fmt.Errorf("ledger: query refused: only SELECT, WITH, VALUES, PRAGMA or EXPLAIN statements are allowed, got %q", capString(first, 32))
 			}
 			i = j
+			end = i
 			continue
 		}
 		switch c {
@@ -338,11 +470,12 @@ func checkQueryText(q string) error {
 		default:
 			i++
 		}
+		end = i
 	}
 	if !sawToken {
-		return errors.New("ledger: query is empty")
+		return queryText{}, errors.New("ledger: query is empty")
 	}
-	return nil
+	return queryText{body: q[:end], selects: first == "SELECT" || first == "WITH" || first == "VALUES"}, nil
 }
 
 // skipQuoted returns the index after the quoted token starting at q[i];

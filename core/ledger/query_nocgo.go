@@ -5,7 +5,6 @@ package ledger
 import (
 	"context"
 	"errors"
-	"time"
 )
 
 // The guest build of capsem has no cgo and never opens a ledger; these keep
@@ -23,6 +22,6 @@ var errNoCgo = errors.New("ledger: this capsem build has no SQLite (built withou
 func Schema(context.Context, string) ([]string, error) { return nil, errNoCgo }
 
 // Query is unavailable without cgo.
-func Query(context.Context, string, string, int, time.Duration) ([]string, [][]any, bool, error) {
-	return nil, nil, false, errNoCgo
+func Query(context.Context, string, string, QueryLimits) (QueryResult, error) {
+	return QueryResult{}, errNoCgo
 }

@@ -76,7 +76,7 @@ func TestQueryRefusesWrites(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, _, err := Query(context.Background(), path, tt.sql, 10, 5*time.Second)
+			_, err := Query(context.Background(), path, tt.sql, testLimits(10, 5*time.Second))
 			if err == nil {
 				t.Fatalf("Query(%q) succeeded, want refusal", tt.sql)
 			}
@@ -157,13 +157,14 @@ func TestQueryAllowsReads(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cols, rows, truncated, err := Query(context.Background(), path, tt.sql, 100, 5*time.Second)
+			res, err := Query(context.Background(), path, tt.sql, testLimits(100, 5*time.Second))
 			if err != nil {
 				t.Fatalf("Query: %v", err)
 			}
-			if truncated {
-				t.Error("truncated")
+			if res.Stopped != "" || res.CutCells != 0 {
+				t.Errorf("truncated: %q, %d cells cut", res.Stopped, res.CutCells)
 			}
+			cols, rows := res.Columns, res.Rows
 			if tt.wantCols != nil && strings.Join(cols, ",") != strings.Join(tt.wantCols, ",") {
 				t.Errorf("columns = %q, want %q", cols, tt.wantCols)
 			}
@@ -191,19 +192,20 @@ func TestQueryMaxRows(t *testing.T) {
 		{11, 10, false},
 	}
 	for _, tt := range tests {
-		_, rows, truncated, err := Query(context.Background(), path, "SELECT id FROM mcp_calls ORDER BY id", tt.max, 5*time.Second)
+		res, err := Query(context.Background(), path, "SELECT id FROM mcp_calls ORDER BY id", testLimits(tt.max, 5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
+		rows, truncated := res.Rows, res.Stopped == StoppedRows
 		if len(rows) != tt.wantRows || truncated != tt.truncated {
 			t.Errorf("maxRows %d: %d rows truncated=%v, want %d truncated=%v", tt.max, len(rows), truncated, tt.wantRows, tt.truncated)
 		}
 	}
 	// An endless result stops at the limit instead of running forever.
-	_, rows, truncated, err := Query(context.Background(), path,
-		"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT x FROM c", 5, 5*time.Second)
-	if err != nil || len(rows) != 5 || !truncated {
-		t.Fatalf("endless rows: %d rows truncated=%v err=%v", len(rows), truncated, err)
+	res, err := Query(context.Background(), path,
+		"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT x FROM c", testLimits(5, 5*time.Second))
+	if err != nil || len(res.Rows) != 5 || res.Stopped != StoppedRows {
+		t.Fatalf("endless rows: %d rows stopped=%q err=%v", len(res.Rows), res.Stopped, err)
 	}
 }
 
@@ -219,7 +221,7 @@ func TestQueryTimeoutInterrupts(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			const limit = 200 * time.Millisecond
 			start := time.Now()
-			_, _, _, err := Query(context.Background(), path, tt.sql, 10, limit)
+			_, err := Query(context.Background(), path, tt.sql, testLimits(10, limit))
 			elapsed := time.Since(start)
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("err = %v, want DeadlineExceeded", err)
@@ -235,7 +237,7 @@ func TestQueryTimeoutInterrupts(t *testing.T) {
 	// The caller's own context also interrupts.
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
-	_, _, _, err := Query(ctx, path, tests[0].sql, 10, time.Hour)
+	_, err := Query(ctx, path, tests[0].sql, testLimits(10, time.Hour))
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled query: err = %v, want context.Canceled", err)
 	}
@@ -257,7 +259,7 @@ func TestQueryArguments(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, _, err := Query(context.Background(), tt.path, "SELECT 1", tt.maxRows, tt.timeout)
+			_, err := Query(context.Background(), tt.path, "SELECT 1", testLimits(tt.maxRows, tt.timeout))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want %q", err, tt.want)
 			}
@@ -294,7 +296,7 @@ func TestQueryAfterCloseAndDuringWrites(t *testing.T) {
 		}
 	}()
 	for range 20 {
-		if _, _, _, err := Query(context.Background(), path, "SELECT count(*) FROM mcp_calls", 1, 5*time.Second); err != nil {
+		if _, err := Query(context.Background(), path, "SELECT count(*) FROM mcp_calls", testLimits(1, 5*time.Second)); err != nil {
 			t.Fatalf("Query during writes: %v", err)
 		}
 	}
@@ -337,7 +339,7 @@ func TestCheckQueryText(t *testing.T) {
 		{"--", false},
 	}
 	for _, tt := range tests {
-		err := checkQueryText(tt.sql)
+		_, err := checkQueryText(tt.sql)
 		if (err == nil) != tt.ok {
 			t.Errorf("checkQueryText(%q) = %v, want ok=%v", tt.sql, err, tt.ok)
 		}
@@ -356,7 +358,7 @@ func TestAllowedPragmasRun(t *testing.T) {
 		stmts = append(stmts, "PRAGMA "+name+"(mcp_calls)")
 	}
 	for _, q := range stmts {
-		if _, _, _, err := Query(context.Background(), path, q, 1000, 5*time.Second); err != nil {
+		if _, err := Query(context.Background(), path, q, testLimits(1000, 5*time.Second)); err != nil {
 			t.Errorf("%s: %v", q, err)
 		}
 	}

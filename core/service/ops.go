@@ -271,11 +271,11 @@ func tailOrEmpty(path string, tail int, grep string) (string, error) {
 	return text, nil
 }
 
-// Inspect bounds.
+// Inspect bounds besides the answer's (api.MaxInspect*): its time, and how
+// many queries run at once, each holding up to an answer.
 const (
-	DefaultInspectRows = 100
-	MaxInspectRows     = 10000
-	inspectTimeout     = 5 * time.Second
+	inspectTimeout    = 5 * time.Second
+	maxInspectQueries = 2
 )
 
 // Schema returns the CREATE TABLE statements of a VM's session ledger;
@@ -298,26 +298,54 @@ func (s *Service) Schema(ctx context.Context, ref string) (api.SchemaResult, err
 // Inspect runs one read-only SQL statement on a VM's session ledger: rows,
 // size and time bounded, and under an authorizer that reads that
 // database's tables and nothing else (no ATTACH, no extensions, no writes,
-// no writing pragmas, no temp tables).
+// no writing pragmas, no temp tables). At most maxInspectQueries run at
+// once; the others wait their turn.
 func (s *Service) Inspect(ctx context.Context, ref string, req api.InspectRequest) (api.InspectResult, error) {
 	if req.MaxRows == 0 {
-		req.MaxRows = DefaultInspectRows
+		req.MaxRows = api.DefaultInspectRows
 	}
-	if req.MaxRows < 0 || req.MaxRows > MaxInspectRows {
-		return api.InspectResult{}, badRequest("max_rows %d: want 1 to %d", req.MaxRows, MaxInspectRows)
+	if req.MaxRows < 0 || req.MaxRows > api.MaxInspectRows {
+		return api.InspectResult{}, badRequest("max_rows %d: want 1 to %d", req.MaxRows, api.MaxInspectRows)
 	}
 	v, err := s.lookup(ref)
 	if err != nil {
 		return api.InspectResult{}, err
 	}
-	cols, rows, truncated, err := ledger.Query(ctx, s.sessionOf(v).DB(), req.SQL, req.MaxRows, inspectTimeout)
+	select {
+	case s.inspectSlots <- struct{}{}:
+		defer func() { <-s.inspectSlots }()
+	case <-ctx.Done():
+		return api.InspectResult{}, ctx.Err()
+	}
+	res, err := ledger.Query(ctx, s.sessionOf(v).DB(), req.SQL, ledger.QueryLimits{
+		MaxRows:        req.MaxRows,
+		MaxCellBytes:   api.MaxInspectCellBytes,
+		MaxAnswerBytes: api.MaxInspectAnswerBytes,
+		Timeout:        inspectTimeout,
+		MaxMemoryBytes: api.MaxInspectMemoryBytes,
+	})
 	if err != nil {
 		return api.InspectResult{}, badRequest("%v", err)
 	}
-	if rows == nil {
-		rows = [][]any{}
+	out := api.InspectResult{Columns: res.Columns, Rows: res.Rows, CutCells: res.CutCells}
+	switch res.Stopped {
+	case ledger.StoppedRows:
+		out.TruncatedBy = api.TruncatedByRows
+	case ledger.StoppedBytes:
+		out.TruncatedBy = api.TruncatedByBytes
 	}
-	return api.InspectResult{Columns: cols, Rows: rows, Truncated: truncated}, nil
+	if out.Rows == nil {
+		out.Rows = [][]any{}
+	}
+	for _, row := range out.Rows {
+		for i, c := range row {
+			if cut, ok := c.(ledger.CutValue); ok {
+				row[i] = api.CutCell{Cut: true, Bytes: cut.Bytes, Value: cut.Prefix}
+			}
+		}
+	}
+	out.Truncated = out.TruncatedBy != "" || out.CutCells > 0
+	return out, nil
 }
 
 // Run boots an ephemeral VM, runs one command in it and removes the VM.

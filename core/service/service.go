@@ -66,6 +66,9 @@ type Service struct {
 	runsMu    sync.Mutex
 	runsEnded bool
 	runs      sync.WaitGroup
+
+	// inspectSlots holds a token per inspect query under way.
+	inspectSlots chan struct{}
 }
 
 // vm is one VM. mu serializes its lifecycle operations (boot, stop,
@@ -102,7 +105,8 @@ func New(ctx context.Context, o Options) (*Service, error) {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	s := &Service{o: o, log: o.Logger, reg: vmrecord.Registry{Dir: regDir}, sessions: sessions, vms: map[string]*vm{}}
+	s := &Service{o: o, log: o.Logger, reg: vmrecord.Registry{Dir: regDir}, sessions: sessions, vms: map[string]*vm{},
+		inspectSlots: make(chan struct{}, maxInspectQueries)}
 	s.runsDone, s.endRuns = context.WithCancel(context.Background())
 	recs, errs := s.reg.Load()
 	for _, err := range errs {

@@ -63,14 +63,23 @@ func (c *InspectCmd) Run(ctx context.Context) error {
 		}
 	}
 	table(header, rows)
-	if r.Truncated {
+	switch {
+	case r.TruncatedBy == api.TruncatedByBytes:
+		fmt.Printf("(more rows: the answer reached its %d MiB bound; select fewer or shorter columns)\n", api.MaxInspectAnswerBytes>>20)
+	case r.TruncatedBy == api.TruncatedByRows, r.Truncated && r.TruncatedBy == "" && r.CutCells == 0:
 		fmt.Printf("(more rows: raise --max-rows)\n")
+	}
+	if r.CutCells > 0 {
+		fmt.Printf("(%d cell(s) cut to their first bytes: read a long value in parts with substr())\n", r.CutCells)
 	}
 	return nil
 }
 
 // cell is a value as text.
 func cell(v any) string {
+	if cut, ok := api.AsCutCell(v); ok {
+		return fmt.Sprintf("%s…[cut: %d bytes in all]", cell(cut.Value), cut.Bytes)
+	}
 	switch v := v.(type) {
 	case nil:
 		return "NULL"

@@ -29,6 +29,7 @@ import (
 type capsemMCP struct {
 	t      *testing.T
 	s      *mcp.ClientSession
+	cmd    *exec.Cmd // the capsem mcp process
 	env    []string
 	runDir string
 }
@@ -45,7 +46,7 @@ func startMCP(t *testing.T, env []string, runDir string) *capsemMCP {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return &capsemMCP{t: t, s: s, env: env, runDir: runDir}
+	return &capsemMCP{t: t, s: s, cmd: cmd, env: env, runDir: runDir}
 }
 
 // call calls a tool and decodes its structured result into out (when not

@@ -10,8 +10,6 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"github.com/capsem/capsem/core/hostmcp"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
@@ -41,7 +39,10 @@ func (Cmd) Run(ctx context.Context) error {
 		return err
 	}
 	srv := hostmcp.New(svc, version.Version)
-	if err := srv.Run(ctx, &mcp.StdioTransport{}); err != nil && ctx.Err() == nil {
+	// Not the SDK's stdio transport: one bad line from the client must
+	// be answered, not end the session with every call in it.
+	stdio := &hostmcp.StdioTransport{In: os.Stdin, Out: os.Stdout, Log: slog.Default()}
+	if err := srv.Run(ctx, stdio); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("capsem mcp: %w", err)
 	}
 	return nil
