@@ -75,4 +75,3 @@ func TestRotateFD(t *testing.T) {
 		t.Fatalf("the old log has %d bytes", st.Size())
 	}
 }
-
