@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // ProcessClient talks to one per-VM process over its Unix socket.
@@ -25,8 +26,7 @@ type ProcessClient struct {
 // NewProcessClient returns a client for the socket at path.
 func NewProcessClient(path string) *ProcessClient {
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", path)
+		return unixsock.Dial(ctx, path)
 	}}
 	return &ProcessClient{http: &http.Client{Transport: tr}}
 }

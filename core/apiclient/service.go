@@ -13,6 +13,7 @@ import (
 	"strconv"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // StatusError is the service's refusal: its HTTP status and message.
@@ -34,15 +35,14 @@ type ServiceClient struct {
 // whether or not a service ran before, or survived, its last call.
 func NewServiceClient(path string, start func(ctx context.Context) error) *ServiceClient {
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", path)
-		if err == nil || start == nil {
+		c, err := unixsock.Dial(ctx, path)
+		if err == nil || start == nil || ctx.Err() != nil {
 			return c, err
 		}
 		if serr := start(ctx); serr != nil {
 			return nil, fmt.Errorf("no capsem service answered on %s (%v), and starting one failed: %w", path, err, serr)
 		}
-		return d.DialContext(ctx, "unix", path)
+		return unixsock.Dial(ctx, path)
 	}}
 	return &ServiceClient{http: &http.Client{Transport: tr}}
 }

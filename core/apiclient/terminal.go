@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // TermConn is a terminal connection after its upgrade: reads come through
@@ -34,8 +35,7 @@ func (c *TermConn) CloseWrite() error {
 // process's api.RouteTerminal or the service's VM terminal route) and
 // returns the connection once it carries the terminal stream.
 func DialTerminal(ctx context.Context, socket, route string, req api.TermRequest) (*TermConn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
+	conn, err := unixsock.Dial(ctx, socket)
 	if err != nil {
 		return nil, err
 	}
