@@ -187,6 +187,8 @@ const (
 	// for inspect queries: one that needs more (SQLite builds every value
 	// whole, wide ones too) fails with an error saying so.
 	MaxInspectMemoryBytes = 96 << 20
+	// InspectTimeout interrupts a query.
+	InspectTimeout = 5 * time.Second
 )
 
 // InspectRequest runs one read-only SQL statement on the session ledger.

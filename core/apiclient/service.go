@@ -41,7 +41,7 @@ type ServiceClient struct {
 func NewServiceClient(path string, start func(ctx context.Context) error) *ServiceClient {
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		c, err := unixsock.Dial(ctx, path)
-		if err == nil || start == nil || unixsock.IsNotPrivate(err) {
+		if err == nil || start == nil || unixsock.IsNotPrivate(err) || ctx.Err() != nil {
 			return c, err
 		}
 		if serr := start(ctx); serr != nil {

@@ -207,7 +207,7 @@ func (t *tools) register(s *mcp.Server) {
 		fmt.Sprintf("%d MiB of JSON in all (the rows past it are left out) and %d MiB per cell (fewer with many columns): ", api.MaxInspectAnswerBytes>>20, api.MaxInspectCellBytes>>20) +
 		"a longer text or blob comes as {cut: true, bytes: its whole length, value: its first bytes}; truncated, truncatedBy and cutCells say what was left out. " +
 		"Use substr() and length() to read a long value in parts. " +
-		fmt.Sprintf("A query runs for at most 5 s, and one that needs more than %d MiB of memory fails with an error saying so.", api.MaxInspectMemoryBytes>>20)}, t.inspect)
+		fmt.Sprintf("A query runs for at most %s, and one that needs more than %d MiB of memory fails with an error saying so.", api.InspectTimeout, api.MaxInspectMemoryBytes>>20)}, t.inspect)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger)."}, t.delete)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_version", Annotations: readOnly, Description: "This MCP server's version, the service's, and whether they match."}, t.versionTool)
 }

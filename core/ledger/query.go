@@ -155,7 +155,7 @@ func Query(ctx context.Context, path, query string, lim QueryLimits) (QueryResul
 		}
 		res.Columns = columns
 		bound := lim.cellBound(len(columns))
-		stmt, cutInSQL := query, text.selects
+		stmt, cutInSQL := query, text.selects && len(columns) > 0
 		if cutInSQL {
 			stmt = cuttingStatement(text.body, len(columns), bound)
 		}

@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capsem/capsem/core/httpserve"
 	"github.com/capsem/capsem/core/unixsock"
 )
 
@@ -66,7 +67,7 @@ func Register(ctx context.Context, dir, kind, name string, reload ReloadFunc, lo
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(res)
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := httpserve.New(mux, httpserve.Options{HeaderTimeout: 5 * time.Second, Log: log})
 	go func() { _ = srv.Serve(ln) }()
 	stopped := make(chan struct{})
 	stop := func() {

@@ -271,12 +271,9 @@ func tailOrEmpty(path string, tail int, grep string) (string, error) {
 	return text, nil
 }
 
-// Inspect bounds besides the answer's (api.MaxInspect*): its time, and how
-// many queries run at once, each holding up to an answer.
-const (
-	inspectTimeout    = 5 * time.Second
-	maxInspectQueries = 2
-)
+// maxInspectQueries bounds the inspect queries run at once, each holding up
+// to an answer (api.MaxInspect* bound one).
+const maxInspectQueries = 2
 
 // Schema returns the CREATE TABLE statements of a VM's session ledger;
 // with no VM, those of the ledger every new VM gets.
@@ -321,7 +318,7 @@ func (s *Service) Inspect(ctx context.Context, ref string, req api.InspectReques
 		MaxRows:        req.MaxRows,
 		MaxCellBytes:   api.MaxInspectCellBytes,
 		MaxAnswerBytes: api.MaxInspectAnswerBytes,
-		Timeout:        inspectTimeout,
+		Timeout:        api.InspectTimeout,
 		MaxMemoryBytes: api.MaxInspectMemoryBytes,
 	})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/filelock"
+	"github.com/capsem/capsem/core/httpserve"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/unixsock"
@@ -57,7 +57,7 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	srv := &http.Server{Handler: s.Handler(stop), ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New(s.Handler(stop), httpserve.Options{Log: s.log})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.log.Info("capsem service serving", "socket", sock, "pid", os.Getpid(), "vms", len(s.List()))

@@ -35,8 +35,7 @@ func Dial(ctx context.Context, path string) (net.Conn, error) {
 		return nil, fmt.Errorf("refusing to connect to %s: %w", path,
 			&NotPrivateError{Path: path, Reason: fmt.Sprintf("the socket belongs to uid %d, not to you (uid %d)", uid, me)})
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
+	c, err := dialWaiting(ctx, path)
 	if err != nil {
 		return nil, err
 	}

@@ -7,12 +7,15 @@
 package unixsock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
+	"time"
 )
 
 // Listen listens on path with mode 0600. A socket left at path by a process
@@ -72,12 +75,38 @@ func describe(m fs.FileMode) string {
 	return "special file"
 }
 
-// Live reports whether something accepts connections on path.
+// Live reports whether something accepts connections on path: one whose
+// queue of connections is full (busy, or under a flood of them) counts.
 func Live(path string) bool {
 	c, err := net.Dial("unix", path)
+	if errors.Is(err, syscall.EAGAIN) {
+		return true
+	}
 	if err != nil {
 		return false
 	}
 	c.Close()
 	return true
+}
+
+// dialWaiting connects to the socket at path. A listener whose queue of
+// connections is full refuses at once (EAGAIN) rather than making the
+// caller wait in it: dialWaiting tries again, a little later each time,
+// until ctx ends, so that a server slow to accept (under a flood of
+// connections) is waited for, not taken for none.
+func dialWaiting(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := d.DialContext(ctx, "unix", path)
+		if !errors.Is(err, syscall.EAGAIN) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (its queue of connections stayed full)", err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
 }

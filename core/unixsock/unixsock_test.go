@@ -1,11 +1,15 @@
 package unixsock
 
 import (
+	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestListen(t *testing.T) {
@@ -68,5 +72,67 @@ func TestListenReplacesOnlyASocket(t *testing.T) {
 		if b, _ := os.ReadFile(path); string(b) != want {
 			t.Errorf("%s now holds %q", path, b)
 		}
+	}
+}
+
+// TestDialWaitsForAFullQueue: a listener whose queue is full (a server
+// slow to accept, under a flood of connections) refuses a connection at
+// once; Live still counts it, and Dial waits for room instead of failing.
+func TestDialWaitsForAFullQueue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "full.sock")
+	ln, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var queued []net.Conn
+	defer func() {
+		for _, c := range queued {
+			c.Close()
+		}
+	}()
+	for {
+		c, err := net.Dial("unix", path)
+		if errors.Is(err, syscall.EAGAIN) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued = append(queued, c)
+		if len(queued) > 100000 {
+			t.Fatal("the queue never filled")
+		}
+	}
+	if !Live(path) {
+		t.Error("a listener with a full queue is not live")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = Dial(ctx, path)
+	cancel()
+	if !errors.Is(err, syscall.EAGAIN) || !strings.Contains(err.Error(), "stayed full") {
+		t.Fatalf("Dial to a queue full until its deadline: %v", err)
+	}
+	dialed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := Dial(ctx, path)
+		if err == nil {
+			c.Close()
+		}
+		dialed <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	// The server takes a few: room in the queue.
+	for range 10 {
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	if err := <-dialed; err != nil {
+		t.Fatalf("Dial once the queue had room: %v", err)
 	}
 }

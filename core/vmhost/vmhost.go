@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -31,6 +30,7 @@ import (
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestctl"
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/httpserve"
 	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/mcpgw"
@@ -369,7 +369,7 @@ func (v *VM) ServeAPI(ctx context.Context, sock string, listening func()) error 
 		v.Stop(context.WithoutCancel(ctx))
 		return err
 	}
-	srv := &http.Server{Handler: v.routes(), ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New(v.routes(), httpserve.Options{Log: v.log})
 	go srv.Serve(ln)
 	listening()
 	var exitErr error
