@@ -124,7 +124,7 @@ func (c *Client) serveOutput(conn net.Conn) {
 	conn.SetReadDeadline(time.Now().Add(headerTimeout))
 	h, err := guestwire.ReadStreamHeader(conn)
 	if err != nil {
-		c.log.Warn("bad exec output stream", "err", err)
+		c.peerLog.Warn("bad exec output stream", "err", err)
 		return
 	}
 	conn.SetReadDeadline(time.Time{})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/logs"
 )
 
 // Channel is the host's view of the guest channel.
@@ -53,6 +54,7 @@ type Options struct {
 type Client struct {
 	opts    Options
 	log     *slog.Logger
+	peerLog *slog.Logger // rate-limited: for what the guest can cause at will
 	conn    net.Conn
 	outputs net.Listener
 	hello   guestwire.Hello
@@ -152,6 +154,7 @@ func New(ctx context.Context, conn net.Conn, outputs net.Listener, opts Options)
 		out: make(chan []byte), pending: map[uint64]chan *guestwire.Message{}, execs: map[uint64]*execState{},
 		done: make(chan struct{}),
 	}
+	c.peerLog = logs.Limited(c.log, logs.LimitBurst, logs.LimitInterval)
 	c.life, c.endLife = context.WithCancel(context.Background())
 	r := guestwire.NewReader(conn)
 	hello, err := readHello(ctx, conn, r, opts.HelloTimeout)
