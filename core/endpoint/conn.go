@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/jsonrpc"
+	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/mcpframe"
 	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/procs"
@@ -30,6 +31,9 @@ const maxMetaLine = 4096
 func (e *Endpoint) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
+	// A client (a hostile guest) opens and breaks connections at will:
+	// what it makes this loop log is rate-limited.
+	connLog := logs.Limited(e.log, logs.LimitBurst, logs.LimitInterval)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -45,7 +49,7 @@ func (e *Endpoint) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		if n := e.conns.Add(1); n > int64(e.cfg.Limits.MaxConns) {
 			e.conns.Add(-1)
-			e.log.Warn("MCP connection refused: too many open", "open", n-1, "max", e.cfg.Limits.MaxConns)
+			connLog.Warn("MCP connection refused: too many open", "open", n-1, "max", e.cfg.Limits.MaxConns)
 			c.Close()
 			continue
 		}
@@ -54,7 +58,7 @@ func (e *Endpoint) Serve(ctx context.Context, ln net.Listener) error {
 			defer wg.Done()
 			defer e.conns.Add(-1)
 			if err := e.ServeConn(ctx, c); err != nil {
-				e.log.Warn("MCP connection closed with error", "err", err)
+				connLog.Warn("MCP connection closed with error", "err", err)
 			}
 		}()
 	}

@@ -13,6 +13,7 @@
 package guestchan
 
 import (
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -26,6 +27,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/capsem/capsem/core/logs"
 )
 
 // Channel is what the rest of Capsem sees of the guest channel, whatever
@@ -58,20 +61,53 @@ const (
 	connectionWriteTimeout = 30 * time.Second
 	// headerTimeout bounds how long the acceptor waits for a new stream's
 	// header. The dialer sends it right after opening, so this only fires
-	// for a broken or hostile peer, and it only closes that stream.
-	headerTimeout = 30 * time.Second
-	// listenBacklog is the number of handshaken connections a listener
-	// holds before Accept.
-	listenBacklog = 128
+	// for a broken or hostile peer, and it only resets that stream.
+	headerTimeout = 10 * time.Second
+	// acceptBacklog is how many streams the peer opened yamux holds until
+	// the accept loop takes them; past it yamux resets new ones itself.
+	acceptBacklog = 256
+)
+
+// Bounds on the streams the peer opens. On the host the peer is the guest,
+// which is not trusted (its root can open streams on the channel behind the
+// agent's back): without them every stream it opens costs the host memory
+// and a goroutine for as long as it likes. A stream past a bound is reset
+// at once, on this side too: yamux alone would keep it until the peer
+// closes its end, which a hostile peer never does. The memory a stream can
+// cost is bounded by yamux's receive window (256 KiB) while nobody reads it.
+const (
+	// MaxPendingStreams bounds the streams in their handshake (waiting for
+	// their header, or answering it); past it the one that has waited
+	// longest for its header is reset to make room. A well-behaved dialer
+	// sends its header right behind the stream's first frame, so a new
+	// stream is the likeliest to be a real one.
+	MaxPendingStreams = 64
+	// MaxPortStreams bounds the open streams the peer opened to one port,
+	// accepted or waiting for Accept; past it the oldest is reset, so that
+	// streams a peer leaves idle cannot lock a port for good. It is below
+	// the MCP endpoint's own connection bound (256), so that a stream
+	// reset here makes room there too.
+	MaxPortStreams = 128
+	// MaxPeerStreams bounds all the open streams the peer opened; past it
+	// a new stream is refused.
+	MaxPeerStreams = 1024
 )
 
 // Session multiplexes logical-port streams over one byte stream.
 type Session struct {
-	mux *yamux.Session
-	log *slog.Logger
+	mux    *yamux.Session
+	frames *frameReader
+	log    *slog.Logger
+	// peerLog logs what the peer can cause at will, at a bounded rate.
+	peerLog *slog.Logger
 
 	mu        sync.Mutex
 	listeners map[uint32]*listener
+	pending   list.List // *pendingStream whose header has not arrived, oldest first
+	// handshakeSlots holds a token per running handshake (MaxPendingStreams).
+	handshakeSlots chan struct{}
+	ports          map[uint32]*list.List // *conn the peer opened, per port, oldest first
+	peerOpen       int                   // streams in pending and ports
 
 	localClose atomic.Bool
 	closeOnce  sync.Once
@@ -99,7 +135,9 @@ func newSession(conn io.ReadWriteCloser, log *slog.Logger, server bool) (*Sessio
 		role = "server"
 	}
 	log = log.With("component", "guestchan", "role", role)
+	peerLog := logs.Limited(log, logs.LimitBurst, logs.LimitInterval)
 	cfg := yamux.DefaultConfig()
+	cfg.AcceptBacklog = acceptBacklog
 	cfg.EnableKeepAlive = true
 	cfg.KeepAliveInterval = keepAliveInterval
 	cfg.ConnectionWriteTimeout = connectionWriteTimeout
@@ -108,25 +146,33 @@ func newSession(conn io.ReadWriteCloser, log *slog.Logger, server bool) (*Sessio
 	// guest the same slack as a ping.
 	cfg.StreamOpenTimeout = 2 * connectionWriteTimeout
 	cfg.LogOutput = nil
-	cfg.Logger = yamuxLogger{log}
+	// yamux logs per frame of the peer's (a frame for a stream it does
+	// not know, say): at the peer's rate unless limited.
+	cfg.Logger = yamuxLogger{peerLog}
 	var (
 		mux *yamux.Session
 		err error
 	)
-	cc := &coalescingConn{ReadWriteCloser: conn}
+	frames := &frameReader{r: conn}
+	w := &wire{Reader: frames, coalescingConn: coalescingConn{ReadWriteCloser: conn}}
 	if server {
-		mux, err = yamux.Server(cc, cfg)
+		mux, err = yamux.Server(w, cfg)
 	} else {
-		mux, err = yamux.Client(cc, cfg)
+		mux, err = yamux.Client(w, cfg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("guestchan: starting yamux %s: %w", role, err)
 	}
 	s := &Session{
 		mux:        mux,
+		frames:     frames,
 		log:        log,
+		peerLog:    peerLog,
 		listeners:  map[uint32]*listener{},
+		ports:      map[uint32]*list.List{},
 		acceptDone: make(chan struct{}),
+
+		handshakeSlots: make(chan struct{}, MaxPendingStreams),
 	}
 	go s.acceptLoop()
 	return s, nil
@@ -189,8 +235,40 @@ func (s *Session) Close() error {
 }
 
 // Dial opens a stream to the peer's listener on port and waits for the peer
-// to accept it (one round trip), bounded by ctx.
+// to accept it (one round trip), bounded by ctx. A stream the peer drops
+// before it answers (it had too many streams waiting: a flood of them, say)
+// is dialled again, with backoff, until ctx ends.
 func (s *Session) Dial(ctx context.Context, port uint32) (net.Conn, error) {
+	delay := dialRetryMin
+	for {
+		c, err := s.dialOnce(ctx, port)
+		if !errors.Is(err, errDropped) {
+			return c, err
+		}
+		s.peerLog.Info("the peer dropped a new stream before answering; dialling again", "port", port, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("guestchan: dial port %d: %w (the peer dropped every attempt, the last: %w)", port, ctx.Err(), err)
+		case <-s.mux.CloseChan():
+			return nil, fmt.Errorf("guestchan: dial port %d: %w", port, s.closedErr())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, dialRetryMax)
+	}
+}
+
+// Backoff of Dial's attempts after the peer dropped a stream.
+const (
+	dialRetryMin = 10 * time.Millisecond
+	dialRetryMax = 500 * time.Millisecond
+)
+
+// errDropped: the peer reset or closed a stream before answering its
+// header, which it does only when it had too many (yamux's accept backlog,
+// MaxPendingStreams, MaxPeerStreams).
+var errDropped = errors.New("the peer dropped the stream before answering")
+
+func (s *Session) dialOnce(ctx context.Context, port uint32) (net.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("guestchan: dial port %d: %w", port, err)
 	}
@@ -202,10 +280,10 @@ func (s *Session) Dial(ctx context.Context, port uint32) (net.Conn, error) {
 		return nil, fmt.Errorf("guestchan: dial port %d: opening stream: %w", port, err)
 	}
 	if err := s.dialHandshake(ctx, st, port); err != nil {
-		st.Close()
+		s.reset(st)
 		return nil, err
 	}
-	return &conn{Stream: st, port: port}, nil
+	return &conn{Stream: st, port: port, s: s}, nil
 }
 
 func (s *Session) dialHandshake(ctx context.Context, st *yamux.Stream, port uint32) error {
@@ -225,8 +303,8 @@ func (s *Session) dialHandshake(ctx context.Context, st *yamux.Stream, port uint
 			return fmt.Errorf("guestchan: dial port %d: %w", port, ctx.Err())
 		case s.mux.IsClosed():
 			return fmt.Errorf("guestchan: dial port %d: %w", port, s.closedErr())
-		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-			return fmt.Errorf("guestchan: dial port %d: peer closed the stream during the handshake", port)
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, yamux.ErrConnectionReset):
+			return fmt.Errorf("guestchan: dial port %d: %w (%v)", port, errDropped, err)
 		default:
 			return fmt.Errorf("guestchan: dial port %d: handshake: %w", port, err)
 		}
@@ -255,9 +333,11 @@ func (s *Session) Listen(port uint32) (net.Listener, error) {
 		return nil, fmt.Errorf("guestchan: listen port %d: %w", port, ErrPortInUse)
 	}
 	l := &listener{
-		s:      s,
-		port:   port,
-		queue:  make(chan net.Conn, listenBacklog),
+		s:    s,
+		port: port,
+		// Every queued connection counts against MaxPortStreams, so the
+		// queue never fills while the counts hold.
+		queue:  make(chan net.Conn, MaxPortStreams),
 		closed: make(chan struct{}),
 	}
 	s.listeners[port] = l
@@ -274,51 +354,140 @@ func (s *Session) acceptLoop() {
 			}
 			return
 		}
+		if !s.takeHandshakeSlot() {
+			s.reset(st)
+			return
+		}
+		// Before the stream is in pending, where takeHandshakeSlot may cut
+		// its wait short.
+		st.SetReadDeadline(time.Now().Add(headerTimeout))
+		s.mu.Lock()
+		full := s.peerOpen >= MaxPeerStreams
+		p := &pendingStream{st: st}
+		if !full {
+			s.peerOpen++
+			p.elem = s.pending.PushBack(p)
+		}
+		s.mu.Unlock()
+		if full {
+			<-s.handshakeSlots
+			s.peerLog.Warn("refusing a stream: the peer has too many open", "stream", st.StreamID(), "max_streams", MaxPeerStreams)
+			s.reset(st)
+			continue
+		}
 		// The accept loop is the only place that adds, and Close waits for
 		// it to return before waiting on the group.
 		s.handshakes.Add(1)
-		go s.acceptHandshake(st)
+		go s.acceptHandshake(p)
 	}
 }
 
+// takeHandshakeSlot waits for one of the MaxPendingStreams handshake slots,
+// making room when they are all taken by cutting short the wait of the
+// stream that has waited longest for its header. False when the session
+// closed first.
+func (s *Session) takeHandshakeSlot() bool {
+	select {
+	case s.handshakeSlots <- struct{}{}:
+		return true
+	default:
+	}
+	s.mu.Lock()
+	if e := s.pending.Front(); e != nil {
+		oldest := e.Value.(*pendingStream)
+		s.pending.Remove(e)
+		oldest.elem = nil
+		oldest.st.SetReadDeadline(time.Now()) // its handshake resets it
+	}
+	s.mu.Unlock()
+	select {
+	case s.handshakeSlots <- struct{}{}:
+		return true
+	case <-s.mux.CloseChan():
+		return false
+	}
+}
+
+// pendingStream is a stream the peer opened whose header has not arrived.
+type pendingStream struct {
+	st   *yamux.Stream
+	elem *list.Element // in Session.pending; nil once out of it; guarded by Session.mu
+}
+
 // acceptHandshake reads a new stream's header and routes it to its port's
-// listener. Anything wrong closes this stream only.
-func (s *Session) acceptHandshake(st *yamux.Stream) {
+// listener. Anything wrong resets this stream only.
+func (s *Session) acceptHandshake(p *pendingStream) {
 	defer s.handshakes.Done()
-	st.SetReadDeadline(time.Now().Add(headerTimeout))
+	defer func() { <-s.handshakeSlots }()
+	st := p.st
 	var buf [HeaderSize]byte
-	if _, err := io.ReadFull(st, buf[:]); err != nil {
-		if !s.mux.IsClosed() {
-			s.log.Warn("stream closed before its header", "stream", st.StreamID(), "err", err)
+	_, readErr := io.ReadFull(st, buf[:])
+	s.mu.Lock()
+	evicted := p.elem == nil
+	if !evicted {
+		s.pending.Remove(p.elem)
+		p.elem = nil
+	}
+	s.mu.Unlock()
+	if readErr != nil {
+		s.dropPeerStream()
+		switch {
+		case s.mux.IsClosed():
+		case evicted:
+			s.peerLog.Warn("resetting a stream that sent no header yet: too many streams wait for theirs",
+				"stream", st.StreamID(), "max_pending", MaxPendingStreams)
+		default:
+			s.peerLog.Warn("resetting a stream that sent no header", "stream", st.StreamID(), "err", readErr)
 		}
-		st.Close()
+		s.reset(st)
 		return
 	}
 	port, err := ParseHeader(buf[:])
 	if err != nil {
-		s.log.Warn("rejecting stream", "stream", st.StreamID(), "err", err)
-		st.Write(appendReply(nil, replyBadHeader))
-		st.Close()
+		s.dropPeerStream()
+		s.peerLog.Warn("rejecting stream", "stream", st.StreamID(), "err", err)
+		s.refuse(st, replyBadHeader)
 		return
 	}
-	st.SetReadDeadline(time.Time{})
+	c := &conn{Stream: st, port: port, s: s}
+	var evictedConn *conn
 	s.mu.Lock()
 	l := s.listeners[port]
+	if l != nil {
+		q := s.ports[port]
+		if q == nil {
+			q = list.New()
+			s.ports[port] = q
+		}
+		if q.Len() >= MaxPortStreams {
+			evictedConn = q.Front().Value.(*conn)
+			q.Remove(evictedConn.elem)
+			evictedConn.elem = nil
+			s.peerOpen--
+		}
+		c.elem = q.PushBack(c)
+	} else {
+		s.peerOpen--
+	}
 	s.mu.Unlock()
 	if l == nil {
+		// A guest that dials before the host listens retries: not a warning.
 		s.log.Debug("stream to a port nobody listens on", "port", port)
-		st.Write(appendReply(nil, replyNoListener))
-		st.Close()
+		s.refuse(st, replyNoListener)
 		return
 	}
+	if evictedConn != nil {
+		s.peerLog.Warn("resetting the oldest stream on a port: too many are open", "port", port, "max_port_streams", MaxPortStreams)
+		evictedConn.Close()
+	}
+	st.SetReadDeadline(time.Time{})
 	// Reply before the connection is visible to Accept: otherwise the
 	// accepting application could write first and its bytes would precede
 	// the reply on the wire.
 	if _, err := st.Write(appendReply(nil, replyOK)); err != nil {
-		st.Close()
+		c.Close()
 		return
 	}
-	c := &conn{Stream: st, port: port}
 	select {
 	case l.queue <- c:
 		// A Close that raced with the send may have drained already.
@@ -327,11 +496,37 @@ func (s *Session) acceptHandshake(st *yamux.Stream) {
 			l.drain()
 		default:
 		}
-	case <-l.closed:
-		st.Close()
-	case <-s.mux.CloseChan():
-		st.Close()
+	default:
+		// Only streams reset since they were queued can fill the queue,
+		// and only while nobody accepts.
+		s.peerLog.Warn("resetting a stream: nobody accepts on its port", "port", port)
+		c.Close()
 	}
+}
+
+// dropPeerStream uncounts a stream the peer opened that never reached a
+// port.
+func (s *Session) dropPeerStream() {
+	s.mu.Lock()
+	s.peerOpen--
+	s.mu.Unlock()
+}
+
+// refuse answers a stream's header with status and resets the stream.
+func (s *Session) refuse(st *yamux.Stream, status byte) {
+	st.SetWriteDeadline(time.Now().Add(connectionWriteTimeout))
+	st.Write(appendReply(nil, status))
+	s.reset(st)
+}
+
+// reset ends st on both sides now: the peer sees the end of the stream
+// (after what was written to it), and this side forgets the stream without
+// waiting for the peer to close its end.
+func (s *Session) reset(st *yamux.Stream) {
+	// Whatever blocks on st here (a handshake) returns at once.
+	st.SetDeadline(time.Now())
+	st.Close()
+	s.frames.reset(st.StreamID())
 }
 
 type listener struct {
@@ -397,6 +592,10 @@ func (a Addr) String() string { return fmt.Sprintf("guestchan:%d", a.Port) }
 type conn struct {
 	*yamux.Stream
 	port uint32
+	s    *Session
+
+	elem      *list.Element // in s.ports[port] while it counts; guarded by s.mu
+	closeOnce sync.Once
 }
 
 // CloseWrite ends this side's half of the stream: a yamux Close is a half
@@ -405,6 +604,27 @@ func (c *conn) CloseWrite() error { return c.Stream.Close() }
 
 func (c *conn) LocalAddr() net.Addr  { return Addr{Port: c.port} }
 func (c *conn) RemoteAddr() net.Addr { return Addr{Port: c.port} }
+
+// CloseWrite ends this side's half of the stream: the peer reads the end
+// after what was written, and reads here go on until the peer ends its
+// half. Close must still follow.
+func (c *conn) CloseWrite() error { return c.Stream.Close() }
+
+// Close closes the stream on both sides at once (see Session.reset): after
+// Close nothing reads it here, and a hostile peer would never close its end.
+func (c *conn) Close() error {
+	c.closeOnce.Do(func() {
+		c.s.mu.Lock()
+		if c.elem != nil {
+			c.s.ports[c.port].Remove(c.elem)
+			c.elem = nil
+			c.s.peerOpen--
+		}
+		c.s.mu.Unlock()
+		c.s.reset(c.Stream)
+	})
+	return nil
+}
 
 // yamuxLogger sends yamux's printf-style lines to slog, at the level their
 // "[ERR]"/"[WARN]" prefix names.
@@ -418,6 +638,10 @@ func (y yamuxLogger) emit(msg string) {
 	msg = strings.TrimSpace(msg)
 	level := slog.LevelInfo
 	switch {
+	case strings.Contains(msg, "frame for missing stream") || strings.Contains(msg, "Discarding data for stream"):
+		// Expected: a stream this side reset (Session.reset) may still
+		// get the peer's frames that crossed the reset.
+		level = slog.LevelDebug
 	case strings.HasPrefix(msg, "[ERR]"):
 		level = slog.LevelWarn // the session error is reported by its owner
 	case strings.HasPrefix(msg, "[WARN]"):
@@ -425,8 +649,26 @@ func (y yamuxLogger) emit(msg string) {
 	case strings.HasPrefix(msg, "[DEBUG]"):
 		level = slog.LevelDebug
 	}
-	y.log.Log(context.Background(), level, msg)
+	// The limit counts by message: numbers (stream ids, lengths) would
+	// make every line a message of its own, so they stay in an attribute.
+	y.log.Log(context.Background(), level, strings.Map(dropDigits, msg), "line", msg)
 }
+
+func dropDigits(r rune) rune {
+	if r >= '0' && r <= '9' {
+		return -1
+	}
+	return r
+}
+
+// wire is the byte stream yamux runs over: the peer's bytes through a
+// frameReader, ours through a coalescingConn.
+type wire struct {
+	io.Reader
+	coalescingConn
+}
+
+func (w *wire) Read(p []byte) (int, error) { return w.Reader.Read(p) }
 
 // coalescingConn merges each yamux data-frame header with the body that
 // follows it into one Write. yamux writes a frame's 12-byte header and its
@@ -438,13 +680,6 @@ type coalescingConn struct {
 	pending bool
 	buf     []byte
 }
-
-// yamuxHeaderSize, the data type and the length offset follow yamux's wire
-// format (version, type, flags u16, stream id u32, length u32).
-const (
-	yamuxHeaderSize = 12
-	yamuxTypeData   = 0
-)
 
 func (c *coalescingConn) Write(p []byte) (int, error) {
 	// Only yamux's send loop writes, one call at a time, so no lock.

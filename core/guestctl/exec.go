@@ -129,7 +129,7 @@ func (c *Client) serveOutput(conn net.Conn) {
 	conn.SetReadDeadline(time.Now().Add(headerTimeout))
 	h, err := guestwire.ReadStreamHeader(conn)
 	if err != nil {
-		c.log.Warn("bad data stream", "err", err)
+		c.peerLog.Warn("bad data stream", "err", err)
 		return
 	}
 	conn.SetReadDeadline(time.Time{})

@@ -21,6 +21,7 @@ import (
 
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/logs"
 )
 
 // Channel is the host's view of the guest channel.
@@ -52,6 +53,7 @@ type Options struct {
 type Client struct {
 	opts    Options
 	log     *slog.Logger
+	peerLog *slog.Logger // rate-limited: for what the guest can cause at will
 	conn    net.Conn
 	outputs net.Listener
 	hello   guestwire.Hello
@@ -156,6 +158,7 @@ func New(ctx context.Context, conn net.Conn, outputs net.Listener, opts Options)
 		files: map[uint64]chan net.Conn{}, transfers: make(chan struct{}, hostFileTransfers),
 		done: make(chan struct{}),
 	}
+	c.peerLog = logs.Limited(c.log, logs.LimitBurst, logs.LimitInterval)
 	c.life, c.endLife = context.WithCancel(context.Background())
 	r := guestwire.NewReader(conn)
 	hello, err := readHello(ctx, conn, r, opts.HelloTimeout)

@@ -65,6 +65,26 @@ func build(t testing.TB, pkg, name string) string {
 	return out
 }
 
+// GuestProgram builds a package of this module without cgo, to run inside
+// a guest (as root, from a test), once per test process.
+func GuestProgram(t testing.TB, pkg, name string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	key := "guest:" + pkg
+	if p, ok := built[key]; ok {
+		return p
+	}
+	dir := filepath.Join(CacheDir(t), "testbin", name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, name)
+	goBuild(t, out, []string{"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64"}, "-ldflags", "-s -w", pkg)
+	built[key] = out
+	return out
+}
+
 // goBuild runs go build with args into out, under a temporary name renamed
 // over out at the end, so test processes building the same binary at the
 // same time never run a half-written file (one still running the old

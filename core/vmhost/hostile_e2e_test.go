@@ -1,0 +1,148 @@
+package vmhost_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/testkit"
+)
+
+// resetHWM makes process pid's peak resident memory its current one, so
+// that vmHWM measures from now (the boot's peak is higher than its RSS).
+func resetHWM(t *testing.T, pid int) {
+	t.Helper()
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		t.Fatalf("resetting the peak RSS: %v", err)
+	}
+}
+
+// vmHWM is the peak resident memory of process pid, in bytes.
+func vmHWM(t *testing.T, pid int) int64 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatalf("VmHWM %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
+}
+
+func fileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
+
+// relayListTools lists the gateway's tools from inside the guest, through
+// capsem-mcp-server and the MCP port.
+const relayListTools = `printf '%s\n' ` +
+	`'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"guest","version":"1"}}}' ` +
+	`'{"jsonrpc":"2.0","method":"notifications/initialized"}' ` +
+	`'{"jsonrpc":"2.0","id":2,"method":"tools/list"}' ` +
+	`| capsem-mcp-server`
+
+// checkChannelServes runs a command (control and exec output ports) and
+// an MCP call from the guest (MCP port).
+func checkChannelServes(ctx context.Context, t *testing.T, v *vmProc, when string) {
+	t.Helper()
+	o := v.exec(ctx, &api.ExecRequest{Command: "echo alive"})
+	if o.err != nil || o.ev.ExitCode != 0 || o.stdout.String() != "alive\n" {
+		t.Fatalf("exec %s: %v %+v %q", when, o.err, o.ev, o.stdout.String())
+	}
+	o = v.exec(ctx, &api.ExecRequest{Command: relayListTools})
+	if o.err != nil || !strings.Contains(o.stdout.String(), `"id":2,"result"`) {
+		t.Fatalf("MCP from the guest %s: %v\n%.2000s\n%.2000s", when, o.err, o.stdout.String(), o.stderr.String())
+	}
+}
+
+// TestHostileGuestChannelStreams: root in the guest takes PID 1's channel
+// descriptor (pidfd_getfd) and opens 30,000 bare multiplexer streams behind
+// the agent's back (testdata/chanflood): without a header, stalled in it,
+// to no listener, idle on the MCP port, garbage on the exec output port.
+// The per-VM process's memory and log grow by a bounded amount, and the
+// VM's channel (control, exec output, MCP) serves during and after.
+func TestHostileGuestChannelStreams(t *testing.T) {
+	v := startVM(t, "chanflood")
+	defer v.stop(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	bin, err := os.ReadFile(testkit.GuestProgram(t, "./testdata/chanflood", "chanflood"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.client.WriteFile(ctx, "/tmp/chanflood", bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	checkChannelServes(ctx, t, v, "before the attack")
+	resetHWM(t, v.info.PID)
+	hwm0, log0 := vmHWM(t, v.info.PID), fileSize(t, v.log)
+
+	// As fast as the channel takes it.
+	start := time.Now()
+	o := v.exec(ctx, &api.ExecRequest{Command: "/tmp/chanflood -streams 30000"})
+	if o.err != nil || o.ev.ExitCode != 0 || !strings.HasPrefix(o.stdout.String(), "done 30000") {
+		t.Fatalf("the attack did not run: %v %+v\nstdout %s\nstderr %s", o.err, o.ev, o.stdout.String(), o.stderr.String())
+	}
+	t.Logf("attack at full speed: %s in the guest, %v for the exec", strings.TrimSpace(o.stdout.String()), time.Since(start).Round(time.Millisecond))
+	checkChannelServes(ctx, t, v, "after the attack")
+	t.Logf("peak RSS after the full-speed attack: %d MiB", vmHWM(t, v.info.PID)>>20)
+
+	// Spread over 20 s, in the background: the channel serves meanwhile.
+	o = v.exec(ctx, &api.ExecRequest{Command: "/tmp/chanflood -streams 30000 -first 3221225473 -over 20s >/tmp/flood.out 2>&1 &"})
+	if o.err != nil || o.ev.ExitCode != 0 {
+		t.Fatalf("starting the paced attack: %v %+v", o.err, o.ev)
+	}
+	served := 0
+	for {
+		o := v.exec(ctx, &api.ExecRequest{Command: "cat /tmp/flood.out"})
+		if o.err != nil || o.ev.ExitCode != 0 {
+			t.Fatalf("exec during the attack: %v %+v %s", o.err, o.ev, o.stderr.String())
+		}
+		if out := o.stdout.String(); out != "" {
+			if !strings.HasPrefix(out, "done 30000") {
+				t.Fatalf("the paced attack failed: %s", out)
+			}
+			break
+		}
+		served++
+	}
+	if served < 3 {
+		t.Fatalf("only %d commands ran during the 20 s attack", served)
+	}
+	checkChannelServes(ctx, t, v, "after the paced attack")
+
+	hwm, logGrowth := vmHWM(t, v.info.PID), fileSize(t, v.log)-log0
+	t.Logf("%d commands ran during the paced attack; per-VM process peak RSS %d -> %d MiB; process.log +%d KiB",
+		served, hwm0>>20, hwm>>20, logGrowth>>10)
+	if growth := hwm - hwm0; growth > 32<<20 {
+		t.Errorf("the per-VM process's peak RSS grew by %d MiB during the attacks, want at most 32", growth>>20)
+	}
+	if logGrowth > 256<<10 {
+		t.Errorf("process.log grew by %d KiB during the attacks, want at most 256", logGrowth>>10)
+	}
+	info, err := v.client.Info(ctx)
+	if err != nil || info.State != "running" {
+		t.Fatalf("after the attacks: %v %+v", err, info)
+	}
+}
