@@ -598,10 +598,6 @@ type conn struct {
 	closeOnce sync.Once
 }
 
-// CloseWrite ends this side's half of the stream: a yamux Close is a half
-// close, so the peer reads EOF and may still answer on the stream.
-func (c *conn) CloseWrite() error { return c.Stream.Close() }
-
 func (c *conn) LocalAddr() net.Addr  { return Addr{Port: c.port} }
 func (c *conn) RemoteAddr() net.Addr { return Addr{Port: c.port} }
 

@@ -215,7 +215,7 @@ func (c *Client) Exec(ctx context.Context, req *guestwire.Exec, stdout, stderr i
 	if err != nil {
 		st.abandon()
 		if ctx.Err() != nil && c.Err() == nil {
-			go c.cancelExec(id)
+			go c.cancel(id)
 		}
 		return nil, err
 	}
@@ -259,11 +259,13 @@ func (c *Client) Exec(ctx context.Context, req *guestwire.Exec, stdout, stderr i
 	return res, nil
 }
 
-// cancelExec asks the guest to kill an exec whose caller gave up.
-func (c *Client) cancelExec(id uint64) {
+// cancel asks the guest to end a request whose caller gave up: kill an
+// exec, or stop a file transfer (which would otherwise wait on a stream
+// nobody reads).
+func (c *Client) cancel(id uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := c.call(ctx, &guestwire.Message{Type: guestwire.TypeCancel, Target: id}); err != nil {
-		c.log.Debug("cancel exec", "exec_id", id, "err", err)
+		c.log.Debug("cancel", "id", id, "err", err)
 	}
 }

@@ -2,6 +2,7 @@ package guestctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -181,11 +182,21 @@ func (c *Client) transfer(ctx context.Context, typ string, req *guestwire.FileRe
 	if err != nil {
 		return nil, err
 	}
+	// Until its answer comes, the guest may be busy with the transfer
+	// (blocked on a stream we stopped reading): leaving without the answer
+	// tells it to stop, so its transfer slot comes back.
+	answered := false
+	defer func() {
+		if !answered && c.Err() == nil {
+			go c.cancel(id)
+		}
+	}()
 	var conn net.Conn
 	var early *guestwire.Message // the answer, when it overtook the stream
 	select {
 	case conn = <-streams:
 	case resp := <-answer:
+		answered = true
 		if _, err := answerOf(typ, resp); err != nil {
 			return nil, err // refused before any data moved (no such file, busy)
 		}
@@ -216,16 +227,34 @@ func (c *Client) transfer(ctx context.Context, typ string, req *guestwire.FileRe
 	defer stop()
 	stopLife := context.AfterFunc(c.life, func() { conn.Close() })
 	defer stopLife()
-	moved, answered, moveErr := move(conn, answer)
+	moved, seen, moveErr := move(conn, answer)
 	if early == nil {
-		early = answered
+		early = seen
 	}
 	var resp *guestwire.Message
-	if early != nil {
+	switch {
+	case early != nil:
 		resp, err = answerOf(typ, early)
-	} else {
+	case moveErr != nil:
+		// The copy broke. If the guest broke it (it refused the write and
+		// closed the stream), its answer says why; if this side did (its
+		// writer or reader failed), the guest may be blocked on the stream
+		// and is told to stop, and its answer is waited for only briefly.
+		conn.Close()
+		answered = true
+		go c.cancel(id)
+		wait, cancel := context.WithTimeout(ctx, c.opts.StreamTimeout)
+		resp, err = c.await(wait, typ, answer, forget)
+		cancel()
+		var we *guestwire.Error
+		if !errors.As(err, &we) {
+			return nil, fmt.Errorf("guestctl: %s %s: after %d bytes: %w", typ, req.Path, moved, moveErr)
+		}
+	default:
 		resp, err = c.await(ctx, typ, answer, forget)
 	}
+	var we *guestwire.Error
+	answered = answered || early != nil || err == nil || errors.As(err, &we)
 	if err != nil {
 		// The guest's reason (disk full, too large) explains a broken copy
 		// better than the copy's own error.

@@ -365,7 +365,7 @@ func TestCancelBeforeStart(t *testing.T) {
 	if _, _, err := h.srv.registerExec(2, e); !isCode(err, guestwire.CodeBusy) {
 		t.Fatalf("duplicate exec id: %v", err)
 	}
-	h.srv.cancelExec(77)
+	h.srv.cancel(77)
 	if _, err := h.srv.exec(context.Background(), id, run, e); err == nil || !strings.Contains(err.Error(), "cancelled before it started") {
 		t.Fatalf("got %v", err)
 	}
@@ -1141,4 +1141,46 @@ func (c fileClient) ReadFile(ctx context.Context, path string) ([]byte, error) {
 func (c fileClient) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
 	_, err := c.WriteFileFrom(ctx, &guestwire.FileRequest{Path: path, Mode: uint32(mode.Perm()), Parents: true}, bytes.NewReader(data))
 	return err
+}
+
+// TestAbandonedReadsGiveTheirSlotsBack: a host that stops reading a file
+// part-way (its client went away) tells the guest, whose transfer, blocked
+// on a stream nobody reads, ends and frees its slot; more abandoned reads
+// than the guest has slots leave later reads working.
+func TestAbandonedReadsGiveTheirSlotsBack(t *testing.T) {
+	h := start(t, nil)
+	ctx := context.Background()
+	dir := realTempDir(t)
+	big := make([]byte, 4<<20)
+	if err := os.WriteFile(dir+"/big", big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 * guestwire.MaxFileTransfers {
+		_, err := h.client.ReadFileTo(ctx, &guestwire.FileRequest{Path: dir + "/big"}, &failAfter{n: 64 << 10})
+		if err == nil {
+			t.Fatalf("read %d: a writer that failed did not fail the read", i)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := h.client.ReadFile(ctx, dir+"/big")
+		if err == nil && len(b) == len(big) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d abandoned reads: %v", 2*guestwire.MaxFileTransfers, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// failAfter takes n bytes, then fails.
+type failAfter struct{ n int }
+
+func (f *failAfter) Write(p []byte) (int, error) {
+	if f.n <= 0 {
+		return 0, errors.New("the client went away")
+	}
+	f.n -= len(p)
+	return len(p), nil
 }

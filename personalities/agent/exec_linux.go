@@ -26,12 +26,18 @@ type runningExec struct {
 
 func (r *runningExec) stop() { r.cancelOnce.Do(func() { close(r.cancel) }) }
 
-func (s *Server) cancelExec(id uint64) {
+// cancel ends request id: it kills an exec's process group, or stops a
+// file transfer whose host gave up.
+func (s *Server) cancel(id uint64) {
 	s.mu.Lock()
 	r := s.execs[id]
+	stop := s.transferStops[id]
 	s.mu.Unlock()
 	if r != nil {
 		r.stop()
+	}
+	if stop != nil {
+		stop()
 	}
 }
 

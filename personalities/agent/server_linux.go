@@ -61,10 +61,11 @@ type Server struct {
 	// (guestwire.GuestBootFacts in the VM).
 	FactsPath string
 
-	mu        sync.Mutex
-	bootEnv   map[string]string
-	execs     map[uint64]*runningExec
-	transfers int // file transfers in progress (startTransfer)
+	mu            sync.Mutex
+	bootEnv       map[string]string
+	execs         map[uint64]*runningExec
+	transfers     int                           // file transfers in progress (startTransfer)
+	transferStops map[uint64]context.CancelFunc // by request id, for cancel
 }
 
 // DefaultEnv is the environment an exec starts from.
@@ -148,7 +149,7 @@ func (s *Server) Serve(ctx context.Context, conn net.Conn) error {
 			reply(&guestwire.Message{Type: guestwire.TypePong, ID: m.ID})
 			continue
 		case guestwire.TypeCancel:
-			s.cancelExec(m.Target)
+			s.cancel(m.Target)
 			reply(&guestwire.Message{Type: guestwire.TypeOK, ID: m.ID})
 			continue
 		case guestwire.TypeShutdown:
@@ -242,10 +243,12 @@ func (s *Server) file(ctx context.Context, id uint64, typ string, req *guestwire
 		if req.MaxSize > 0 {
 			max = req.MaxSize
 		}
-		if !s.startTransfer() {
+		ctx, stop := context.WithCancel(ctx)
+		defer stop()
+		if !s.startTransfer(id, stop) {
 			return nil, guestwire.Errorf(guestwire.CodeBusy, "%s %s: %d file transfers are already in progress", typ, req.Path, guestwire.MaxFileTransfers)
 		}
-		defer s.endTransfer()
+		defer s.endTransfer(id)
 		if typ == guestwire.TypeFileRead {
 			return s.sendFile(ctx, id, req, max)
 		}
@@ -268,19 +271,25 @@ func (s *Server) file(ctx context.Context, id uint64, typ string, req *guestwire
 // startTransfer takes one of the guestwire.MaxFileTransfers slots, or
 // reports that none is free: each transfer holds a copy buffer and a
 // stream, and PID 1's memory must not grow with what the host asks.
-func (s *Server) startTransfer() bool {
+// A cancel for request id calls stop.
+func (s *Server) startTransfer(id uint64, stop context.CancelFunc) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.transfers >= guestwire.MaxFileTransfers {
 		return false
 	}
 	s.transfers++
+	if s.transferStops == nil {
+		s.transferStops = map[uint64]context.CancelFunc{}
+	}
+	s.transferStops[id] = stop
 	return true
 }
 
-func (s *Server) endTransfer() {
+func (s *Server) endTransfer(id uint64) {
 	s.mu.Lock()
 	s.transfers--
+	delete(s.transferStops, id)
 	s.mu.Unlock()
 }
 
