@@ -59,16 +59,16 @@ func (f *FileStream) Bytes() int64 { return f.n }
 // Digest is the SHA-256 (hex) of the bytes sent so far.
 func (f *FileStream) Digest() string { return hex.EncodeToString(f.hash.Sum(nil)) }
 
-// Fail ends the read with err: as an Error body with status when no byte
-// has gone yet, else in the error trailer.
-func (f *FileStream) Fail(status int, err error) {
+// Fail ends the read with err: as an Error body with status and code when
+// no byte has gone yet, else in the error trailer.
+func (f *FileStream) Fail(status int, code string, err error) {
 	if f.started {
 		f.w.Header().Set(TrailerError, err.Error())
 		return
 	}
 	f.w.Header().Set("Content-Type", "application/json")
 	f.w.WriteHeader(status)
-	json.NewEncoder(f.w).Encode(Error{Error: err.Error(), Code: CodeOf(status)})
+	json.NewEncoder(f.w).Encode(Error{Error: err.Error(), Code: code})
 }
 
 // Finish ends a whole file (an empty one too) with its digest.

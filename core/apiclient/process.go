@@ -157,11 +157,11 @@ func (c *ProcessClient) ReadFileTo(ctx context.Context, path string, follow bool
 
 // ReadFile reads a whole guest file of at most max bytes into memory.
 func (c *ProcessClient) ReadFile(ctx context.Context, path string, follow bool, max int64) ([]byte, error) {
-	var buf bytes.Buffer
-	if _, _, err := c.ReadFileTo(ctx, path, follow, max, &buf); err != nil {
+	buf := bytes.NewBuffer([]byte{}) // an empty file is empty, not nil
+	if _, _, err := c.ReadFileTo(ctx, path, follow, max, buf); err != nil {
 		return nil, err
 	}
-	return append([]byte{}, buf.Bytes()...), nil
+	return buf.Bytes(), nil
 }
 
 // WriteFileFrom writes a guest file from r as it streams (PUT

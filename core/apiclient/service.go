@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/unixsock"
@@ -24,7 +25,21 @@ type StatusError struct {
 	Message string
 }
 
-func (e *StatusError) Error() string { return e.Message }
+// Error is the message, with what its code tells a person to do.
+func (e *StatusError) Error() string {
+	if hint := codeHints[e.Code]; hint != "" && !strings.Contains(e.Message, hint) {
+		return e.Message + " (" + hint + ")"
+	}
+	return e.Message
+}
+
+// codeHints say what a refusal's code means for the caller, where the
+// message alone could leave it unsure whether to retry or fix something.
+var codeHints = map[string]string{
+	api.CodeInterrupted: "the call was cut off by the VM's stop or removal, not refused: run it again once the VM runs",
+	api.CodeUnavailable: "the VM cannot take calls now; capsem logs shows its last output",
+	api.CodeNoSpace:     "the guest's file system is full",
+}
 
 // ServiceClient talks to the capsem service over its Unix socket.
 type ServiceClient struct {

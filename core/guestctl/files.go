@@ -17,6 +17,11 @@ import (
 // (guestwire.MaxFileTransfers), so the host never meets the guest's refusal.
 const hostFileTransfers = guestwire.MaxFileTransfers / 2
 
+// abandonAfter is how long a refused write waits for its copy to notice
+// before it stops the copy's read of a slow sender (which leaves that
+// sender's request unreadable, so only when it is slow).
+const abandonAfter = 2 * time.Second
+
 // A file's bytes never travel in a control frame: file_read and file_write
 // move them on a data stream the guest opens for the request (port 5005,
 // StreamHeader{ID, StreamFile}), and the answer, sent once the stream has
@@ -27,13 +32,15 @@ const hostFileTransfers = guestwire.MaxFileTransfers / 2
 // and reports whether one took it.
 func (c *Client) attachFileStream(id uint64, conn net.Conn) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	ch := c.files[id]
 	delete(c.files, id) // one stream per transfer: a second finds nobody
-	c.mu.Unlock()
 	if ch == nil {
 		c.log.Debug("file stream for no waiting transfer", "id", id)
 		return false
 	}
+	// Under the lock: a transfer giving up deletes its entry, then drains
+	// its channel, so a stream is either drained there or never sent.
 	ch <- conn // buffered for exactly this one
 	return true
 }
@@ -92,7 +99,9 @@ func (c *Client) ReadFileTo(ctx context.Context, req *guestwire.FileRequest, w i
 }
 
 // WriteFileFrom replaces a guest file with what r yields, creating it (and,
-// with req.Parents, its missing parent directories). The guest writes a
+// with req.Parents, its missing parent directories). When the guest refuses
+// the rest of the file, r's Abandon method, if it has one, is called to
+// end a read that waits on a slow sender. The guest writes a
 // temporary file beside the target and renames it into place only once
 // every byte has arrived and is synced, so a transfer that fails leaves the
 // old file as it was. A symbolic link anywhere in the path is refused.
@@ -119,10 +128,20 @@ func (c *Client) WriteFileFrom(ctx context.Context, req *guestwire.FileRequest, 
 			return cp.n, nil, cp.err
 		case resp := <-answer:
 			// The guest answered before the end of the data: it stopped
-			// reading (disk full, too large). Unblock the copy and report
-			// the guest's reason, not the broken pipe it causes here.
+			// reading (disk full, too large). Unblock the copy, also a read
+			// of r waiting on a slow sender, and report the guest's reason,
+			// not the broken pipe it causes here.
 			conn.Close()
-			cp := <-done
+			var cp copied
+			select {
+			case cp = <-done: // its next write failed
+			case <-time.After(abandonAfter):
+				// Still in a read of r: a sender too slow to wait for.
+				if a, ok := r.(interface{ Abandon() }); ok {
+					a.Abandon()
+				}
+				cp = <-done
+			}
 			return cp.n, resp, nil
 		}
 	})

@@ -135,7 +135,10 @@ const (
 	phaseIdle      connPhase = iota // between requests
 	phaseReceiving                  // part of a request read, its headers or body still coming
 	phaseNew                        // accepted, nothing read yet
-	phaseServing                    // the request is in, its handler at work or streaming: kept
+	// phaseStreaming: its headers are in and its handler takes the body on
+	// as it comes (StreamBody); closed for room only after all the above.
+	phaseStreaming
+	phaseServing // the request is in, its handler at work or streaming: kept
 )
 
 type connInfo struct {
@@ -280,6 +283,7 @@ func (s *Server) bounded(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _ := r.Context().Value(connKey{}).(net.Conn)
 		served := sync.OnceFunc(func() { s.conns.set(c, phaseServing) })
+		streaming := func() { s.conns.set(c, phaseStreaming) }
 		rc := http.NewResponseController(w)
 		if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 			served()
@@ -291,7 +295,7 @@ func (s *Server) bounded(h http.Handler) http.Handler {
 			if err := rc.SetReadDeadline(deadline(0)); err != nil {
 				served() // a connection without deadlines: nothing to bound
 			} else {
-				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, deadline: deadline, done: served}
+				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, deadline: deadline, done: served, streaming: streaming}
 			}
 		}
 		h.ServeHTTP(&answerWriter{ResponseWriter: w, answering: served}, r)
@@ -302,16 +306,48 @@ func (s *Server) bounded(h http.Handler) http.Handler {
 // once the body is read.
 type deadlineBody struct {
 	io.ReadCloser
-	rc       *http.ResponseController
-	deadline func(received int64) time.Time
-	received int64
-	done     func()
+	rc        *http.ResponseController
+	deadline  func(received int64) time.Time
+	received  int64
+	done      func()
+	streaming func()
+	// paced: the handler takes the body only as fast as it can pass it on
+	// (StreamBody), so the deadline is StreamIdle after the last byte.
+	paced bool
+	// lingering: the request was answered and the body is being dropped
+	// (Linger), within a deadline of its own.
+	lingering bool
+}
+
+// StreamIdle is how long a request body passed on as it comes (StreamBody)
+// may go without a byte.
+const StreamIdle = time.Minute
+
+// StreamBody is for a handler that reads its request body only as fast as
+// it can pass it on (a file streamed on to a guest, whose disk sets the
+// pace): the body's minimum rate, which would blame the client for the
+// handler's slowness, gives way to StreamIdle without a byte, and the
+// connection is closed for room only after every connection still sending
+// its request. It does nothing on a request the Server did not bound.
+func StreamBody(r *http.Request) {
+	b, ok := r.Body.(*deadlineBody)
+	if !ok || b.paced {
+		return
+	}
+	b.paced = true
+	b.rc.SetReadDeadline(time.Now().Add(StreamIdle))
+	b.streaming()
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
+	if b.lingering {
+		return b.ReadCloser.Read(p)
+	}
 	n, err := b.ReadCloser.Read(p)
 	b.received += int64(n)
 	switch {
+	case b.paced && n > 0 && err == nil:
+		b.rc.SetReadDeadline(time.Now().Add(StreamIdle))
 	case errors.Is(err, io.EOF):
 		// The connection's next reads (the server's check for a client
 		// gone, the next request) have deadlines of their own.
@@ -359,3 +395,21 @@ func (w *answerWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *answerWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// lingerFor bounds how long Linger takes a refused body.
+const lingerFor = time.Second
+
+// Linger is for a handler that refused a request while its body is still
+// coming (a streamed file the guest had no room for): it sends the answer
+// now, then takes and drops the body for a moment. A client writes the
+// whole body before it looks at the answer only if its writes go on; a
+// connection closed under it would lose the answer to a broken pipe.
+func Linger(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	if b, ok := r.Body.(*deadlineBody); ok {
+		b.lingering = true // its reads keep the deadline set here
+	}
+	rc.SetReadDeadline(time.Now().Add(lingerFor))
+	io.Copy(io.Discard, r.Body)
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/httpserve"
 )
 
 // Body bounds: a JSON request is small, but a file write as JSON carries
@@ -190,7 +191,7 @@ func (s *Service) Handler(stop func()) http.Handler {
 			err = s.ReadFileTo(r.Context(), r.PathValue("vm"), q.Get("path"), follow, max, body)
 		}
 		if err != nil {
-			body.Fail(StatusOf(err), err)
+			body.Fail(StatusOf(err), CodeOf(err), err)
 			return
 		}
 		body.Finish()
@@ -205,9 +206,16 @@ func (s *Service) Handler(stop func()) http.Handler {
 				return
 			}
 		}
+		httpserve.StreamBody(r) // the guest's disk sets the pace, not the client
 		abandon := func() { http.NewResponseController(w).SetReadDeadline(time.Now()) }
-		if err := s.WriteFileFrom(r.Context(), r.PathValue("vm"), q.Get("path"), uint32(mode), r.Body, abandon); err != nil {
+		// Without its Close: the transport to the VM's process closes the
+		// body it was given when the process answers early, and a closed
+		// request body makes this server drop the connection under the
+		// client before it reads the answer (see Linger).
+		body := struct{ io.Reader }{r.Body}
+		if err := s.WriteFileFrom(r.Context(), r.PathValue("vm"), q.Get("path"), uint32(mode), body, abandon); err != nil {
 			writeError(w, err)
+			httpserve.Linger(w, r)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)

@@ -91,24 +91,27 @@ func (s *Service) vmError(v *vm, err error) error {
 	s.mu.Unlock()
 	r := s.snapshot(v)
 	var se *apiclient.StatusError
+	isStatus := errors.As(err, &se)
 	switch {
+	case isStatus && se.Status == http.StatusRequestEntityTooLarge:
+		return &Error{Status: se.Status, Code: api.CodeTooLarge, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
+	case isStatus && se.Status == http.StatusInsufficientStorage:
+		return &Error{Status: se.Status, Code: api.CodeNoSpace, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
+	case isStatus && se.Status/100 == 4:
+		return &Error{Status: http.StatusBadRequest, Code: api.CodeRefused, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
 	case stopping:
 		return &Error{Status: http.StatusConflict, Code: api.CodeInterrupted,
 			Err: fmt.Errorf("VM %s was stopped or removed during the call, which ended it: %v", r.Label(), err)}
 	case r.State != api.StateRunning:
 		return &Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
 			Err: fmt.Errorf("VM %s is %s: the call ended with it: %v%s", r.Label(), r.State, err, resumeHint(&r))}
-	case errors.As(err, &se) && se.Status/100 == 4:
-		status, code := http.StatusBadRequest, api.CodeRefused
-		if se.Status == http.StatusRequestEntityTooLarge {
-			status, code = se.Status, api.CodeTooLarge
-		}
-		return &Error{Status: status, Code: code, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
-	case errors.As(err, &se) && se.Status == http.StatusInsufficientStorage:
-		return &Error{Status: se.Status, Code: api.CodeNoSpace, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
+	case isStatus:
+		// The VM's process answered, with its own reason (its guest is
+		// gone, its ledger failed): passed on as it is.
+		return &Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
 	default:
 		return &Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable,
-			Err: fmt.Errorf("VM %s did not complete the call: its guest or process stopped answering (see capsem logs %s): %v", r.Label(), r.Label(), err)}
+			Err: fmt.Errorf("VM %s did not complete the call: its process stopped answering (see capsem logs %s): %v", r.Label(), r.Label(), err)}
 	}
 }
 

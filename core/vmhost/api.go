@@ -13,9 +13,11 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/httpserve"
 	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/logs"
 )
@@ -45,11 +47,16 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 }
 
 func writeError(w http.ResponseWriter, status int, err error) {
-	code := api.CodeOf(status)
+	writeJSON(w, status, api.Error{Error: err.Error(), Code: codeOf(status)})
+}
+
+// codeOf is the api.Error code of a status this process answers with: a
+// 422 is always the guest's refusal.
+func codeOf(status int) string {
 	if status == http.StatusUnprocessableEntity {
-		code = api.CodeRefused
+		return api.CodeRefused
 	}
-	writeJSON(w, status, api.Error{Error: err.Error(), Code: code})
+	return api.CodeOf(status)
 }
 
 func decodeBody(w http.ResponseWriter, r *http.Request, into any) bool {
@@ -198,11 +205,12 @@ func (v *VM) handleReadContent(w http.ResponseWriter, r *http.Request) {
 	_, err := v.ctl.ReadFileTo(r.Context(), req, body)
 	row.Size, row.Digest = body.Bytes(), body.Digest()
 	if lerr := v.recordFileOp(r.Context(), row, err); lerr != nil {
-		body.Fail(http.StatusServiceUnavailable, lerr)
+		body.Fail(http.StatusServiceUnavailable, api.CodeUnavailable, lerr)
 		return
 	}
 	if err != nil {
-		body.Fail(fileErrorStatus(err), err)
+		status := fileErrorStatus(err)
+		body.Fail(status, codeOf(status), err)
 		return
 	}
 	body.Finish()
@@ -234,27 +242,36 @@ func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	row := &ledger.FSEvent{Operation: "write", Path: path, Direction: ledger.ToGuest, TraceID: q.Get("trace_id")}
-	body := &hashingReader{r: r.Body, hash: sha256.New()}
+	httpserve.StreamBody(r) // the guest's disk sets the pace, not the client
+	rc := http.NewResponseController(w)
+	body := &hashingReader{r: r.Body, hash: sha256.New(), abandon: func() { rc.SetReadDeadline(time.Now()) }}
 	_, err := v.ctl.WriteFileFrom(r.Context(), &guestwire.FileRequest{Path: path, Mode: mode, Parents: true, MaxSize: api.MaxFileBytes}, body)
 	row.Size, row.Digest = body.n, hex.EncodeToString(body.hash.Sum(nil))
 	if lerr := v.recordFileOp(r.Context(), row, err); lerr != nil {
 		writeError(w, http.StatusServiceUnavailable, lerr)
+		httpserve.Linger(w, r)
 		return
 	}
 	if err != nil {
 		writeError(w, fileErrorStatus(err), err)
+		httpserve.Linger(w, r)
 		return
 	}
 	w.Header().Set(api.TrailerDigest, row.Digest)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// hashingReader counts and hashes what is read through it.
+// hashingReader counts and hashes what is read through it. Abandon stops
+// a read waiting on a slow client (guestctl calls it when the guest
+// refuses the rest of a file).
 type hashingReader struct {
-	r    io.Reader
-	hash hash.Hash
-	n    int64
+	r       io.Reader
+	hash    hash.Hash
+	n       int64
+	abandon func()
 }
+
+func (h *hashingReader) Abandon() { h.abandon() }
 
 func (h *hashingReader) Read(p []byte) (int, error) {
 	n, err := h.r.Read(p)

@@ -62,7 +62,9 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 		command = strings.Join(req.Argv, " ")
 	}
 	row := &ledger.ExecEvent{Command: command, Source: "api", Pending: true}
-	if err := v.ledger.Write(ctx, row); err != nil {
+	// Not cancelled with ctx: a caller leaving during the commit would
+	// leave the row pending for a command that never ran.
+	if err := v.ledger.Write(context.WithoutCancel(ctx), row); err != nil {
 		v.log.Error("exec_events row not written; the command does not run", "err", err)
 		return api.ExecEvent{Error: fmt.Sprintf("the command was not run: recording it in the ledger failed: %v", err)}
 	}

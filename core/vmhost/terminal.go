@@ -44,7 +44,7 @@ func (v *VM) handleTerminal(w http.ResponseWriter, r *http.Request) {
 	}
 	// Recorded before it starts, like every command (see Exec).
 	row := &ledger.ExecEvent{Command: command, Source: "terminal", Pending: true}
-	if err := v.ledger.Write(r.Context(), row); err != nil {
+	if err := v.ledger.Write(context.WithoutCancel(r.Context()), row); err != nil {
 		writeError(w, http.StatusServiceUnavailable, fmt.Errorf("the terminal was not opened: recording it in the ledger failed: %w", err))
 		return
 	}

@@ -62,6 +62,18 @@ func (c *CpCmd) Run(ctx context.Context) error {
 	if st, err := os.Stat(dst); err == nil && st.IsDir() {
 		dst = filepath.Join(dst, path.Base(srcPath))
 	}
+	// A link at the destination is written through, as cp does; an
+	// existing file keeps its mode.
+	if real, err := filepath.EvalSymlinks(dst); err == nil {
+		dst = real
+	}
+	mode := fs.FileMode(0o644)
+	if st, err := os.Stat(dst); err == nil {
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("cp: %s exists and is not a regular file", dst)
+		}
+		mode = st.Mode().Perm()
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".capsem-cp-*")
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
@@ -76,7 +88,12 @@ func (c *CpCmd) Run(ctx context.Context) error {
 	if _, _, err := cl.ReadFileTo(ctx, srcVM, srcPath, true, tmp); err != nil {
 		return err
 	}
-	if err := tmp.Chmod(fs.FileMode(0o644)); err != nil {
+	if err := tmp.Chmod(mode); err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	// Synced before the rename: after a crash the new name must not point
+	// at bytes that never reached the disk.
+	if err := tmp.Sync(); err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
 	if err := tmp.Close(); err != nil {

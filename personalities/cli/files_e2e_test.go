@@ -104,6 +104,12 @@ func TestFilesAndCommandsUnderAttack(t *testing.T) {
 			t.Fatalf("the guest has %s, the host sent %s", got, want)
 		}
 		c.must("cp", "dev:/root/up.bin", filepath.Join(t.TempDir(), "back.bin"))
+		// A streamed read the guest refuses carries its code, like the rest.
+		var se *apiclient.StatusError
+		if _, _, err := svc.ReadFileTo(ctx, "dev", "/root/no-such-file", false, io.Discard); !errors.As(err, &se) ||
+			se.Code != api.CodeRefused || !strings.Contains(se.Message, "no-such-file") {
+			t.Fatalf("a streamed read of a missing file: %v", err)
+		}
 		res, err := svc.Inspect(ctx, "dev", api.InspectRequest{SQL: "SELECT COUNT(*) AS n, operation FROM fs_events GROUP BY operation ORDER BY operation"})
 		if err != nil {
 			t.Fatal(err)
