@@ -601,6 +601,11 @@ type conn struct {
 func (c *conn) LocalAddr() net.Addr  { return Addr{Port: c.port} }
 func (c *conn) RemoteAddr() net.Addr { return Addr{Port: c.port} }
 
+// CloseWrite ends this side's half of the stream: the peer reads the end
+// after what was written, and reads here go on until the peer ends its
+// half. Close must still follow.
+func (c *conn) CloseWrite() error { return c.Stream.Close() }
+
 // Close closes the stream on both sides at once (see Session.reset): after
 // Close nothing reads it here, and a hostile peer would never close its end.
 func (c *conn) Close() error {
