@@ -72,7 +72,7 @@ func checkChannelServes(ctx context.Context, t *testing.T, v *vmProc, when strin
 	}
 	o = v.exec(ctx, &api.ExecRequest{Command: relayListTools})
 	if o.err != nil || !strings.Contains(o.stdout.String(), `"id":2,"result"`) {
-		t.Fatalf("MCP from the guest %s: %v\n%.2000s\n%.2000s", when, o.err, o.stdout.String(), o.stderr.String())
+		t.Fatalf("MCP from the guest %s: %v %+v\n%.2000s\n%.2000s", when, o.err, o.ev, o.stdout.String(), o.stderr.String())
 	}
 }
 
