@@ -40,12 +40,13 @@ import (
 const (
 	channelChardevID = "chan"
 	consoleChardevID = "console"
+	consoleFDSet     = "1"
 	monitorChardevID = "qmp"
 	serialBusID      = "vser0"
 )
 
 // extraFDs are the descriptors QEMU inherits for spec, in order from fd 3
-// (exec.Cmd.ExtraFiles): the console socket, the monitor socket when
+// (exec.Cmd.ExtraFiles): the console pipe, the monitor socket when
 // spec.Monitor, then the state file when spec.RestoreFrom is set.
 func extraFDs(spec vmm.Spec) (console, monitor, incoming int) {
 	console = 3
@@ -119,10 +120,16 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 		"-kernel", spec.Kernel,
 		"-initrd", spec.Initramfs,
 		"-append", cmdline,
-		// Serial console (ttyS0) on a socket pair we made: the Machine
-		// writes it to spec.ConsoleLog, bounded and rotating, since the
-		// guest writes it as fast as it likes.
-		"-chardev", "socket,id=" + consoleChardevID + ",fd=" + strconv.Itoa(consoleFD),
+		// Serial console (ttyS0) into a pipe we made, which QEMU opens as
+		// a file from fd set 1 (append=on: it would truncate the file
+		// otherwise, which a pipe refuses): the Machine writes it to
+		// spec.ConsoleLog, bounded and rotating, since the guest writes it
+		// as fast as it likes. A pipe, not a socket: QEMU writes the
+		// console a byte at a time; a pipe packs those into pages, where a
+		// socket's buffer fills after a few hundred, so its reader wakes
+		// for every few bytes.
+		"-add-fd", "fd=" + strconv.Itoa(consoleFD) + ",set=" + consoleFDSet,
+		"-chardev", "file,id=" + consoleChardevID + ",path=/dev/fdset/" + consoleFDSet + ",append=on",
 		"-serial", "chardev:" + consoleChardevID,
 		// The guest channel: one virtio-serial port on a socket we listen on.
 		// max_ports=2 (port 0 stays reserved for a console, ours is 1): the

@@ -174,9 +174,12 @@ type Machine struct {
 	stopping bool
 
 	monitorConn *net.UnixConn // our end of the QMP socket pair (spec.Monitor)
-	console     *os.File      // our end of the console socket pair: read into the console log
-	monitorMu   sync.Mutex
-	monitor     *qmp // connected on first use
+	console     *os.File      // the read end of the console pipe: copied into the console log
+	// consoleCopied is closed once the console is in its log, which QEMU's
+	// exit waits for (done means the log is complete).
+	consoleCopied chan struct{}
+	monitorMu     sync.Mutex
+	monitor       *qmp // connected on first use
 
 	stderr   tailBuffer
 	waitErr  error
@@ -268,17 +271,14 @@ func (m *Machine) Start(ctx context.Context) error {
 		os.Remove(m.spec.ChannelSocket)
 	}()
 
+	m.consoleCopied = make(chan struct{})
 	if err := m.spawn(); err != nil {
 		consoleLog.Close()
 		m.finishUnstarted(err)
 		return err
 	}
 	// QEMU holds the other end: this ends when QEMU does.
-	go func(console *os.File) {
-		io.CopyBuffer(consoleLog, console, make([]byte, 32<<10))
-		console.Close()
-		consoleLog.Close()
-	}(m.console)
+	go m.copyConsole(consoleLog, m.console, m.consoleCopied)
 	m.log.Info("qemu started", "pid", m.proc.Pid, "accel", m.accel.Name, "argv", strings.Join(m.Argv(), " "))
 
 	m.mu.Lock()
@@ -387,6 +387,8 @@ func (m *Machine) spawn() error {
 		started <- nil
 		err := cmd.Wait()
 		w.flush()
+		// QEMU's end is closed: the copy ends once it has read the rest.
+		<-m.consoleCopied
 		if m.monitorConn != nil {
 			m.monitorConn.Close()
 		}
@@ -404,9 +406,50 @@ func (m *Machine) spawn() error {
 		if m.monitorConn != nil {
 			m.monitorConn.Close()
 		}
+		m.console.Close()
 		return fmt.Errorf("qemu: starting %s: %w", m.bin, err)
 	}
+	// exec made QEMU's end of the console pipe blocking. The flag is the
+	// pipe end's, shared with QEMU: non-blocking, a console this process
+	// is slow to take waits in QEMU's UART (which retries once the pipe
+	// has room) instead of stopping QEMU's main loop.
+	if err := unix.SetNonblock(int(inherited[0].Fd()), true); err != nil {
+		m.log.Warn("the console pipe stays blocking", "err", err)
+	}
 	return nil
+}
+
+// consolePipeBytes is the size asked for the console pipe.
+const consolePipeBytes = 1 << 20
+
+// consoleGather is how long copyConsole lets a trickle of console output
+// gather before it reads again: QEMU writes the console a byte at a time,
+// and reading as it comes cost this process most of a core at full speed.
+const consoleGather = 20 * time.Millisecond
+
+// copyConsole appends the console to its log until QEMU closes its end,
+// then closes both and done.
+func (m *Machine) copyConsole(log *logs.RotatingWriter, console *os.File, done chan<- struct{}) {
+	defer close(done)
+	defer log.Close()
+	defer console.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := console.Read(buf)
+		if n > 0 {
+			if _, werr := log.Write(buf[:n]); werr != nil {
+				m.log.Error("the console log failed: the rest of the console is dropped", "err", werr)
+				io.Copy(io.Discard, console) // the guest's console must not stall
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+		if n < len(buf)/4 {
+			time.Sleep(consoleGather)
+		}
+	}
 }
 
 // extraFiles opens what QEMU inherits, in the order Args numbers them: the
@@ -428,13 +471,18 @@ func (m *Machine) extraFiles() ([]*os.File, error) {
 		}
 		return nil, err
 	}
-	// The console first (extraFDs' order).
-	cfds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fail(fmt.Errorf("qemu: console socket pair: %w", err))
+	// The console first (extraFDs' order): a blocking pipe, outside Go's
+	// poller, which would wake this process for each byte QEMU writes;
+	// copyConsole reads it in gathered chunks instead.
+	var cfds [2]int
+	if err := unix.Pipe2(cfds[:], unix.O_CLOEXEC); err != nil {
+		return fail(fmt.Errorf("qemu: console pipe: %w", err))
 	}
 	m.console = os.NewFile(uintptr(cfds[0]), "console")
 	files = append(files, os.NewFile(uintptr(cfds[1]), "console-qemu"))
+	// Room for seconds of a console at full speed, should this process be
+	// slow to read (best effort: the system may cap it).
+	unix.FcntlInt(uintptr(cfds[1]), unix.F_SETPIPE_SZ, consolePipeBytes)
 	if m.spec.Monitor {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
