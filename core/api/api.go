@@ -134,7 +134,10 @@ type Info struct {
 	// "booted".
 	Start       string           `json:"start,omitempty"`
 	BootTimings map[string]int64 `json:"boot_timings_ms,omitempty"`
-	State       string           `json:"state"`
+	// State is StateRunning, StateUnresponsive or StateStopped;
+	// StateReason says why a VM is unresponsive, and since when.
+	State       string `json:"state"`
+	StateReason string `json:"state_reason,omitempty"`
 }
 
 // Error is the body of a non-2xx response. Code names the kind of failure

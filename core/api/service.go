@@ -46,6 +46,11 @@ const (
 	StateRunning = "running"
 	StateStopped = "stopped" // persistent, not running: resume boots it again
 	StateDefunct = "defunct" // its process died; LastLog says how
+	// StateUnresponsive: running, but its guest missed its heartbeat (a
+	// fork bomb, a stall of the host); calls fail until it answers again,
+	// which makes it running again by itself. Reported by the VM's
+	// process (Info.StateReason says why), never recorded.
+	StateUnresponsive = "unresponsive"
 )
 
 // CreateRequest creates a VM. A VM with a name is persistent: stopping it

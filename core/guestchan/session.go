@@ -51,13 +51,16 @@ var (
 )
 
 // Timeouts tuned for a virtio-serial link to a guest that may be running
-// under TCG on a loaded host: slow, but not lossy. Keepalive exists to notice
-// a hung guest, not a dead QEMU (its socket closes), so it can be lazy.
+// under TCG on a loaded host: slow, but not lossy. The session has no
+// timeout of its own that ends it: a peer that dies closes the carrier (its
+// socket, its port), and a peer that stalls (a guest under a fork bomb, a
+// host too loaded to run it for a while) is one to wait for, not to give
+// up on, since nothing could bring the session back. Whoever needs an
+// answer in time bounds its own wait (guestctl's heartbeat, a Dial's
+// context).
 const (
-	// keepAliveInterval is how often each side pings the other.
-	keepAliveInterval = 30 * time.Second
-	// connectionWriteTimeout bounds one frame write and one keepalive ping
-	// round trip; a TCG guest under load can stall for seconds.
+	// connectionWriteTimeout bounds the wait of one frame for the
+	// session's writer; a TCG guest under load can stall for seconds.
 	connectionWriteTimeout = 30 * time.Second
 	// headerTimeout bounds how long the acceptor waits for a new stream's
 	// header. The dialer sends it right after opening, so this only fires
@@ -138,13 +141,11 @@ func newSession(conn io.ReadWriteCloser, log *slog.Logger, server bool) (*Sessio
 	peerLog := logs.Limited(log, logs.LimitBurst, logs.LimitInterval)
 	cfg := yamux.DefaultConfig()
 	cfg.AcceptBacklog = acceptBacklog
-	cfg.EnableKeepAlive = true
-	cfg.KeepAliveInterval = keepAliveInterval
+	// yamux's keepalive and stream-open timeout both close the whole
+	// session when the peer is slow to answer (see above).
+	cfg.EnableKeepAlive = false
+	cfg.StreamOpenTimeout = 0
 	cfg.ConnectionWriteTimeout = connectionWriteTimeout
-	// A stream the peer never acknowledges means the peer is gone; yamux
-	// then closes the whole session, which is what we want, but give a TCG
-	// guest the same slack as a ping.
-	cfg.StreamOpenTimeout = 2 * connectionWriteTimeout
 	cfg.LogOutput = nil
 	// yamux logs per frame of the peer's (a frame for a stream it does
 	// not know, say): at the peer's rate unless limited.

@@ -81,20 +81,21 @@ type (
 // Outputs.
 type (
 	VMOut struct {
-		ID         string `json:"id"`
-		Name       string `json:"name,omitempty"`
-		Persistent bool   `json:"persistent"`
-		Run        bool   `json:"run,omitempty" jsonschema:"the VM of a capsem_run or capsem run in progress: removed when its command ends"`
-		State      string `json:"state" jsonschema:"booting, running, stopped (persistent) or defunct (its process died: see lastLog)"`
-		RAMMb      int    `json:"ramMb"`
-		CPUCount   int    `json:"cpuCount"`
-		Image      string `json:"image"`
-		CreatedAt  string `json:"createdAt"`
-		StartedAt  string `json:"startedAt,omitempty"`
-		PID        int    `json:"pid,omitempty"`
-		LastLog    string `json:"lastLog,omitempty"`
-		Accel      string `json:"accel,omitempty" jsonschema:"kvm or tcg"`
-		BootMs     int64  `json:"bootMs,omitempty"`
+		ID          string `json:"id"`
+		Name        string `json:"name,omitempty"`
+		Persistent  bool   `json:"persistent"`
+		Run         bool   `json:"run,omitempty" jsonschema:"the VM of a capsem_run or capsem run in progress: removed when its command ends"`
+		State       string `json:"state" jsonschema:"booting, running, unresponsive (running, but its guest missed its heartbeat: commands fail until it answers again, see stateReason), stopped (persistent) or defunct (its process died: see lastLog)"`
+		StateReason string `json:"stateReason,omitempty" jsonschema:"why an unresponsive VM is, and since when"`
+		RAMMb       int    `json:"ramMb"`
+		CPUCount    int    `json:"cpuCount"`
+		Image       string `json:"image"`
+		CreatedAt   string `json:"createdAt"`
+		StartedAt   string `json:"startedAt,omitempty"`
+		PID         int    `json:"pid,omitempty"`
+		LastLog     string `json:"lastLog,omitempty"`
+		Accel       string `json:"accel,omitempty" jsonschema:"kvm or tcg"`
+		BootMs      int64  `json:"bootMs,omitempty"`
 	}
 	ListOut struct {
 		VMs []VMOut `json:"vms"`
@@ -155,7 +156,7 @@ func vmOut(v api.VM) VMOut {
 		o.StartedAt = v.StartedAt.Format(time.RFC3339)
 	}
 	if v.Process != nil {
-		o.Accel, o.BootMs = v.Process.Accel, v.Process.BootTimings["total"]
+		o.Accel, o.BootMs, o.StateReason = v.Process.Accel, v.Process.BootTimings["total"], v.Process.StateReason
 	}
 	return o
 }

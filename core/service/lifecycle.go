@@ -149,6 +149,9 @@ func (s *Service) runningView(ctx context.Context, v *vm) api.VM {
 		defer cancel()
 		if info, err := c.Info(ictx); err == nil {
 			out.Process = info
+			if info.State == api.StateUnresponsive {
+				out.State = api.StateUnresponsive
+			}
 		}
 	}
 	return out

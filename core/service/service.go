@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
@@ -177,17 +178,42 @@ func (s *Service) update(v *vm, change func(r *vmrecord.Record)) error {
 	return s.reg.Save(&r)
 }
 
-// List returns every VM, oldest first.
+// List returns every VM, oldest first. A running VM whose guest does not
+// answer is listed as unresponsive, as its process reports.
 func (s *Service) List() []api.VM {
 	s.mu.Lock()
 	out := make([]api.VM, 0, len(s.vms))
+	clients := make([]*apiclient.ProcessClient, 0, len(s.vms))
 	for _, v := range s.vms {
 		out = append(out, v.rec.VM)
+		var c *apiclient.ProcessClient
+		if v.rec.State == api.StateRunning {
+			c = v.client
+		}
+		clients = append(clients, c)
 	}
 	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), listInfoTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		if c == nil {
+			continue
+		}
+		wg.Go(func() {
+			if info, err := c.Info(ctx); err == nil && info.State == api.StateUnresponsive {
+				out[i].State = api.StateUnresponsive
+			}
+		})
+	}
+	wg.Wait()
 	slices.SortFunc(out, func(a, b api.VM) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	return out
 }
+
+// listInfoTimeout bounds List's wait for the running VMs' own reports
+// (asked all at once; a process does not ask its guest to answer).
+const listInfoTimeout = 2 * time.Second
 
 // Info describes one VM; a running one adds its process's own report.
 func (s *Service) Info(ctx context.Context, ref string) (api.VM, error) {

@@ -70,14 +70,17 @@ func decodeBody(w http.ResponseWriter, r *http.Request, into any) bool {
 }
 
 func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
-	state := "running"
+	state, reason := api.StateRunning, v.unresponsive()
+	if reason != "" {
+		state = api.StateUnresponsive
+	}
 	select {
 	case <-v.stopped:
-		state = "stopped"
+		state, reason = api.StateStopped, ""
 	default:
 	}
 	writeJSON(w, http.StatusOK, api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
-		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start.String(), BootTimings: v.timings, State: state})
+		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start.String(), BootTimings: v.timings, State: state, StateReason: reason})
 }
 
 func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {
@@ -112,14 +115,14 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case api.RouteFileStat:
 		row.Operation = "stat"
-		info, err = v.ctl.Stat(ctx, req.Path)
+		info, err = v.control().Stat(ctx, req.Path)
 	case api.RouteFileMkdir:
 		row.Operation = "mkdir"
 		mode := fs.FileMode(req.Mode)
 		if mode == 0 {
 			mode = 0o755
 		}
-		err = v.ctl.Mkdir(ctx, req.Path, mode, true)
+		err = v.control().Mkdir(ctx, req.Path, mode, true)
 	}
 	if lerr := v.recordFileOp(ctx, row, err); lerr != nil {
 		writeError(w, http.StatusServiceUnavailable, lerr)
@@ -202,7 +205,7 @@ func (v *VM) handleReadContent(w http.ResponseWriter, r *http.Request) {
 	}
 	row := &ledger.FSEvent{Operation: "read", Path: path, Direction: ledger.FromGuest, TraceID: q.Get("trace_id")}
 	body := api.NewFileStream(w)
-	_, err := v.ctl.ReadFileTo(r.Context(), req, body)
+	_, err := v.control().ReadFileTo(r.Context(), req, body)
 	row.Size, row.Digest = body.Bytes(), body.Digest()
 	if lerr := v.recordFileOp(r.Context(), row, err); lerr != nil {
 		body.Fail(http.StatusServiceUnavailable, api.CodeUnavailable, lerr)
@@ -245,7 +248,7 @@ func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 	httpserve.StreamBody(r) // the guest's disk sets the pace, not the client
 	rc := http.NewResponseController(w)
 	body := &hashingReader{r: r.Body, hash: sha256.New(), abandon: func() { rc.SetReadDeadline(time.Now()) }}
-	_, err := v.ctl.WriteFileFrom(r.Context(), &guestwire.FileRequest{Path: path, Mode: mode, Parents: true, MaxSize: api.MaxFileBytes}, body)
+	_, err := v.control().WriteFileFrom(r.Context(), &guestwire.FileRequest{Path: path, Mode: mode, Parents: true, MaxSize: api.MaxFileBytes}, body)
 	row.Size, row.Digest = body.n, hex.EncodeToString(body.hash.Sum(nil))
 	if lerr := v.recordFileOp(r.Context(), row, err); lerr != nil {
 		writeError(w, http.StatusServiceUnavailable, lerr)

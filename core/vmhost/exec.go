@@ -57,6 +57,9 @@ func (p *previewWriter) String() string {
 // even if this process dies meanwhile, and one that could not be recorded
 // does not run. Cancelling ctx kills the guest command.
 func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.Writer) api.ExecEvent {
+	if why := v.unresponsive(); why != "" {
+		return api.ExecEvent{Error: fmt.Sprintf("the guest does not answer (%s); commands run again as soon as it does", why)}
+	}
 	command := req.Command
 	if command == "" {
 		command = strings.Join(req.Argv, " ")
@@ -70,7 +73,7 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 	}
 	out, errOut := &previewWriter{w: stdout}, &previewWriter{w: stderr}
 	start := time.Now()
-	res, err := v.ctl.Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: req.Env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, out, errOut)
+	res, err := v.control().Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: req.Env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, out, errOut)
 	row.Pending = false
 	row.DurationMS = time.Since(start).Milliseconds()
 	row.StdoutPreview, row.StderrPreview = out.String(), errOut.String()

@@ -53,7 +53,7 @@ func (v *VM) startMachine(ctx context.Context, spec vmm.Spec, assetsDir string, 
 			s.Accel = accel
 			return v.startWithSavedBoots(ctx, s, assetsDir, canSave)
 		},
-		func() (vmm.Accel, bool) { return v.accel, v.ctl != nil },
+		func() (vmm.Accel, bool) { return v.accel, v.ctl.client != nil },
 		func(why error) error { return backend.DemoteAccel(ctx, spec, why) })
 	if err != nil {
 		return err
@@ -207,7 +207,7 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir s
 			return ModeBoot, nil // its save failed: it booted on, unsaved
 		case err == nil:
 			return plan.mode, nil
-		case plan.mode != ModeResume || v.ctl != nil:
+		case plan.mode != ModeResume || v.ctl.client != nil:
 			return plan.mode, err
 		}
 		// The state was refused (its hash did not match: the guest was
@@ -275,7 +275,7 @@ func (v *VM) startGuest(ctx context.Context, spec vmm.Spec, plan bootPlan) (save
 	}
 	t = time.Now()
 	hctx, cancel := context.WithTimeoutCause(ctx, helloTimeout, fmt.Errorf("the guest did not say hello within %v", helloTimeout))
-	v.ctl, err = guestctl.Accept(hctx, m.Channel(), guestctl.Options{Log: v.log, HeartbeatInterval: 5 * time.Second})
+	v.ctl.client, err = guestctl.Accept(hctx, m.Channel(), v.controlOptions())
 	cancel()
 	if err != nil {
 		v.stopMachine(ctx, m)

@@ -28,7 +28,6 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/guestchan"
-	"github.com/capsem/capsem/core/guestctl"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/httpserve"
 	"github.com/capsem/capsem/core/ledger"
@@ -83,7 +82,7 @@ type VM struct {
 	ledger  *ledger.Ledger
 	gw      *mcpgw.Gateway
 	machine vmm.Machine
-	ctl     *guestctl.Client
+	ctl     control
 	hello   guestwire.Hello
 	accel   vmm.Accel
 	timings map[string]int64
@@ -92,6 +91,14 @@ type VM struct {
 	stopOnce sync.Once
 	stopping atomic.Bool // Stop began: the machine exiting from now on is expected
 	stopped  chan struct{}
+	// endLife ends the VM's supervision of its control connection (set
+	// once Boot succeeded).
+	endLife context.CancelFunc
+	// lost is closed, with lostErr set, when the guest can no longer be
+	// reached at all (its channel closed): the VM is then stopped.
+	lostOnce sync.Once
+	lost     chan struct{}
+	lostErr  error
 }
 
 // Boot prepares assets, starts the VM and waits for the guest agent; the
@@ -105,7 +112,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		o.Logger = slog.Default()
 	}
 	t0 := time.Now()
-	v := &VM{opts: o, session: paths.Session{Dir: o.SessionDir}, log: o.Logger, timings: map[string]int64{}, stopped: make(chan struct{})}
+	v := &VM{opts: o, session: paths.Session{Dir: o.SessionDir}, log: o.Logger, timings: map[string]int64{}, stopped: make(chan struct{}), lost: make(chan struct{})}
 	if err := os.MkdirAll(o.SessionDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating session directory: %w", err)
 	}
@@ -155,7 +162,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err := v.joinLedger(ledgerOpened); err != nil {
 		return nil, err
 	}
-	if err := v.ctl.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano()}); err != nil {
+	if err := v.ctl.client.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano()}); err != nil {
 		return nil, fmt.Errorf("sending boot config: %w", err)
 	}
 	if err := v.startGateway(ctx, sources); err != nil {
@@ -164,6 +171,9 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	v.timings["total"] = time.Since(t0).Milliseconds()
 	v.log.Info("VM ready", "start", v.start.String(), "timings_ms", v.timings, "agent", v.hello.AgentVersion)
 	ok = true
+	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
+	v.endLife, v.ctl.done = endLife, make(chan struct{})
+	go v.superviseControl(life, v.loseGuest)
 	return v, nil
 }
 
@@ -280,7 +290,7 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 // mount, and reaching the host's control port. A resumed VM ran only the
 // part after the wake itself.
 func (v *VM) recordGuestTimings() {
-	v.hello = v.ctl.Hello()
+	v.hello = v.ctl.client.Hello()
 	b := v.hello.Boot
 	if v.start != ModeResume {
 		v.timings["guest_kernel_to_init"] = b.KernelToInitMS
@@ -325,15 +335,30 @@ func (v *VM) ReloadOnSignal(ctx context.Context) { v.gw.ReloadOnSignal(ctx) }
 func (v *VM) Stop(ctx context.Context) {
 	v.stopOnce.Do(func() {
 		v.stopping.Store(true)
+		if v.endLife != nil {
+			v.endLife()
+			<-v.ctl.done
+		}
 		v.teardown(ctx)
 		close(v.stopped)
 	})
 }
 
+// loseGuest stops the VM for good reason: the guest cannot be reached.
+func (v *VM) loseGuest(err error) {
+	v.lostOnce.Do(func() {
+		v.lostErr = err
+		close(v.lost)
+	})
+}
+
 func (v *VM) teardown(ctx context.Context) {
-	if v.ctl != nil && v.machine != nil {
+	// Once Stop has ended the supervision (or before Boot started it),
+	// the connection changes no more.
+	ctl := v.control()
+	if ctl != nil && v.machine != nil && v.unresponsive() == "" {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := v.ctl.Shutdown(sctx); err != nil {
+		if err := ctl.Shutdown(sctx); err != nil {
 			v.log.Warn("guest shutdown request failed", "err", err)
 		}
 		select {
@@ -349,8 +374,8 @@ func (v *VM) teardown(ctx context.Context) {
 		}
 		cancel()
 	}
-	if v.ctl != nil {
-		v.ctl.Close()
+	if ctl != nil {
+		ctl.Close()
 	}
 	if v.gw != nil {
 		v.gw.Close()
@@ -383,6 +408,9 @@ func (v *VM) ServeAPI(ctx context.Context, sock string, listening func()) error 
 			exitErr = errors.New("the VM exited unexpectedly")
 			v.log.Error("the VM exited", "err", v.machine.Wait())
 		}
+	case <-v.lost:
+		exitErr = v.lostErr
+		v.log.Error("stopping the VM: its guest cannot be reached", "err", v.lostErr)
 	}
 	v.Stop(context.WithoutCancel(ctx))
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

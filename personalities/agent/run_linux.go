@@ -27,9 +27,6 @@ const (
 	// ChannelTimeout bounds opening the channel and reaching the host's
 	// control port.
 	ChannelTimeout = 60 * time.Second
-	// ReconnectTimeout bounds reaching the control port again after the
-	// control connection broke while the channel lived.
-	ReconnectTimeout = 30 * time.Second
 )
 
 // guestSymlinks are the names the capsem binary answers to inside the guest.
@@ -225,15 +222,17 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 			return fmt.Errorf("agent: the channel to the host closed: %w", err)
 		default:
 		}
-		// The channel lives but the control stream broke: say Hello again
-		// on a new one (the boot environment is kept).
+		// The channel lives but the control stream broke (the host gave
+		// up on a heartbeat this guest was too busy to answer, say): say
+		// Hello again on a new one (the boot environment is kept). The
+		// host listens again for as long as the VM runs, so this waits
+		// for as long as the channel lives, however starved this guest.
 		log.Warn("control connection lost; reconnecting", "err", err)
-		rctx, rcancel := context.WithTimeout(ctx, ReconnectTimeout)
-		conn, err = dialRetry(rctx, ch, guestchan.PortControl)
-		rcancel()
+		conn, err = dialRetry(ctx, ch, guestchan.PortControl)
 		if err != nil {
 			return fmt.Errorf("agent: reconnecting to the control port: %w", err)
 		}
+		log.Info("reconnected to the host")
 	}
 }
 

@@ -95,6 +95,9 @@ func printVM(v api.VM) {
 	if v.Process != nil {
 		rows = append(rows, [2]string{"accelerator", v.Process.Accel + " (" + v.Process.AccelReason + ")"},
 			[2]string{"boot", fmt.Sprintf("%s, %d ms", v.Process.Start, v.Process.BootTimings["total"])})
+		if v.Process.StateReason != "" {
+			rows = append(rows, [2]string{"why", v.Process.StateReason})
+		}
 	}
 	if v.LastLog != "" {
 		rows = append(rows, [2]string{"last log", "\n" + v.LastLog})
