@@ -24,6 +24,7 @@ import (
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/endpoint"
 	"github.com/capsem/capsem/core/ledger"
+	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/reloadctl"
@@ -341,14 +342,19 @@ func AggregatorSpawner(sessionDir string, protectPaths []string, grantsFn func()
 		if err != nil {
 			return nil, fmt.Errorf("sandboxing the aggregator: %w", err)
 		}
-		// The log file is opened here, in the parent: the child writes to the
-		// inherited descriptor and cannot open anything in the session dir.
-		logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		// The log is written here, in the parent, from the child's stderr
+		// (a pipe): the child cannot open anything in the session dir, and
+		// what it logs (which a guest's MCP calls and the servers it
+		// starts can drive) rotates within its bound.
+		logFile, err := logs.OpenRotating(logPath, logs.ProcessLogMaxBytes)
 		if err != nil {
 			return nil, fmt.Errorf("opening aggregator log: %w", err)
 		}
 		cmd.Stderr = logFile
 		cmd.Cancel = func() error { return cmd.Process.Kill() }
+		// An MCP server the aggregator started may hold the pipe after
+		// the aggregator died: Wait does not wait for it long.
+		cmd.WaitDelay = 2 * time.Second
 		go func() { <-ctx.Done(); logFile.Close() }()
 		return cmd, nil
 	}
