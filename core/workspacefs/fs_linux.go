@@ -31,8 +31,9 @@ type FS struct {
 	euid, egid uint32
 
 	acct accountant
-	// hostFree is the host filesystem's free space for us (injectable).
-	hostFree func() (int64, error)
+	// hostFree is the host filesystem's free space for us (a test may
+	// replace it).
+	hostFree atomic.Pointer[func() (int64, error)]
 
 	tableMu sync.Mutex
 	table   map[inodeKey]*inode
@@ -78,7 +79,7 @@ func Open(ctx context.Context, root string, lim Limits, log *slog.Logger) (*FS, 
 		devIdx: map[uint64]uint64{},
 	}
 	fs.acct.lim = lim.withDefaults()
-	fs.hostFree = fs.statfsFree
+	fs.setHostFree(fs.statfsFree)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
@@ -126,12 +127,14 @@ func (fs *FS) statfsFree() (int64, error) {
 // hostAvail is the host's free space, 0 when it cannot be read (so that
 // the guest gets ENOSPC rather than an unbounded write).
 func (fs *FS) hostAvail() int64 {
-	n, err := fs.hostFree()
+	n, err := (*fs.hostFree.Load())()
 	if err != nil {
 		return 0
 	}
 	return n
 }
+
+func (fs *FS) setHostFree(f func() (int64, error)) { fs.hostFree.Store(&f) }
 
 // Usage reports the workspace's usage.
 func (fs *FS) Usage() Usage {
