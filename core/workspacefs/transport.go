@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // 9P message types the transport looks at.
@@ -65,6 +66,7 @@ type framedConn struct {
 	rpend []byte // header bytes not yet handed to the library
 	rleft uint32 // body bytes of the current message not yet handed over
 	rbuf  [512]byte
+	ended bool // a read error was returned
 
 	// Write side, guarded by mu: bytes left of the reply being written.
 	whdr  [4]byte
@@ -110,7 +112,24 @@ func (fc *framedConn) err() error {
 	return fc.reason
 }
 
+// endGrace is how long the first read error of a connection is held back.
+// p9.Server (v0.3.0) starts the goroutine that will receive the next
+// message before it counts it in the WaitGroup Handle waits on, so an
+// error returned at once can let Handle return while that goroutine is
+// still starting (it only finds the connection shut down, but the
+// WaitGroup is misused). The pause lets it start first.
+const endGrace = 20 * time.Millisecond
+
 func (fc *framedConn) Read(p []byte) (int, error) {
+	n, err := fc.read(p)
+	if err != nil && !fc.ended {
+		fc.ended = true
+		time.Sleep(endGrace)
+	}
+	return n, err
+}
+
+func (fc *framedConn) read(p []byte) (int, error) {
 	if len(fc.rpend) > 0 {
 		n := copy(p, fc.rpend)
 		fc.rpend = fc.rpend[n:]

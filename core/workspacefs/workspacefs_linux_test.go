@@ -653,7 +653,9 @@ func TestXattrsAnsweredByTransport(t *testing.T) {
 	}
 }
 
-func u32le(b []byte) uint32 { return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24 }
+func u32le(b []byte) uint32 {
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
 
 // TestFidCap: a client cannot make the server hold more Files (and
 // descriptors) than the cap.
