@@ -207,6 +207,7 @@ const (
 	tWalk    = 110
 	tLopen   = 12
 	tClunk   = 120
+	tRead    = 116
 )
 
 func tversion(tag uint16) []byte { return msg(tVersion, tag, u32(MaxMessage), str("9P2000.L")) }

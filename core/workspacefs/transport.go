@@ -68,7 +68,9 @@ type framedConn struct {
 	rbuf  [512]byte
 	ended bool // a read error was returned
 
-	// Write side, guarded by mu: bytes left of the reply being written.
+	// Write side: wmu serializes writes to conn (the library's and
+	// inject's); mu guards the bytes left of the reply being written.
+	wmu   sync.Mutex
 	whdr  [4]byte
 	whdrN int
 	wleft uint32
@@ -96,8 +98,8 @@ func (fc *framedConn) close() {
 	if fc.closeOnce.Swap(true) {
 		return
 	}
-	// Close first: it unblocks a Write that holds mu.
-	fc.conn.Close()
+	fc.conn.Close() // unblocks a Write in progress
+
 	fc.mu.Lock()
 	fc.closed = true
 	fc.cond.Broadcast()
@@ -112,18 +114,33 @@ func (fc *framedConn) err() error {
 	return fc.reason
 }
 
-// endGrace is how long the first read error of a connection is held back.
-// p9.Server (v0.3.0) starts the goroutine that will receive the next
-// message before it counts it in the WaitGroup Handle waits on, so an
-// error returned at once can let Handle return while that goroutine is
-// still starting (it only finds the connection shut down, but the
-// WaitGroup is misused). The pause lets it start first.
-const endGrace = 20 * time.Millisecond
+// endGrace and endWait shape how a connection's end reaches the library.
+// p9.Server (v0.3.0) counts a goroutine in the WaitGroup Handle waits on
+// only once that goroutine runs (both a newly started receiver and a
+// handler looping back to receive), so Handle can return while one is
+// still about to start, misusing the WaitGroup. Before the first read
+// error is returned, the connection is closed (replies in flight then fail
+// at once), every request in flight is waited for (up to endWait: a
+// request reusing a tag never gets a reply) and then endGrace passes, so
+// those goroutines are back, counted, before the library sees the error.
+const (
+	endGrace = 20 * time.Millisecond
+	endWait  = time.Second
+)
 
 func (fc *framedConn) Read(p []byte) (int, error) {
 	n, err := fc.read(p)
 	if err != nil && !fc.ended {
 		fc.ended = true
+		fc.close()
+		deadline := time.Now().Add(endWait)
+		fc.mu.Lock()
+		for fc.inflight > 0 && time.Now().Before(deadline) {
+			fc.mu.Unlock()
+			time.Sleep(time.Millisecond)
+			fc.mu.Lock()
+		}
+		fc.mu.Unlock()
 		time.Sleep(endGrace)
 	}
 	return n, err
@@ -244,24 +261,53 @@ func (fc *framedConn) discard(n uint32) error {
 
 // inject writes a reply of our own between two of the library's replies.
 func (fc *framedConn) inject(msg []byte) error {
-	fc.mu.Lock()
-	defer fc.mu.Unlock()
-	for (fc.wleft > 0 || fc.whdrN > 0) && !fc.closed {
-		fc.cond.Wait()
+	for {
+		fc.mu.Lock()
+		for !fc.atBoundaryLocked() && !fc.closed {
+			fc.cond.Wait()
+		}
+		closed := fc.closed
+		fc.mu.Unlock()
+		if closed {
+			return errConnClosed
+		}
+		fc.wmu.Lock()
+		fc.mu.Lock()
+		ok := fc.atBoundaryLocked()
+		fc.mu.Unlock()
+		if ok {
+			// wmu keeps the library from starting a reply meanwhile.
+			_, err := fc.conn.Write(msg)
+			fc.wmu.Unlock()
+			return err
+		}
+		fc.wmu.Unlock()
 	}
-	if fc.closed {
-		return errConnClosed
-	}
-	_, err := fc.conn.Write(msg)
-	return err
 }
 
+func (fc *framedConn) atBoundaryLocked() bool { return fc.wleft == 0 && fc.whdrN == 0 }
+
 // Write passes the library's replies through and counts each finished one.
+// It does not hold mu while writing, so a peer that reads slowly never
+// blocks the reader's in-flight check.
 func (fc *framedConn) Write(p []byte) (int, error) {
+	fc.wmu.Lock()
+	defer fc.wmu.Unlock()
+	n, err := fc.conn.Write(p)
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
-	n, err := fc.conn.Write(p)
 	fc.track(p[:n])
+	if err != nil && (n == 0 || !fc.atBoundaryLocked()) {
+		// The library abandons a reply whose write fails.
+		fc.wleft, fc.whdrN = 0, 0
+		fc.replied()
+	}
+	if err != nil && !fc.closed {
+		// The peer is gone: wake the reader, which may be waiting for
+		// replies that will never be sent.
+		fc.closed = true
+		fc.cond.Broadcast()
+	}
 	return n, err
 }
 

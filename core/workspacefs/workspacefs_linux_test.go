@@ -756,9 +756,11 @@ func TestJunkClosesOnlyItsConnection(t *testing.T) {
 	}
 }
 
-// TestFloodStaysBounded: a client that sends 10,000 large writes and reads
-// no reply makes the server hold at most MaxInflight of them.
+// TestFloodStaysBounded: a client that sends 10,000 large requests and
+// reads no reply makes the server hold at most MaxInflight of them (each
+// Rread holds a message-sized buffer until it is sent).
 func TestFloodStaysBounded(t *testing.T) {
+	const flood = 10000
 	fs, _ := testFS(t, Limits{Bytes: 1 << 40})
 	_, r := attach(t, fs) // a second, well-behaved connection
 	runtime.GC()
@@ -776,12 +778,16 @@ func TestFloodStaysBounded(t *testing.T) {
 	if typ, _, _ := readReply(t, conn); typ != tLcreate+1 {
 		t.Fatalf("lcreate reply %d", typ)
 	}
-	data := make([]byte, MaxMessage-64)
+	conn.Write(twrite(3, 1, 0, make([]byte, 256<<10-64)))
+	if typ, _, _ := readReply(t, conn); typ != tWrite+1 {
+		t.Fatalf("write reply %d", typ)
+	}
 	sent := make(chan int, 1)
 	go func() {
 		n := 0
-		for ; n < 10000; n++ {
-			if _, err := conn.Write(twrite(uint16(n%30000), 1, 0, data)); err != nil {
+		for ; n < flood; n++ {
+			tread := msg(tRead, uint16(n%60000), u32(1), u64(0), u32(256<<10-64))
+			if _, err := conn.Write(tread); err != nil {
 				break
 			}
 		}
@@ -791,6 +797,7 @@ func TestFloodStaysBounded(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	g := runtime.NumGoroutine()
+	t.Logf("goroutines %d (before %d), heap grew %d KiB", g, baseG, (int64(ms.HeapInuse)-int64(baseHeap))>>10)
 	if g > baseG+MaxInflight+16 {
 		t.Errorf("%d goroutines during the flood, %d before", g, baseG)
 	}
