@@ -92,8 +92,20 @@ func fileResult(resp *guestwire.Message) (*guestwire.FileResult, error) {
 // every byte has reached w; a stream cut short, or a guest failure after
 // the first byte, is an error even though w has had part of the file.
 func (c *Client) ReadFileTo(ctx context.Context, req *guestwire.FileRequest, w io.Writer) (*guestwire.FileResult, error) {
+	limit := req.MaxSize
+	if limit == 0 {
+		limit = guestwire.MaxFileSize
+	}
 	return c.transfer(ctx, guestwire.TypeFileRead, req, func(conn net.Conn, _ <-chan *guestwire.Message) (int64, *guestwire.Message, error) {
-		n, err := io.Copy(w, conn)
+		// The guest stops at MaxSize, but one that does not must not reach
+		// w with more: callers size their memory by it.
+		n, err := io.Copy(w, io.LimitReader(conn, limit))
+		if err == nil && n == limit {
+			var more [1]byte
+			if k, _ := io.ReadFull(conn, more[:]); k > 0 {
+				err = guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the guest sent more than the %d bytes asked for", req.Path, limit)
+			}
+		}
 		return n, nil, err
 	})
 }

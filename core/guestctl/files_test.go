@@ -397,6 +397,41 @@ func TestReadFileFromAHostileGuest(t *testing.T) {
 			}
 		},
 	}, {
+		name:    "sends more than the caller's max size and counts it",
+		maxSize: 1000,
+		guest: func(s *guestScript, id uint64, _ func()) {
+			conn := s.open(id, guestwire.StreamFile)
+			n, _ := conn.Write(make([]byte, 1000+64<<10))
+			conn.Close()
+			s.answer(id, int64(n))
+		},
+		check: func(t *testing.T, err error, got *cappedBuffer, _ time.Duration) {
+			if !isCode(err, guestwire.CodeTooLarge) || got.Len() > 1000 {
+				t.Fatalf("%d bytes reached the caller, who asked for at most 1000: %v", got.Len(), err)
+			}
+		},
+		cancel: true,
+	}, {
+		name:    "streams past the caller's max size without end",
+		maxSize: 1000,
+		guest: func(s *guestScript, id uint64, _ func()) {
+			conn := s.open(id, guestwire.StreamFile)
+			buf := make([]byte, 64<<10)
+			for {
+				if _, err := conn.Write(buf); err != nil {
+					break
+				}
+			}
+			conn.Close()
+			s.refuse(id, guestwire.CodeIO, "the host closed the stream")
+		},
+		check: func(t *testing.T, err error, got *cappedBuffer, _ time.Duration) {
+			if err == nil || got.Len() > 1000 {
+				t.Fatalf("%d bytes reached the caller, who asked for at most 1000: %v", got.Len(), err)
+			}
+		},
+		cancel: true,
+	}, {
 		name: "refuses before opening the stream",
 		guest: func(s *guestScript, id uint64, _ func()) {
 			s.refuse(id, guestwire.CodeNotFound, "read /f: no such file or directory")
