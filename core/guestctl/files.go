@@ -279,7 +279,7 @@ func (c *Client) transfer(ctx context.Context, typ string, req *guestwire.FileRe
 		cancel()
 		var we *guestwire.Error
 		if !errors.As(err, &we) {
-			return nil, fmt.Errorf("guestctl: %s %s: after %d bytes: %w", typ, req.Path, moved, moveErr)
+			return nil, c.copyBroke(ctx, typ, req.Path, moved, moveErr)
 		}
 	default:
 		resp, err = c.await(ctx, typ, answer, forget)
@@ -292,7 +292,7 @@ func (c *Client) transfer(ctx context.Context, typ string, req *guestwire.FileRe
 		return nil, err
 	}
 	if moveErr != nil {
-		return nil, fmt.Errorf("guestctl: %s %s: after %d bytes: %w", typ, req.Path, moved, moveErr)
+		return nil, c.copyBroke(ctx, typ, req.Path, moved, moveErr)
 	}
 	res, err := fileResult(resp)
 	if err != nil {
@@ -302,4 +302,16 @@ func (c *Client) transfer(ctx context.Context, typ string, req *guestwire.FileRe
 		return nil, fmt.Errorf("guestctl: %s %s: the guest counted %d bytes on the data stream, %d arrived: the transfer was cut short", typ, req.Path, res.Bytes, moved)
 	}
 	return res, nil
+}
+
+// copyBroke explains a copy that failed. Leaving (ctx) or losing the guest
+// closes the stream under the copy, and then that is the reason, not the
+// closed stream, so callers can tell it apart (context.Canceled, ErrClosed).
+func (c *Client) copyBroke(ctx context.Context, typ, path string, moved int64, err error) error {
+	if ctx.Err() != nil {
+		err = ctx.Err()
+	} else if cerr := c.Err(); cerr != nil {
+		err = cerr
+	}
+	return fmt.Errorf("guestctl: %s %s: after %d bytes: %w", typ, path, moved, err)
 }

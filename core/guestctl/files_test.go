@@ -455,6 +455,32 @@ func TestReadFileFromAHostileGuest(t *testing.T) {
 			}
 		},
 	}, {
+		name: "streams slowly until the caller gives up",
+		guest: func(s *guestScript, id uint64, cancelCaller func()) {
+			conn := s.open(id, guestwire.StreamFile)
+			defer conn.Close()
+			conn.Write([]byte(file[:5]))
+			time.Sleep(50 * time.Millisecond)
+			cancelCaller()
+			// The host closes the stream: the guest's next writes fail.
+			conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			for {
+				if _, err := conn.Write([]byte(file)); err != nil {
+					var ne net.Error
+					if errors.As(err, &ne) && ne.Timeout() {
+						s.t.Errorf("the host kept reading after its caller gave up")
+					}
+					return
+				}
+			}
+		},
+		check: func(t *testing.T, err error, got *cappedBuffer, _ time.Duration) {
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("got %v, want the caller's cancellation", err)
+			}
+		},
+		cancel: true,
+	}, {
 		name: "is given up before it opens the stream",
 		guest: func(s *guestScript, id uint64, cancelCaller func()) {
 			cancelCaller()
@@ -614,6 +640,25 @@ func TestWriteFileToAHostileGuest(t *testing.T) {
 			}
 		},
 		cancel: true,
+	}, {
+		name: "stops reading and the caller gives up",
+		src:  func() io.Reader { return new(endlessReader) },
+		guest: func(s *guestScript, id uint64, cancelCaller func()) {
+			conn := s.open(id, guestwire.StreamFile)
+			defer conn.Close()
+			time.Sleep(100 * time.Millisecond) // the host blocks on a full stream
+			cancelCaller()
+			got, err := io.ReadAll(guestwire.NewChunkReader(conn))
+			if !errors.Is(err, guestwire.ErrTransferCut) {
+				s.t.Errorf("the guest read %d bytes and %v, want ErrTransferCut: a cancelled write must never look whole", len(got), err)
+			}
+		},
+		check: func(t *testing.T, err error, _ io.Reader, _ time.Duration) {
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("got %v, want the caller's cancellation", err)
+			}
+		},
+		cancel: true,
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -703,6 +748,71 @@ func TestTransfersBeyondTheSlotsWait(t *testing.T) {
 	}
 	if failed != 1 {
 		t.Fatalf("%d transfers failed, want the one the guest refused", failed)
+	}
+	transferIdle(t, s.c)
+}
+
+// TestChannelDeathEndsEveryTransfer: when the guest channel dies, every
+// transfer returns at once with ErrClosed, whatever it was doing: waiting
+// for a slot, for its stream, in the middle of a read or a write, or for
+// the answer after its stream ended.
+func TestChannelDeathEndsEveryTransfer(t *testing.T) {
+	checkNoGoroutineLeaks(t)
+	s := script(t)
+	type result struct {
+		stage string
+		err   error
+	}
+	results := make(chan result, 8)
+	read := func(stage string, w io.Writer) {
+		go func() {
+			_, err := s.c.ReadFileTo(context.Background(), &guestwire.FileRequest{Path: "/" + stage}, w)
+			results <- result{stage, err}
+		}()
+	}
+	read("waiting for its stream", io.Discard)
+	s.request(guestwire.TypeFileRead)
+
+	firstBytes := make(chan struct{})
+	var once sync.Once
+	read("in the middle of a read", writerFunc(func(p []byte) (int, error) {
+		once.Do(func() { close(firstBytes) })
+		return len(p), nil
+	}))
+	m := s.request(guestwire.TypeFileRead)
+	midRead := s.open(m.ID, guestwire.StreamFile)
+	midRead.Write([]byte("part of it"))
+	<-firstBytes
+
+	src := new(endlessReader)
+	go func() {
+		_, err := s.c.WriteFileFrom(context.Background(), &guestwire.FileRequest{Path: "/w"}, src)
+		results <- result{"in the middle of a write", err}
+	}()
+	m = s.request(guestwire.TypeFileWrite)
+	s.open(m.ID, guestwire.StreamFile) // never read: the host's copy blocks
+	waitFor(t, "the write to start", func() bool { return src.read.Load() > 0 })
+
+	read("waiting for the answer", io.Discard)
+	m = s.request(guestwire.TypeFileRead)
+	ended := s.open(m.ID, guestwire.StreamFile)
+	ended.Write([]byte("abc"))
+	ended.Close()
+
+	read("waiting for a slot", io.Discard)
+	read("waiting for another slot", io.Discard)
+	time.Sleep(100 * time.Millisecond) // let every transfer reach its stage
+
+	s.g.ch.Close()
+	for range 6 {
+		select {
+		case r := <-results:
+			if !errors.Is(r.err, ErrClosed) {
+				t.Errorf("a transfer %s: %v, want ErrClosed", r.stage, r.err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("a transfer outlived the channel")
+		}
 	}
 	transferIdle(t, s.c)
 }
