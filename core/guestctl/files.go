@@ -92,8 +92,20 @@ func fileResult(resp *guestwire.Message) (*guestwire.FileResult, error) {
 // every byte has reached w; a stream cut short, or a guest failure after
 // the first byte, is an error even though w has had part of the file.
 func (c *Client) ReadFileTo(ctx context.Context, req *guestwire.FileRequest, w io.Writer) (*guestwire.FileResult, error) {
+	limit := req.MaxSize
+	if limit == 0 {
+		limit = guestwire.MaxFileSize
+	}
 	return c.transfer(ctx, guestwire.TypeFileRead, req, func(conn net.Conn, _ <-chan *guestwire.Message) (int64, *guestwire.Message, error) {
-		n, err := io.Copy(w, conn)
+		// The guest stops at MaxSize, but one that does not must not reach
+		// w with more: callers size their memory by it.
+		n, err := io.Copy(w, io.LimitReader(conn, limit))
+		if err == nil && n == limit {
+			var more [1]byte
+			if k, _ := io.ReadFull(conn, more[:]); k > 0 {
+				err = guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the guest sent more than the %d bytes asked for", req.Path, limit)
+			}
+		}
 		return n, nil, err
 	})
 }
@@ -267,7 +279,7 @@ func (c *Client) transfer(ctx context.Context, typ string, req *guestwire.FileRe
 		cancel()
 		var we *guestwire.Error
 		if !errors.As(err, &we) {
-			return nil, fmt.Errorf("guestctl: %s %s: after %d bytes: %w", typ, req.Path, moved, moveErr)
+			return nil, c.copyBroke(ctx, typ, req.Path, moved, moveErr)
 		}
 	default:
 		resp, err = c.await(ctx, typ, answer, forget)
@@ -280,7 +292,7 @@ func (c *Client) transfer(ctx context.Context, typ string, req *guestwire.FileRe
 		return nil, err
 	}
 	if moveErr != nil {
-		return nil, fmt.Errorf("guestctl: %s %s: after %d bytes: %w", typ, req.Path, moved, moveErr)
+		return nil, c.copyBroke(ctx, typ, req.Path, moved, moveErr)
 	}
 	res, err := fileResult(resp)
 	if err != nil {
@@ -290,4 +302,16 @@ func (c *Client) transfer(ctx context.Context, typ string, req *guestwire.FileRe
 		return nil, fmt.Errorf("guestctl: %s %s: the guest counted %d bytes on the data stream, %d arrived: the transfer was cut short", typ, req.Path, res.Bytes, moved)
 	}
 	return res, nil
+}
+
+// copyBroke explains a copy that failed. Leaving (ctx) or losing the guest
+// closes the stream under the copy, and then that is the reason, not the
+// closed stream, so callers can tell it apart (context.Canceled, ErrClosed).
+func (c *Client) copyBroke(ctx context.Context, typ, path string, moved int64, err error) error {
+	if ctx.Err() != nil {
+		err = ctx.Err()
+	} else if cerr := c.Err(); cerr != nil {
+		err = cerr
+	}
+	return fmt.Errorf("guestctl: %s %s: after %d bytes: %w", typ, path, moved, err)
 }
