@@ -23,8 +23,8 @@ import (
 
 // DefaultModules are the kernel modules the guest may need, by module name:
 // the PCI virtio transport (vmm accepts only PCI machines, q35 and pc), the
-// console port that carries the guest channel, vsock, 9p for the workspace
-// share, overlay and ext4 (with the crc32c its checksums use) for the
+// console port that carries the guest channel, vsock, 9p over a file
+// descriptor for the workspace (and over virtio for shares), overlay and ext4 (with the crc32c its checksums use) for the
 // per-VM disk, and virtio-rng for an entropy device. Names that are built
 // into the kernel, or absent from it, are skipped; dependencies
 // (virtio_ring, netfs, jbd2, crc16, ...) are added from the modules' own
@@ -36,7 +36,7 @@ var DefaultModules = []string{
 	"virtio_pci",
 	"virtio_blk", "virtio_console", "virtio_rng",
 	"vmw_vsock_virtio_transport",
-	"9pnet_virtio", "9p",
+	"9pnet_fd", "9pnet_virtio", "9p",
 	"overlay",
 	"crc32c_generic", "ext4",
 }

@@ -38,6 +38,13 @@ type Spec struct {
 	// Shares are host directories shared into the guest (virtio-9p on
 	// QEMU), mounted by tag.
 	Shares []Share
+	// Ports are byte streams to the guest beside its channel, by name:
+	// the guest opens each by that name (on QEMU a virtio-serial port,
+	// /dev/virtio-ports/<name>), and the host end is the machine's
+	// (PortHolder), connected from the start. A stream of its own keeps a
+	// service (the workspace's file server) out of the channel's
+	// multiplexer, on both sides.
+	Ports []string
 	// ChannelSocket is the Unix socket path that carries the guest channel
 	// on backends without vsock. It exists only while the VM starts.
 	ChannelSocket string
@@ -164,6 +171,11 @@ type (
 	ChannelHooker interface {
 		SetBeforeChannel(fn func(ctx context.Context, raw net.Conn) error)
 	}
+	// PortHolder gives the host end of each of Spec.Ports once Start
+	// returned; the caller owns it.
+	PortHolder interface {
+		Port(name string) (net.Conn, bool)
+	}
 	// StateKeyer names the configuration a saved state depends on (for
 	// QEMU, its whole command line): a state resumes only in a machine of
 	// the same key.
@@ -198,6 +210,7 @@ var ErrInvalidSpec = errors.New("invalid VM spec")
 
 var (
 	nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	portRe = regexp.MustCompile(`^[a-z][a-z0-9._-]{0,63}$`)
 	idRe   = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,19}$`)
 	tagRe  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,30}$`)
 )
@@ -273,6 +286,16 @@ func (s Spec) Validate() error {
 		if err := checkPath(d.Path); err != nil {
 			return bad("disk %q path %q: %v", d.ID, d.Path, err)
 		}
+	}
+	ports := map[string]bool{guestchan.VirtioPortName: true}
+	for i, p := range s.Ports {
+		if !portRe.MatchString(p) {
+			return bad("port %d name %q: want 1-64 of [a-z0-9._-], starting with a letter", i, p)
+		}
+		if ports[p] {
+			return bad("port name %q used twice (or is the channel's)", p)
+		}
+		ports[p] = true
 	}
 	tags := map[string]bool{}
 	for i, sh := range s.Shares {

@@ -36,3 +36,27 @@ func TestValidateTCGCache(t *testing.T) {
 		}
 	}
 }
+
+func TestValidatePorts(t *testing.T) {
+	for _, tc := range []struct {
+		ports []string
+		want  string // "" for valid
+	}{
+		{nil, ""},
+		{[]string{"org.capsem.workspace"}, ""},
+		{[]string{"a", "b-2_c.d"}, ""},
+		{[]string{""}, "port 0 name"},
+		{[]string{"Upper"}, "port 0 name"},
+		{[]string{"../x"}, "port 0 name"},
+		{[]string{"a,b"}, "port 0 name"},
+		{[]string{"a", "a"}, "used twice"},
+		{[]string{"org.capsem.channel"}, "used twice"},
+		{[]string{strings.Repeat("a", 65)}, "port 0 name"},
+	} {
+		s := Spec{Name: "dev-1", Kernel: "/k", Initramfs: "/i", CPUs: 1, MemoryMiB: 256, ChannelSocket: "/s/c.sock", ConsoleLog: "/s/console.log", Ports: tc.ports}
+		err := s.Validate()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("ports %q: %v, want %q", tc.ports, err, tc.want)
+		}
+	}
+}

@@ -138,6 +138,20 @@ type Info struct {
 	// StateReason says why a VM is unresponsive, and since when.
 	State       string `json:"state"`
 	StateReason string `json:"state_reason,omitempty"`
+	// Workspace is what the guest's workspace takes on the host, and its
+	// bound.
+	Workspace *WorkspaceUsage `json:"workspace,omitempty"`
+}
+
+// WorkspaceUsage is what a VM's workspace takes on the host against its
+// bound: bytes of the host's disk (allocated blocks) and files
+// (directories, links and nodes count as files). A guest that reaches
+// either bound gets ENOSPC.
+type WorkspaceUsage struct {
+	UsedBytes  int64 `json:"used_bytes"`
+	LimitBytes int64 `json:"limit_bytes"`
+	Files      int64 `json:"files"`
+	FilesLimit int64 `json:"files_limit"`
 }
 
 // Error is the body of a non-2xx response. Code names the kind of failure

@@ -65,6 +65,9 @@ type CreateRequest struct {
 	// DiskGB sizes the VM's disk (default 8); 0: none, the guest runs
 	// from RAM.
 	DiskGB *int `json:"disk_gb,omitempty"`
+	// WorkspaceMiB bounds what the VM's workspace may take on the host
+	// (default 16384, 16 GiB); the guest gets ENOSPC at the bound.
+	WorkspaceMiB int `json:"workspace_mib,omitempty"`
 	// Config is the absolute path of a TOML file with the VM's [mcp]
 	// policy and servers, in place of the user's user.toml (corp.toml
 	// still applies); it is read again on every boot and policy reload.

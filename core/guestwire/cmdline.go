@@ -10,8 +10,9 @@ const (
 	// CmdlineUpperDisk names (by virtio serial) the disk that holds the
 	// overlay's upper layer; absent means the root stays the initramfs.
 	CmdlineUpperDisk = "capsem.upper"
-	// CmdlineWorkspace is the 9p mount tag of the host workspace, mounted at
-	// GuestWorkspace; absent means no workspace.
+	// CmdlineWorkspace names the host workspace, mounted at GuestWorkspace
+	// (9p2000.L from the host's server on the WorkspacePort); absent means
+	// no workspace.
 	CmdlineWorkspace = "capsem.workspace"
 	// CmdlineWake=1 asks the agent for the wake handshake (see Wake).
 	CmdlineWake = "capsem.wake"
@@ -21,8 +22,15 @@ const (
 const (
 	// UpperDiskID is the per-VM disk's ID, also its virtio serial.
 	UpperDiskID = "capsem-upper"
-	// WorkspaceTag is the workspace share's 9p mount tag.
+	// WorkspaceTag is the workspace mount's source (what /proc/mounts shows).
 	WorkspaceTag = "workspace"
+	// WorkspacePort is the name of the byte stream (a virtio-serial port
+	// on QEMU) that carries the workspace's 9p, apart from the channel.
+	WorkspacePort = "org.capsem.workspace"
+	// WorkspaceMsize is the largest 9p message on the workspace
+	// connection, in bytes (header included): the guest mounts with it
+	// and the host's server refuses anything larger.
+	WorkspaceMsize = 256 << 10
 	// GuestWorkspace is where the guest mounts the workspace.
 	GuestWorkspace = "/root/workspace"
 )

@@ -19,6 +19,8 @@ type (
 		CPUCount int               `json:"cpuCount,omitempty" jsonschema:"virtual CPUs (default 2)"`
 		Env      map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command in the VM, {\"KEY\": \"VALUE\"}"`
 		Image    string            `json:"image,omitempty" jsonschema:"the image to boot (default: the built-in one)"`
+		// WorkspaceMib: camelCase on the MCP wire, as every tool argument.
+		WorkspaceMib int `json:"workspaceMib,omitempty" jsonschema:"bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it"`
 	}
 	RunIn struct {
 		Command string            `json:"command" jsonschema:"shell command to run (/bin/sh -c)"`
@@ -96,6 +98,14 @@ type (
 		LastLog     string `json:"lastLog,omitempty"`
 		Accel       string `json:"accel,omitempty" jsonschema:"kvm or tcg"`
 		BootMs      int64  `json:"bootMs,omitempty"`
+		// Workspace is what the running VM's workspace takes on the host.
+		Workspace *WorkspaceOut `json:"workspace,omitempty" jsonschema:"what the running VM's workspace takes on the host, against its bound (the guest gets ENOSPC at either bound)"`
+	}
+	WorkspaceOut struct {
+		UsedBytes  int64 `json:"usedBytes"`
+		LimitBytes int64 `json:"limitBytes"`
+		Files      int64 `json:"files" jsonschema:"files, directories and links"`
+		FilesLimit int64 `json:"filesLimit"`
 	}
 	ListOut struct {
 		VMs []VMOut `json:"vms"`
@@ -157,6 +167,9 @@ func vmOut(v api.VM) VMOut {
 	}
 	if v.Process != nil {
 		o.Accel, o.BootMs, o.StateReason = v.Process.Accel, v.Process.BootTimings["total"], v.Process.StateReason
+		if w := v.Process.Workspace; w != nil {
+			o.Workspace = &WorkspaceOut{UsedBytes: w.UsedBytes, LimitBytes: w.LimitBytes, Files: w.Files, FilesLimit: w.FilesLimit}
+		}
 	}
 	return o
 }
@@ -217,7 +230,7 @@ func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, in CreateI
 	notify := progress(ctx, req, "creating the VM")
 	stage := newStages(notify)
 	stop := heartbeat(2*time.Second, stage.beat)
-	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image}, stage.next)
+	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image, WorkspaceMiB: in.WorkspaceMib}, stage.next)
 	stop()
 	if err != nil {
 		return nil, VMOut{}, err

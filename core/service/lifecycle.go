@@ -52,7 +52,8 @@ func (s *Service) normalize(req *api.CreateRequest) (diskGB int, err error) {
 	if req.Image != DefaultImage {
 		return 0, badRequest("image %q: only %q is available", req.Image, DefaultImage)
 	}
-	if err := vmhost.CheckResources(req.CPUs, req.RAMMB, diskGB); err != nil {
+	req.WorkspaceMiB = cmp.Or(req.WorkspaceMiB, vmhost.DefaultWorkspaceMiB)
+	if err := (vmhost.Resources{CPUs: req.CPUs, MemoryMiB: req.RAMMB, DiskGiB: diskGB, WorkspaceMiB: req.WorkspaceMiB}).Check(); err != nil {
 		return 0, badRequest("%v", err)
 	}
 	if err := checkEnv(req.Env); err != nil {
@@ -175,7 +176,7 @@ func (s *Service) reserve(req api.CreateRequest, diskGB int, run bool) (*vm, err
 	id := newID()
 	r := &vmrecord.Record{VM: api.VM{ID: id, Name: req.Name, Persistent: req.Name != "" && !run, Run: run, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
 		Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id),
-		Config: req.Config, NoAutodetect: req.NoAutodetect}, DiskGB: diskGB}
+		Config: req.Config, NoAutodetect: req.NoAutodetect}, DiskGB: diskGB, WorkspaceMiB: req.WorkspaceMiB}
 	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
 	v := &vm{rec: r}
 	v.mu.Lock()
@@ -196,7 +197,7 @@ func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 	t0 := time.Now()
 	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
 		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB,
-		TCGCacheMiB: s.o.TCGCacheMiB}
+		WorkspaceMiB: cmp.Or(r.WorkspaceMiB, vmhost.DefaultWorkspaceMiB), TCGCacheMiB: s.o.TCGCacheMiB}
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(), Detach: true})
 	if err != nil {
 		return err

@@ -69,6 +69,8 @@ func TestHostileRequests(t *testing.T) {
 		{"NUL in a name", "POST", api.RouteVMs, `{"name":"a\u0000b"}`, 400, "use lower-case letters"},
 		{"too many CPUs", "POST", api.RouteVMs, `{"cpus":1000}`, 400, "cpus 1000"},
 		{"too little memory", "POST", api.RouteVMs, `{"ram_mb":16}`, 400, "memory 16 MiB"},
+		{"negative workspace bound", "POST", api.RouteVMs, `{"workspace_mib":-1}`, 400, "workspace bound -1 MiB"},
+		{"workspace bound past 1 PiB", "POST", api.RouteVMs, `{"workspace_mib":1073741825}`, 400, "workspace bound 1073741825 MiB"},
 		{"negative disk", "POST", api.RouteVMs, `{"disk_gb":-1}`, 400, "disk -1 GiB"},
 		{"unknown image", "POST", api.RouteVMs, `{"image":"../../root"}`, 400, `image "../../root"`},
 		{"loader variable", "POST", api.RouteVMs, `{"env":{"LD_PRELOAD":"/x"}}`, 400, "LD_PRELOAD"},

@@ -80,7 +80,8 @@ func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
 	default:
 	}
 	writeJSON(w, http.StatusOK, api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
-		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start.String(), BootTimings: v.timings, State: state, StateReason: reason})
+		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start.String(), BootTimings: v.timings, State: state, StateReason: reason,
+		Workspace: v.ws.usage()})
 }
 
 func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {

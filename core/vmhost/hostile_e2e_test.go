@@ -3,14 +3,17 @@ package vmhost_test
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/testkit"
 )
 
@@ -144,5 +147,62 @@ func TestHostileGuestChannelStreams(t *testing.T) {
 	info, err := v.client.Info(ctx)
 	if err != nil || info.State != "running" {
 		t.Fatalf("after the attacks: %v %+v", err, info)
+	}
+}
+
+// TestHostileGuestWorkspaceMessages: root in the guest takes PID 1's
+// descriptor of the workspace port (pidfd_getfd) and writes hostile 9p
+// amid the kernel's (testdata/chanflood -workspace): a Tversion for 4 MiB
+// messages, then the start of one. The host's server closes that
+// connection, naming why, without growing: the per-VM process stays
+// bounded and serves the channel, the guest's workspace fails at once
+// instead of hanging (guest root may break its own workspace, as umount
+// would), and the rest of the VM goes on.
+func TestHostileGuestWorkspaceMessages(t *testing.T) {
+	v := startVM(t, "wsjunk")
+	defer v.stop(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	bin, err := os.ReadFile(testkit.GuestProgram(t, "./testdata/chanflood", "chanflood"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.client.WriteFile(ctx, "/tmp/chanflood", bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := v.exec(ctx, &api.ExecRequest{Command: "dd if=/dev/urandom of=/root/workspace/probe bs=1M count=4 2>/dev/null && sha256sum /root/workspace/probe"})
+	if o.err != nil || o.ev.ExitCode != 0 {
+		t.Fatalf("the workspace before the attack: %v %+v %s", o.err, o.ev, o.stderr.String())
+	}
+	b, err := os.ReadFile(filepath.Join(paths.Session{Dir: v.sessionDir}.Workspace(), "probe"))
+	if err != nil || !strings.HasPrefix(o.stdout.String(), fmt.Sprintf("%x", sha256.Sum256(b))) {
+		t.Fatalf("the guest's file on the host: %v; the guest says %s", err, o.stdout.String())
+	}
+	resetHWM(t, v.info.PID)
+	hwm0, log0 := vmHWM(t, v.info.PID), fileSize(t, v.log)
+	o = v.exec(ctx, &api.ExecRequest{Command: "/tmp/chanflood -workspace"})
+	if o.err != nil || o.ev.ExitCode != 0 || !strings.HasPrefix(o.stdout.String(), "done workspace") {
+		t.Fatalf("the attack did not run: %v %+v\nstdout %s\nstderr %s", o.err, o.ev, o.stdout.String(), o.stderr.String())
+	}
+	// The guest's next workspace call fails; it must not hang.
+	start := time.Now()
+	o = v.exec(ctx, &api.ExecRequest{Command: "timeout 60 ls /root/workspace; echo rc=$?"})
+	if o.err != nil || strings.Contains(o.stdout.String(), "rc=0") || strings.Contains(o.stdout.String(), "rc=143") {
+		t.Fatalf("the workspace after the attack: %v, %q %q; want a prompt failure", o.err, o.stdout.String(), o.stderr.String())
+	}
+	t.Logf("the broken workspace answered %q in %v", strings.TrimSpace(o.stderr.String()), time.Since(start).Round(time.Millisecond))
+	checkChannelServes(ctx, t, v, "after the attack")
+	hwm, logGrowth := vmHWM(t, v.info.PID), fileSize(t, v.log)-log0
+	t.Logf("per-VM process peak RSS %d -> %d MiB; process.log +%d KiB", hwm0>>20, hwm>>20, logGrowth>>10)
+	if growth := hwm - hwm0; growth > 16<<20 {
+		t.Errorf("the per-VM process's peak RSS grew by %d MiB during the attack, want at most 16", growth>>20)
+	}
+	logText, _ := os.ReadFile(v.log)
+	if !strings.Contains(string(logText[log0:]), "workspace") {
+		t.Errorf("process.log does not say why the workspace connection ended:\n%s", logText[log0:])
+	}
+	info, err := v.client.Info(ctx)
+	if err != nil || info.State != "running" {
+		t.Fatalf("after the attack: %v %+v", err, info)
 	}
 }

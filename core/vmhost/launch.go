@@ -35,6 +35,7 @@ type ProcessConfig struct {
 	MemoryMiB    int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
+	WorkspaceMiB int    `name:"workspace-mib" default:"0" help:"Bound on what the workspace may take on the host, in MiB (0: 16384); the guest gets ENOSPC at it."`
 	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
 	NoBootState  bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
 	BootStateDir string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
@@ -57,18 +58,25 @@ func (c ProcessConfig) Check() error {
 	case c.Socket == "":
 		return errors.New("no API socket")
 	}
-	return CheckResources(c.CPUs, c.MemoryMiB, c.DiskGiB)
+	return Resources{CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, DiskGiB: c.DiskGiB, WorkspaceMiB: c.WorkspaceMiB}.Check()
 }
 
-// CheckResources reports which of a VM's resources is out of bounds.
-func CheckResources(cpus, memoryMiB, diskGiB int) error {
+// Resources are a VM's sizes, as ProcessConfig spells them.
+type Resources struct {
+	CPUs, MemoryMiB, DiskGiB, WorkspaceMiB int
+}
+
+// Check reports which of r is out of bounds.
+func (r Resources) Check() error {
 	switch {
-	case cpus < 1 || cpus > MaxCPUs:
-		return fmt.Errorf("cpus %d: want 1 to %d", cpus, MaxCPUs)
-	case memoryMiB < MinMemoryMiB || memoryMiB > MaxMemoryMiB:
-		return fmt.Errorf("memory %d MiB: want %d to %d", memoryMiB, MinMemoryMiB, MaxMemoryMiB)
-	case diskGiB < 0 || diskGiB > MaxDiskGiB:
-		return fmt.Errorf("disk %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
+	case r.CPUs < 1 || r.CPUs > MaxCPUs:
+		return fmt.Errorf("cpus %d: want 1 to %d", r.CPUs, MaxCPUs)
+	case r.MemoryMiB < MinMemoryMiB || r.MemoryMiB > MaxMemoryMiB:
+		return fmt.Errorf("memory %d MiB: want %d to %d", r.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	case r.DiskGiB < 0 || r.DiskGiB > MaxDiskGiB:
+		return fmt.Errorf("disk %d GiB: want 0 (no per-VM disk) to %d", r.DiskGiB, MaxDiskGiB)
+	case r.WorkspaceMiB < 0 || r.WorkspaceMiB > MaxWorkspaceMiB:
+		return fmt.Errorf("workspace bound %d MiB: want %d to %d (0: the default, %d)", r.WorkspaceMiB, MinWorkspaceMiB, MaxWorkspaceMiB, DefaultWorkspaceMiB)
 	}
 	return nil
 }

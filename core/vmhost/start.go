@@ -273,6 +273,17 @@ func (v *VM) startGuest(ctx context.Context, spec vmm.Spec, plan bootPlan) (save
 		v.stopMachine(ctx, m)
 		return true, nil
 	}
+	// The guest mounts the workspace before it says hello.
+	ph, ok := m.(vmm.PortHolder)
+	var wsConn net.Conn
+	if ok {
+		wsConn, ok = ph.Port(guestwire.WorkspacePort)
+	}
+	if !ok {
+		v.stopMachine(ctx, m)
+		return false, errors.New("the VM backend gave no workspace port")
+	}
+	v.ws.serve(ctx, v, wsConn)
 	t = time.Now()
 	hctx, cancel := context.WithTimeoutCause(ctx, helloTimeout, fmt.Errorf("the guest did not say hello within %v", helloTimeout))
 	v.ctl.client, err = guestctl.Accept(hctx, m.Channel(), v.controlOptions())

@@ -14,6 +14,7 @@ import (
 
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/workspacefs"
 	"github.com/capsem/capsem/vmm"
 )
 
@@ -107,39 +108,33 @@ func findMkfs() (string, error) {
 	return "", fmt.Errorf("creating the per-VM disk needs mkfs.ext4 (Debian package e2fsprogs; `make deps` installs it): %w", err)
 }
 
-// workspaceSecurityModel picks QEMU's 9p security model for the workspace.
-// "none" shows host tools the guest's files exactly (real modes and
-// symlinks, owned by the user running QEMU), which snapshots need. But as
-// root QEMU would then carry out the guest's chown, setuid bits and mknod
-// for real: guest root could make a device node onto a host disk and open
-// it through the share. So a root host gets "mapped-xattr": host files stay
-// plain files owned by root with modes 0600/0700, and the guest's owners,
-// modes and special files live in xattrs (the host filesystem must support
-// user xattrs; ext4, xfs and btrfs do).
-func workspaceSecurityModel(euid int) string {
-	if euid == 0 {
-		return "mapped-xattr"
-	}
-	return "none"
-}
+// Bounds of the workspace (workspacefs.Limits.Bytes), in MiB.
+const (
+	DefaultWorkspaceMiB = workspacefs.DefaultBytes >> 20
+	MinWorkspaceMiB     = 1
+	MaxWorkspaceMiB     = 1 << 30 // 1 PiB: no bound a host could reach
+)
 
-// prepareStorage creates or reuses the session's disk and workspace and
-// returns what to add to the VM spec and the kernel command line. With
-// diskGiB 0 there is no disk: the guest runs from the initramfs, in RAM.
-func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, diskGiB int) (disks []vmm.Disk, shares []vmm.Share, cmdline string, created bool, err error) {
+// prepareStorage creates or reuses the session's disk and workspace
+// directory and returns what to add to the VM spec and the kernel command
+// line, and the workspace's directory. With diskGiB 0 there is no disk: the
+// guest runs from the initramfs, in RAM. The workspace reaches the guest
+// through the per-VM process's own server (serveWorkspace), not through
+// the machine.
+func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, diskGiB int) (disks []vmm.Disk, workspace, cmdline string, created bool, err error) {
 	if diskGiB < 0 || diskGiB > MaxDiskGiB {
-		return nil, nil, "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
+		return nil, "", "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
 	}
 	if diskGiB > 0 {
 		path := paths.Session{Dir: sessionDir}.Disk()
 		t := time.Now()
 		created, err = ensureDisk(ctx, path, diskGiB)
 		if err != nil {
-			return nil, nil, "", false, err
+			return nil, "", "", false, err
 		}
 		u, err := diskUsage(path)
 		if err != nil {
-			return nil, nil, "", false, err
+			return nil, "", "", false, err
 		}
 		log.Info("per-VM disk", "path", path, "created", created, "size_bytes", u.Size,
 			"allocated_bytes", u.Allocated, "ms", time.Since(t).Milliseconds())
@@ -148,9 +143,8 @@ func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, di
 	}
 	ws := paths.Session{Dir: sessionDir}.Workspace()
 	if err := os.Mkdir(ws, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, nil, "", false, fmt.Errorf("creating the workspace %s: %w", ws, err)
+		return nil, "", "", false, fmt.Errorf("creating the workspace %s: %w", ws, err)
 	}
-	shares = append(shares, vmm.Share{Tag: guestwire.WorkspaceTag, HostPath: ws, SecurityModel: workspaceSecurityModel(os.Geteuid())})
 	cmdline += " " + guestwire.CmdlineWorkspace + "=" + guestwire.WorkspaceTag
-	return disks, shares, cmdline, created, nil
+	return disks, ws, cmdline, created, nil
 }

@@ -75,7 +75,7 @@ func TestPrepareStorage(t *testing.T) {
 	needMkfs(t)
 	ctx, log := context.Background(), slog.New(slog.DiscardHandler)
 	dir := t.TempDir()
-	disks, shares, cmdline, created, err := prepareStorage(ctx, log, dir, 1)
+	disks, workspace, cmdline, created, err := prepareStorage(ctx, log, dir, 1)
 	if err != nil || !created {
 		t.Fatalf("created %v, err %v", created, err)
 	}
@@ -83,9 +83,8 @@ func TestPrepareStorage(t *testing.T) {
 		t.Fatalf("disks %+v", disks)
 	}
 	ws := (paths.Session{Dir: dir}).Workspace()
-	if len(shares) != 1 || shares[0].Tag != guestwire.WorkspaceTag || shares[0].HostPath != ws || shares[0].ReadOnly ||
-		shares[0].SecurityModel != workspaceSecurityModel(os.Geteuid()) {
-		t.Fatalf("shares %+v", shares)
+	if workspace != ws {
+		t.Fatalf("workspace %q, want %q", workspace, ws)
 	}
 	if st, err := os.Stat(ws); err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 {
 		t.Fatalf("workspace: %v %v", st.Mode(), err)
@@ -97,20 +96,14 @@ func TestPrepareStorage(t *testing.T) {
 	if _, _, _, created, err := prepareStorage(ctx, log, dir, 1); err != nil || created {
 		t.Fatalf("reuse: created %v, err %v", created, err)
 	}
-	// Without a disk the workspace is still shared.
-	disks, shares, cmdline, _, err = prepareStorage(ctx, log, t.TempDir(), 0)
-	if err != nil || len(disks) != 0 || len(shares) != 1 || cmdline != " capsem.workspace=workspace" {
-		t.Fatalf("no disk: %+v %+v %q %v", disks, shares, cmdline, err)
+	// Without a disk the workspace is still there.
+	disks, workspace, cmdline, _, err = prepareStorage(ctx, log, t.TempDir(), 0)
+	if err != nil || len(disks) != 0 || workspace == "" || cmdline != " capsem.workspace=workspace" {
+		t.Fatalf("no disk: %+v %q %q %v", disks, workspace, cmdline, err)
 	}
 	for _, bad := range []int{-1, MaxDiskGiB + 1} {
 		if _, _, _, _, err := prepareStorage(ctx, log, t.TempDir(), bad); err == nil {
 			t.Errorf("disk size %d accepted", bad)
 		}
-	}
-}
-
-func TestWorkspaceSecurityModel(t *testing.T) {
-	if workspaceSecurityModel(0) != "mapped-xattr" || workspaceSecurityModel(1000) != "none" {
-		t.Fatal("root must get mapped-xattr, anyone else none")
 	}
 }

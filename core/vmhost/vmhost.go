@@ -67,6 +67,9 @@ type Options struct {
 	// DiskGiB sizes the per-VM disk (paths.Session.Disk) when it has to
 	// be created; an existing one is reused. 0 means no disk.
 	DiskGiB int
+	// WorkspaceMiB bounds what the workspace may take on the host (0:
+	// DefaultWorkspaceMiB); a guest that reaches it gets ENOSPC.
+	WorkspaceMiB int
 	// Stage, when not nil, is told each stage of the start as it begins
 	// (guest assets, accelerator, boot or resume), for the caller to
 	// show; `capsem process` reports them on its readiness pipe.
@@ -82,6 +85,7 @@ type VM struct {
 	ledger  *ledger.Ledger
 	gw      *mcpgw.Gateway
 	machine vmm.Machine
+	ws      *workspace
 	ctl     control
 	hello   guestwire.Hello
 	accel   vmm.Accel
@@ -263,8 +267,11 @@ func (v *VM) joinLedger(opened <-chan openedLedger) error {
 // saved kernel has cached nothing of a user's disk).
 func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, error) {
 	o := v.opts
-	disks, shares, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, o.SessionDir, o.DiskGiB)
+	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, o.SessionDir, o.DiskGiB)
 	if err != nil {
+		return vmm.Spec{}, false, err
+	}
+	if v.ws, err = openWorkspace(ctx, v, wsDir); err != nil {
 		return vmm.Spec{}, false, err
 	}
 	spec := vmm.Spec{
@@ -277,7 +284,7 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		TCGCacheMiB:        o.TCGCacheMiB,
 		ConsoleLogMaxBytes: o.ConsoleLogMaxBytes,
 		Disks:              disks,
-		Shares:             shares,
+		Ports:              []string{guestwire.WorkspacePort},
 		ChannelSocket:      v.session.ChannelSocket(),
 		ConsoleLog:         v.session.ConsoleLog(),
 		Firmware:           o.Firmware,
@@ -379,6 +386,9 @@ func (v *VM) teardown(ctx context.Context) {
 	}
 	if v.gw != nil {
 		v.gw.Close()
+	}
+	if v.ws != nil {
+		v.ws.close()
 	}
 	if v.ledger != nil {
 		v.ledger.Close()

@@ -20,11 +20,12 @@ const fdClosed = -2
 // inode, obtained by walking from the root one name at a time, so it never
 // refers to anything outside the workspace and no path is resolved again.
 type file struct {
-	fs  *FS
-	fd  int    // O_PATH|O_NOFOLLOW, or the open descriptor of a file we created
-	typ uint32 // S_IFMT bits; an inode's type never changes
-	dev uint64
-	in  *inode
+	fs    *FS
+	quota *fidQuota // the connection's, which every File walked from it shares
+	fd    int       // O_PATH|O_NOFOLLOW, or the open descriptor of a file we created
+	typ   uint32    // S_IFMT bits; an inode's type never changes
+	dev   uint64
+	in    *inode
 
 	// refs counts the Close calls due: the library closes a File once per
 	// fid that shares it.
@@ -39,20 +40,20 @@ type file struct {
 
 var _ p9.File = (*file)(nil)
 
-// newFile wraps fd (a File already counted by takeFile); on error fd is
+// newFile wraps fd (a File already counted by q.take); on error fd is
 // closed and the count released.
-func (fs *FS) newFile(fd int) (*file, error) {
+func (fs *FS) newFile(q *fidQuota, fd int) (*file, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		fs.files.Add(-1)
+		q.release()
 		return nil, errno(err)
 	}
-	return fs.fileFromStat(fd, &st, false), nil
+	return fs.fileFromStat(q, fd, &st, false), nil
 }
 
-func (fs *FS) fileFromStat(fd int, st *unix.Stat_t, shared bool) *file {
-	f := &file{fs: fs, fd: fd, typ: st.Mode & unix.S_IFMT, dev: uint64(st.Dev), shared: shared}
+func (fs *FS) fileFromStat(q *fidQuota, fd int, st *unix.Stat_t, shared bool) *file {
+	f := &file{fs: fs, quota: q, fd: fd, typ: st.Mode & unix.S_IFMT, dev: uint64(st.Dev), shared: shared}
 	f.in = fs.holdInode(st, fd)
 	f.refs.Store(1)
 	if shared {
@@ -128,7 +129,7 @@ func (f *file) walk(names []string) (*file, *unix.Stat_t, error) {
 	if len(names) > 1 {
 		return nil, nil, linux.EINVAL // the library walks one name at a time
 	}
-	if !f.fs.takeFile() {
+	if !f.quota.take() {
 		return nil, nil, linux.EMFILE
 	}
 	var fd int
@@ -145,16 +146,16 @@ func (f *file) walk(names []string) (*file, *unix.Stat_t, error) {
 		}
 	}
 	if err != nil {
-		f.fs.files.Add(-1)
+		f.quota.release()
 		return nil, nil, errno(err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		f.fs.files.Add(-1)
+		f.quota.release()
 		return nil, nil, errno(err)
 	}
-	return f.fs.fileFromStat(fd, &st, false), &st, nil
+	return f.fs.fileFromStat(f.quota, fd, &st, false), &st, nil
 }
 
 // Walk implements p9.File.Walk.
@@ -416,7 +417,9 @@ func (f *file) StatFS() (p9.FSStat, error) {
 	inodes := fs.acct.inodes + fs.acct.reservedInodes
 	lim := fs.acct.lim
 	fs.acct.mu.Unlock()
-	free := uint64(max(room, 0) / blockSize)
+	// A write keeps one block of the room for what its allocation may
+	// take beyond its length, so that block is never available to data.
+	free := uint64(max(room-blockSize, 0) / blockSize)
 	return p9.FSStat{
 		Type:            v9fsMagic,
 		BlockSize:       blockSize,
@@ -449,7 +452,7 @@ func (f *file) GetXattr(string) ([]byte, error) { return nil, linux.ENODATA }
 // ListXattrs implements p9.File.ListXattrs. The library would make a fid
 // that shares this File on success, so it is counted like one.
 func (f *file) ListXattrs() ([]string, error) {
-	if !f.fs.takeFile() {
+	if !f.quota.take() {
 		return nil, linux.EMFILE
 	}
 	f.refs.Add(1)
@@ -465,7 +468,7 @@ func (f *file) Close() error {
 	if r < 0 {
 		return nil
 	}
-	f.fs.files.Add(-1)
+	f.quota.release()
 	if r > 0 {
 		return nil
 	}
@@ -518,7 +521,7 @@ func (f *file) Create(name string, flags p9.OpenFlags, permissions p9.FileMode, 
 	if mode == 3 {
 		return nil, p9.QID{}, 0, linux.EINVAL
 	}
-	if !f.fs.takeFile() {
+	if !f.quota.take() {
 		return nil, p9.QID{}, 0, linux.EMFILE
 	}
 	var fd int
@@ -541,13 +544,13 @@ func (f *file) Create(name string, flags p9.OpenFlags, permissions p9.FileMode, 
 		return &st, nil
 	})
 	if err != nil {
-		f.fs.files.Add(-1)
+		f.quota.release()
 		if err == linux.EEXIST && flags&unix.O_EXCL == 0 {
 			return f.openExisting(name, flags)
 		}
 		return nil, p9.QID{}, 0, err
 	}
-	return f.fs.fileFromStat(fd, st, true), f.fs.qid(st), 0, nil
+	return f.fs.fileFromStat(f.quota, fd, st, true), f.fs.qid(st), 0, nil
 }
 
 func (f *file) openExisting(name string, flags p9.OpenFlags) (p9.File, p9.QID, uint32, error) {

@@ -40,8 +40,8 @@ type FS struct {
 	devMu   sync.Mutex
 	devIdx  map[uint64]uint64
 
-	files    atomic.Int64 // File objects alive
-	maxFiles int64
+	files    atomic.Int64 // File objects alive, on every connection
+	maxFiles int64        // per connection
 	conns    atomic.Int32
 
 	rescanMu   sync.Mutex // single flight; guards lastRescan
@@ -94,19 +94,18 @@ func Open(ctx context.Context, root string, lim Limits, log *slog.Logger) (*FS, 
 	}
 	fs.acct.bytes, fs.acct.inodes = bytes, inodes
 	fs.lastRescan = time.Now()
-	fs.server = p9.NewServer(attacher{fs})
 	log.Info("workspacefs: opened", "root", root, "bytes", bytes, "inodes", inodes,
 		"limit_bytes", fs.acct.lim.Bytes, "limit_inodes", fs.acct.lim.Inodes)
 	return fs, nil
 }
 
-// fidCap keeps the descriptors we may hold (two per File) well inside
-// RLIMIT_NOFILE.
+// fidCap is a connection's share of the Files: the descriptors we may
+// hold (two per File, on every connection) stay well inside RLIMIT_NOFILE.
 func fidCap() int64 {
 	var rl unix.Rlimit
 	n := int64(MaxFids)
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur != unix.RLIM_INFINITY {
-		n = min(n, (int64(rl.Cur)-256)/2)
+		n = min(n, (int64(rl.Cur)-256)/2/MaxConns)
 	}
 	return max(n, 16)
 }
@@ -159,7 +158,10 @@ func (fs *FS) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 	fc := newFramedConn(conn, fs.log, MaxMessage, MaxInflight)
 	stop := context.AfterFunc(ctx, fc.close)
 	defer stop()
-	err := fs.server.Handle(readerEnd{fc}, writerEnd{fc})
+	// A server, and a share of the Files, per connection: a hostile
+	// connection that takes all of its share leaves the other's whole.
+	server := p9.NewServer(attacher{fs, &fidQuota{fs: fs, max: fs.maxFiles}})
+	err := server.Handle(readerEnd{fc}, writerEnd{fc})
 	fc.close()
 	if r := fc.err(); r != nil {
 		return r
@@ -184,7 +186,10 @@ func (fs *FS) Close() error {
 	return err
 }
 
-type attacher struct{ fs *FS }
+type attacher struct {
+	fs    *FS
+	quota *fidQuota
+}
 
 // Attach implements p9.Attacher.
 func (a attacher) Attach() (p9.File, error) {
@@ -194,28 +199,42 @@ func (a attacher) Attach() (p9.File, error) {
 	if fs.closed.Load() {
 		return nil, errno(unix.EBADF)
 	}
-	if !fs.takeFile() {
+	if !a.quota.take() {
 		return nil, errno(unix.EMFILE)
 	}
 	fd, err := unix.FcntlInt(uintptr(fs.rootFD), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		fs.files.Add(-1)
+		a.quota.release()
 		return nil, errno(err)
 	}
-	f, err := fs.newFile(fd)
+	f, err := fs.newFile(a.quota, fd)
 	if err != nil {
 		return nil, err
 	}
 	return f, nil
 }
 
-// takeFile counts one more File, or reports that the cap is reached.
-func (fs *FS) takeFile() bool {
-	if fs.files.Add(1) > fs.maxFiles {
-		fs.files.Add(-1)
+// fidQuota counts one connection's Files against its cap (FS.maxFiles),
+// and in the FS's total.
+type fidQuota struct {
+	fs  *FS
+	n   atomic.Int64
+	max int64
+}
+
+// take counts one more File, or reports that the cap is reached.
+func (q *fidQuota) take() bool {
+	if q.n.Add(1) > q.max {
+		q.n.Add(-1)
 		return false
 	}
+	q.fs.files.Add(1)
 	return true
+}
+
+func (q *fidQuota) release() {
+	q.n.Add(-1)
+	q.fs.files.Add(-1)
 }
 
 // holdInode registers a File on the inode st describes.

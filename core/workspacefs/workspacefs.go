@@ -1,6 +1,10 @@
 package workspacefs
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/capsem/capsem/core/guestwire"
+)
 
 // Limits bounds what one workspace may take on the host.
 type Limits struct {
@@ -27,11 +31,12 @@ const (
 	// MaxConns is the number of connections Serve handles at once.
 	MaxConns = 2
 	// MaxFids bounds the File objects (each with up to two host
-	// descriptors) alive across the FS; see also the RLIMIT_NOFILE cap.
+	// descriptors) one connection holds, so one cannot starve the other;
+	// see also the RLIMIT_NOFILE cap.
 	MaxFids = 16384
-	// MaxMessage bounds a whole 9P message (the guest mounts with
-	// msize=262144); Tversion's msize is clamped to it.
-	MaxMessage = 262144
+	// MaxMessage bounds a whole 9P message (the guest mounts with this
+	// msize); Tversion's msize is clamped to it.
+	MaxMessage = guestwire.WorkspaceMsize
 	// MaxInflight bounds the requests a connection has unanswered.
 	MaxInflight = 32
 )

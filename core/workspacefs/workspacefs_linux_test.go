@@ -431,15 +431,35 @@ func TestStatFSShowsBound(t *testing.T) {
 	}
 	u := fs.Usage()
 	want := p9.FSStat{Type: v9fsMagic, BlockSize: 4096, Blocks: 64 * MiB / 4096,
-		BlocksFree: uint64(64*MiB-u.Bytes) / 4096, BlocksAvailable: uint64(64*MiB-u.Bytes) / 4096,
+		BlocksFree: uint64(64*MiB-u.Bytes)/4096 - 1, BlocksAvailable: uint64(64*MiB-u.Bytes)/4096 - 1,
 		Files: 1000, FilesFree: uint64(1000 - u.Inodes), FSID: st.FSID, NameLength: 255}
 	if st != want {
 		t.Fatalf("statfs %+v, want %+v", st, want)
 	}
+	// What it says is available can be written (to within a block: the
+	// client cuts a write into messages that do not end on a block, and
+	// the last one's first block was taken by the one before), then
+	// nothing.
+	avail := make([]byte, st.BlocksAvailable*4096)
+	n, err := f.WriteAt(avail, MiB)
+	if err != nil || n < len(avail)-4096 {
+		t.Fatalf("writing the %d bytes statfs called available: %d, %v", len(avail), n, err)
+	}
+	if st, _ := r.StatFS(); st.BlocksAvailable != 0 {
+		t.Fatalf("after filling what was available: %d blocks available", st.BlocksAvailable)
+	}
+	if _, err := f.WriteAt(make([]byte, 4096), MiB+int64(n)); !isErrno(err, linux.ENOSPC) {
+		t.Fatalf("a write once nothing is available: %v, want ENOSPC", err)
+	}
+	if err := r.UnlinkAt("f", 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	walk(t, r).Close() // a round trip: the clunk is done
 	// Host room below the bound's room shows instead.
 	fs.setHostFree(func() (int64, error) { return DefaultHostReserve + 8*MiB, nil })
-	if st, _ := r.StatFS(); st.BlocksAvailable != 8*MiB/4096 {
-		t.Fatalf("available %d blocks, want %d", st.BlocksAvailable, 8*MiB/4096)
+	if st, _ := r.StatFS(); st.BlocksAvailable != 8*MiB/4096-1 {
+		t.Fatalf("available %d blocks, want %d", st.BlocksAvailable, 8*MiB/4096-1)
 	}
 	fs.setHostFree(func() (int64, error) { return 1, nil })
 	if st, _ := r.StatFS(); st.BlocksAvailable != 0 {
@@ -658,7 +678,7 @@ func u32le(b []byte) uint32 {
 }
 
 // TestFidCap: a client cannot make the server hold more Files (and
-// descriptors) than the cap.
+// descriptors) than the cap, nor take another connection's.
 func TestFidCap(t *testing.T) {
 	fs, _ := testFS(t, Limits{})
 	fs.maxFiles = 40
@@ -679,6 +699,12 @@ func TestFidCap(t *testing.T) {
 	if n := fs.files.Load(); n > 40 {
 		t.Fatalf("%d Files alive, cap 40", n)
 	}
+	// The cap is the connection's: another connection (the guest's own
+	// mount, when a hostile one took its share) still works.
+	other, otherRoot := attach(t, fs)
+	walk(t, otherRoot).Close()
+	otherRoot.Close()
+	other.Close()
 	held[0].Close()
 	held = held[1:]
 	d := walk(t, r) // takes the freed slot

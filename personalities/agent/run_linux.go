@@ -174,7 +174,7 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	defer ch.Close()
 	hello.Boot.ModulesMS = mods.finish().elapsed.Milliseconds()
 	if storage != nil {
-		if err := storage.finish(ctx, log, mods.wait); err != nil {
+		if err := storage.finish(openCtx, log, mods.wait); err != nil {
 			return err
 		}
 		hello.Boot.StorageMS = storage.took.Milliseconds()

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestwire"
 )
 
@@ -27,21 +30,21 @@ const (
 	newRoot    = "/mnt"
 )
 
-// Storage bounds. Under TCG the kernel probes virtio devices synchronously
-// while the module loads, so the disk is normally there at once; the wait
-// only covers slow or asynchronous probing.
-var (
-	diskWait      = 10 * time.Second
-	workspaceWait = 5 * time.Second
-)
+// diskWait bounds the wait for the disk. Under TCG the kernel probes
+// virtio devices synchronously while the module loads, so the disk is
+// normally there at once; the wait only covers slow or asynchronous probing.
+var diskWait = 10 * time.Second
 
-// workspaceOptions mount the 9p workspace: 9p2000.L for Linux semantics;
-// msize 256 KiB, below the virtio transport's ceiling on 6.1 kernels (about
-// 500 KiB) so no kernel clamps it, and far above the 8 KiB default that QEMU
-// warns about; cache=mmap keeps no data or attribute cache (host edits show
-// at once, guest writes reach the host at once) yet allows shared writable
-// mmap, which SQLite's WAL and many build tools need.
-const workspaceOptions = "trans=virtio,version=9p2000.L,msize=262144,cache=mmap"
+// workspaceOptions mount the workspace: 9p2000.L for Linux semantics, over
+// a socket (trans=fd) whose other end PID 1 joins to the host's workspace
+// server on the channel (see mountWorkspace); msize 256 KiB, the largest
+// message the host's server takes (workspacefs.MaxMessage); cache=mmap
+// keeps no data or attribute cache (host edits show at once, guest writes
+// reach the host at once) yet allows shared writable mmap, which SQLite's
+// WAL and many build tools need.
+func workspaceOptions(fd int) string {
+	return fmt.Sprintf("trans=fd,rfdno=%d,wfdno=%d,version=9p2000.L,msize=%d,cache=mmap", fd, fd, guestwire.WorkspaceMsize)
+}
 
 // storagePlan is what the host attached, from the kernel command line.
 type storagePlan struct {
@@ -62,7 +65,7 @@ func (p storagePlan) empty() bool { return p.upperSerial == "" && p.workspaceTag
 // has them built in; those are not waited for).
 var (
 	rootModules      = []string{"virtio_blk", "crc32c_generic", "ext4", "overlay"}
-	workspaceModules = []string{"9pnet_virtio", "9p"}
+	workspaceModules = []string{"9pnet_fd", "9p"}
 )
 
 // storageStage is the storage setup in two steps, so the slow part (the
@@ -132,7 +135,7 @@ func (s *storageStage) finish(ctx context.Context, log *slog.Logger, wait func(.
 	if s.plan.workspaceTag != "" {
 		w := time.Now()
 		wait(workspaceModules...)
-		if err := mountWorkspace(ctx, s.plan.workspaceTag, guestwire.GuestWorkspace); err != nil {
+		if err := mountWorkspace(ctx, log, s.plan.workspaceTag, guestwire.GuestWorkspace); err != nil {
 			return err
 		}
 		s.attrs = append(s.attrs, "workspace", guestwire.GuestWorkspace, "workspace_ms", time.Since(w).Milliseconds())
@@ -272,27 +275,93 @@ func switchRoot() error {
 	return nil
 }
 
-// mountWorkspace mounts the host's 9p share tag on dir. nosuid and nodev:
-// files the host put there must not gain privileges in the guest. The 9p
-// device registers its tag while its module loads; a short retry covers a
-// late probe (ENOENT: no channel with that tag yet).
-func mountWorkspace(ctx context.Context, tag, dir string) error {
+// mountWorkspace mounts the host's workspace on dir: 9p from the host's
+// workspace server, which keeps the workspace within its size bound, on a
+// virtio port of its own (guestwire.WorkspacePort). The kernel's 9p client
+// reads and writes a descriptor (trans=fd), but not a virtio port's (the
+// port driver has no read_iter/write_iter on 6.1 kernels): so it gets one
+// end of a socket pair, and PID 1 copies between the other end and the
+// port (relayWorkspace). nosuid and nodev: files the host put there must
+// not gain privileges in the guest.
+func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("agent: creating the workspace mount point %s: %w", dir, err)
 	}
-	deadline := time.Now().Add(workspaceWait)
+	port, err := guestchan.OpenVirtioPort(ctx, guestwire.WorkspacePort)
+	if err != nil {
+		return fmt.Errorf("agent: the workspace's port: %w", err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		port.Close()
+		return fmt.Errorf("agent: socket pair for the workspace: %w", err)
+	}
+	kernelEnd, ours := fds[0], os.NewFile(uintptr(fds[1]), "workspace")
+	go relayWorkspace(log, ours, port)
+	// The kernel takes its own reference to kernelEnd while mounting.
+	err = unix.Mount(tag, dir, "9p", unix.MS_NOSUID|unix.MS_NODEV, workspaceOptions(kernelEnd))
+	unix.Close(kernelEnd)
+	if err != nil {
+		// The relay sees the kernel's end gone and closes the rest.
+		return fmt.Errorf("agent: mounting the workspace on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// relayBuffer is the size of each copy buffer between the kernel's 9p
+// socket and the port: one whole message at the workspace's msize.
+const relayBuffer = guestwire.WorkspaceMsize
+
+// relayWorkspace copies both ways between the kernel's socket and the
+// host's port until either ends; then both are closed, and the kernel
+// fails the workspace's pending and later requests. Each way is a blocking
+// read and write on its own thread: every 9p request waits on this copy,
+// and the runtime's poller would add a wake-up of another thread to each.
+func relayWorkspace(log *slog.Logger, kernel, port *os.File) {
+	// Fd makes each descriptor blocking, as the loops want; the Files stay
+	// referenced until the end, so they are not closed under the loops.
+	kfd, pfd := int(kernel.Fd()), int(port.Fd())
+	done := make(chan error, 2)
+	go func() { done <- copyFD(pfd, kfd) }()
+	go func() { done <- copyFD(kfd, pfd) }()
+	err := <-done
+	log.Warn("the workspace connection ended; the workspace is unreachable until the VM restarts", "err", err)
+	// Shutting the socket down ends a loop blocked on it. A loop blocked
+	// reading the port may never end (closing a descriptor does not wake
+	// a read of it): the Files stay referenced, and open, until it does,
+	// so their descriptors are never reused under it.
+	unix.Shutdown(kfd, unix.SHUT_RDWR)
+	<-done
+	kernel.Close()
+	port.Close()
+}
+
+// copyFD copies from src to dst with blocking reads and writes until
+// either fails or src ends.
+func copyFD(dst, src int) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	buf := make([]byte, relayBuffer)
 	for {
-		err := unix.Mount(tag, dir, "9p", unix.MS_NOSUID|unix.MS_NODEV, workspaceOptions)
-		if err == nil {
-			return nil
+		n, err := unix.Read(src, buf)
+		if err == unix.EINTR {
+			continue
 		}
-		if !errors.Is(err, unix.ENOENT) || time.Now().After(deadline) {
-			return fmt.Errorf("agent: mounting the workspace (9p tag %q) on %s: %w", tag, dir, err)
+		if err != nil {
+			return err
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("agent: mounting the workspace: %w", ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if n == 0 {
+			return io.EOF
+		}
+		for b := buf[:n]; len(b) > 0; {
+			w, err := unix.Write(dst, b)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			b = b[w:]
 		}
 	}
 }

@@ -98,6 +98,10 @@ func printVM(v api.VM) {
 		if v.Process.StateReason != "" {
 			rows = append(rows, [2]string{"why", v.Process.StateReason})
 		}
+		if w := v.Process.Workspace; w != nil {
+			rows = append(rows, [2]string{"workspace", fmt.Sprintf("%s of %s, %d of %d files",
+				humanBytes(w.UsedBytes), humanBytes(w.LimitBytes), w.Files, w.FilesLimit)})
+		}
 	}
 	if v.LastLog != "" {
 		rows = append(rows, [2]string{"last log", "\n" + v.LastLog})
@@ -105,4 +109,19 @@ func printVM(v api.VM) {
 	for _, r := range rows {
 		fmt.Printf("%-12s %s\n", r[0]+":", printable.Text(r[1]))
 	}
+}
+
+// humanBytes writes n in the largest binary unit that keeps it at least 1,
+// with one decimal.
+func humanBytes(n int64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	f, i := float64(n)/1024, 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", f, units[i])
 }

@@ -15,7 +15,8 @@ type CreateCmd struct {
 	CPUs  int      `name:"cpus" help:"Virtual CPUs (default 2)."`
 	Env   []string `short:"e" sep:"none" help:"Environment variable for every command in the VM, K=V (repeatable)."`
 	// A pointer: 0 (no disk) differs from the default.
-	DiskGB *int `name:"disk-gb" help:"Size of the VM's disk in GB (default 8); 0: none, the guest runs from RAM."`
+	DiskGB       *int `name:"disk-gb" help:"Size of the VM's disk in GB (default 8); 0: none, the guest runs from RAM."`
+	WorkspaceMiB int  `name:"workspace-mib" help:"Bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it."`
 	// type:"path" makes it absolute, as the service needs.
 	Config       string `type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway, in place of $CAPSEM_HOME/user.toml (read again on every boot and policy reload)."`
 	NoAutodetect bool   `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings to the VM's gateway."`
@@ -33,7 +34,7 @@ func (c *CreateCmd) Run(ctx context.Context) error {
 		return err
 	}
 	stage := func(s string) { slog.Log(ctx, api.StageLogLevel(s), "starting the VM", "stage", s) }
-	v, err := cl.CreateStream(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Env: env, DiskGB: c.DiskGB,
+	v, err := cl.CreateStream(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Env: env, DiskGB: c.DiskGB, WorkspaceMiB: c.WorkspaceMiB,
 		Config: c.Config, NoAutodetect: c.NoAutodetect}, stage)
 	if err != nil {
 		return err

@@ -114,7 +114,7 @@ func (h *host) checkMachine(ctx context.Context, r *doctor.Reporter) {
 }
 
 // devices are the QEMU devices a capsem VM is made of.
-var devices = []string{"virtio-serial-pci", "virtserialport", "virtio-blk-pci", "virtio-9p-pci"}
+var devices = []string{"virtio-serial-pci", "virtserialport", "virtio-blk-pci"}
 
 func (h *host) checkDevices(ctx context.Context, r *doctor.Reporter) {
 	out, err := qemuHelp(ctx, "-device", "help")

@@ -49,7 +49,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		Backend:    &qemu.Backend{Log: log, VerdictPath: verdicts},
 		Firmware:   qemu.PreferredFirmware(),
 		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
-		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, Logger: log,
+		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, WorkspaceMiB: c.WorkspaceMiB, Logger: log,
 		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage,
 	})
 	if err != nil {

@@ -36,6 +36,7 @@ type Cmd struct {
 	CPUs         int      `name:"cpus" default:"2" help:"Virtual CPUs."`
 	MemoryMiB    int      `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	DiskGiB      int      `name:"disk-gib" default:"8" help:"Size of the VM's disk (sparse, removed with the VM); 0: none, the guest runs from RAM."`
+	WorkspaceMiB int      `name:"workspace-mib" default:"16384" help:"Bound on what the VM's workspace may take on the host, in MiB; the guest gets ENOSPC at it."`
 	Command      []string `arg:"" passthrough:"" help:"The command and its arguments."`
 }
 
@@ -122,7 +123,7 @@ func (c *Cmd) request() (api.RunRequest, error) {
 	}
 	disk := c.DiskGiB
 	return api.RunRequest{
-		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.MemoryMiB, CPUs: c.CPUs, DiskGB: &disk, Config: c.Config, NoAutodetect: c.NoAutodetect},
+		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.MemoryMiB, CPUs: c.CPUs, DiskGB: &disk, WorkspaceMiB: c.WorkspaceMiB, Config: c.Config, NoAutodetect: c.NoAutodetect},
 		Exec:          api.ExecRequest{Argv: argv, Env: env, TimeoutMS: c.Timeout.Milliseconds()},
 	}, nil
 }

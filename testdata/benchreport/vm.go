@@ -340,6 +340,10 @@ func warmVM(capsem, home, guest string) error {
 	fmt.Printf("  a 1 GiB file through the per-VM API, streamed: host→guest %.0f MiB/s, guest→host %.0f MiB/s (same run, exec output above: %.0f MiB/s)\n", up, down, out)
 	fmt.Printf("    peak memory: per-VM process %s, guest PID 1 %s\n", rss(h.proc.PID(), "VmHWM"), strings.TrimSpace(strings.TrimPrefix(pid1.String(), "VmHWM:")))
 
+	if err := workspaceBench(ctx, h, out); err != nil {
+		return err
+	}
+
 	// What the pending exec_events row adds to every exec: one more
 	// durable ledger write before the command starts, timed alone on a
 	// ledger of this machine's disk.
@@ -350,6 +354,57 @@ func warmVM(capsem, home, guest string) error {
 	fmt.Printf("  the pending exec_events row each exec now writes first: p50 %s per durable write (exec round trip above includes it; before it: about p50 − this)\n", us(pending))
 	fmt.Printf("  per-VM process RSS: %s idle after boot, %s after the transfers, peak %s (QEMU itself is separate)\n",
 		idleRSS, rss(h.proc.PID(), "VmRSS"), rss(h.proc.PID(), "VmHWM"))
+	return nil
+}
+
+// workspaceBench times the workspace (served by the per-VM process over
+// the channel, within its bound) beside the guest's own disk: bulk writes
+// and reads of 256 MiB, and creating 500 small files, each timed in the
+// guest.
+func workspaceBench(ctx context.Context, h *vmHandle, channelMiBs float64) error {
+	timed := func(script string) (time.Duration, error) {
+		var out, errOut bytes.Buffer
+		ev, err := h.client.Exec(ctx, &api.ExecRequest{Command: script}, &out, &errOut)
+		if err != nil {
+			return 0, err
+		}
+		if ev.ExitCode != 0 {
+			return 0, fmt.Errorf("%q: exit %d: %s", script, ev.ExitCode, errOut.String())
+		}
+		return time.Duration(ev.DurationMS) * time.Millisecond, nil
+	}
+	type figures struct{ write, read, creates float64 }
+	measure := func(dir string) (figures, error) {
+		var f figures
+		const mib = 256
+		d, err := timed("mkdir -p " + dir + "/bench && dd if=/dev/zero of=" + dir + "/bench/big bs=1M count=256 conv=fsync 2>/dev/null")
+		if err != nil {
+			return f, err
+		}
+		f.write = mib / d.Seconds()
+		// A fresh read: the disk's blocks leave the guest's page cache.
+		if d, err = timed("sync; echo 3 > /proc/sys/vm/drop_caches; dd if=" + dir + "/bench/big of=/dev/null bs=1M 2>/dev/null"); err != nil {
+			return f, err
+		}
+		f.read = mib / d.Seconds()
+		if d, err = timed("cd " + dir + "/bench && i=0; while [ $i -lt 500 ]; do echo x > f$i; i=$((i+1)); done"); err != nil {
+			return f, err
+		}
+		f.creates = 500 / d.Seconds()
+		_, err = timed("rm -rf " + dir + "/bench")
+		return f, err
+	}
+	ws, err := measure("/root/workspace")
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	disk, err := measure("/root")
+	if err != nil {
+		return fmt.Errorf("the guest's disk: %w", err)
+	}
+	fmt.Printf("  workspace (9p from the per-VM process over the channel, bounded): write %.0f MiB/s, read %.0f MiB/s, %.0f small files created/s\n", ws.write, ws.read, ws.creates)
+	fmt.Printf("    beside: the guest's own disk (virtio-blk) write %.0f MiB/s, read %.0f MiB/s, %.0f files/s; the channel's floor (exec output above) %.0f MiB/s\n",
+		disk.write, disk.read, disk.creates, channelMiBs)
 	return nil
 }
 

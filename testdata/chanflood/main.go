@@ -9,6 +9,11 @@
 // nothing, some that send garbage to the exec output port. Each write is
 // whole frames, so the agent's own frames stay intact around them. It
 // writes "done <streams> <bytes>" on stdout when it is through.
+//
+// With -workspace it attacks the workspace's 9p server instead: it takes
+// PID 1's descriptor of the workspace port and writes, amid the kernel's
+// own 9p, a Tversion for 4 MiB messages, the start of a 4 MiB Twrite and
+// junk, then writes "done workspace <bytes>".
 package main
 
 import (
@@ -29,8 +34,13 @@ func main() {
 	port := flag.Uint("port", 5002, "the real port the idle streams name")
 	batch := flag.Int("batch", 64, "streams per write")
 	over := flag.Duration("over", 0, "spread the streams over this long (0: as fast as the channel takes them)")
+	workspace := flag.Bool("workspace", false, "write hostile 9p on PID 1's workspace port instead")
 	flag.Parse()
-	f, err := takeChannel()
+	if *workspace {
+		attackWorkspace()
+		return
+	}
+	f, err := takePort("org.capsem.channel")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chanflood:", err)
 		os.Exit(1)
@@ -54,9 +64,20 @@ func main() {
 	fmt.Printf("done %d %d %v\n", *streams, sent, time.Since(start).Round(time.Millisecond))
 }
 
-// takeChannel returns a descriptor of PID 1's virtio-serial port: it cannot
-// be opened a second time (EBUSY), but a copy of PID 1's can be taken.
-func takeChannel() (*os.File, error) {
+// takePort returns a descriptor of PID 1's virtio-serial port called name:
+// it cannot be opened a second time (EBUSY), but a copy of PID 1's can be
+// taken.
+func takePort(name string) (*os.File, error) {
+	ports, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+	dev := ""
+	for _, p := range ports {
+		if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == name {
+			dev = "/dev/" + filepath.Base(filepath.Dir(p))
+		}
+	}
+	if dev == "" {
+		return nil, fmt.Errorf("no virtio port called %s", name)
+	}
 	entries, err := os.ReadDir("/proc/1/fd")
 	if err != nil {
 		return nil, err
@@ -64,13 +85,13 @@ func takeChannel() (*os.File, error) {
 	target := -1
 	for _, e := range entries {
 		link, err := os.Readlink(filepath.Join("/proc/1/fd", e.Name()))
-		if err == nil && strings.HasPrefix(link, "/dev/vport") {
+		if err == nil && link == dev {
 			fmt.Sscan(e.Name(), &target)
 			break
 		}
 	}
 	if target < 0 {
-		return nil, fmt.Errorf("PID 1 has no /dev/vport* open")
+		return nil, fmt.Errorf("PID 1 has no %s (%s) open", dev, name)
 	}
 	pidfd, err := unix.PidfdOpen(1, 0)
 	if err != nil {
@@ -80,8 +101,7 @@ func takeChannel() (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_getfd(PID 1, fd %d): %w", target, err)
 	}
-	// PID 1 opened it non-blocking: os makes a pollable file of it.
-	return os.NewFile(uintptr(fd), "channel"), nil
+	return os.NewFile(uintptr(fd), name), nil
 }
 
 // frames returns the frames opening n streams from id on; stream i of the
@@ -103,6 +123,38 @@ func frames(id uint32, i, n int, port uint32) []byte {
 		}
 	}
 	return b
+}
+
+// attackWorkspace writes hostile 9p on PID 1's workspace port.
+func attackWorkspace() {
+	f, err := takePort("org.capsem.workspace")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chanflood:", err)
+		os.Exit(1)
+	}
+	b := tversion(4 << 20)
+	b = binary.LittleEndian.AppendUint32(b, 4<<20)
+	b = append(b, 118, 1, 0) // Twrite, tag 1
+	junk := make([]byte, 64<<10)
+	for j := range junk {
+		junk[j] = byte(j * 131)
+	}
+	b = append(b, junk...)
+	if _, err := f.Write(b); err != nil {
+		fmt.Fprintln(os.Stderr, "chanflood: write:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("done workspace %d\n", len(b))
+}
+
+// tversion is a whole 9p Tversion message (tag NOTAG) for 9P2000.L.
+func tversion(msize uint32) []byte {
+	v := "9P2000.L"
+	m := binary.LittleEndian.AppendUint32(nil, uint32(4+1+2+4+2+len(v)))
+	m = append(m, 100, 0xff, 0xff)
+	m = binary.LittleEndian.AppendUint32(m, msize)
+	m = binary.LittleEndian.AppendUint16(m, uint16(len(v)))
+	return append(m, v...)
 }
 
 // yamux frames: version 0, type, flags, stream id, length.

@@ -38,26 +38,36 @@ import (
 
 // Identifiers QEMU and the guest see.
 const (
-	channelChardevID = "chan"
-	consoleChardevID = "console"
-	consoleFDSet     = "1"
-	monitorChardevID = "qmp"
-	serialBusID      = "vser0"
+	channelChardevID  = "chan"
+	consoleChardevID  = "console"
+	consoleFDSet      = "1"
+	monitorChardevID  = "qmp"
+	portChardevPrefix = "port"
+	serialBusID       = "vser0"
 )
 
-// extraFDs are the descriptors QEMU inherits for spec, in order from fd 3
-// (exec.Cmd.ExtraFiles): the console pipe, the monitor socket when
-// spec.Monitor, then the state file when spec.RestoreFrom is set.
-func extraFDs(spec vmm.Spec) (console, monitor, incoming int) {
-	console = 3
+// inheritedFDs are the descriptors QEMU inherits for a spec, from fd 3 in
+// the order of exec.Cmd.ExtraFiles (Machine.extraFiles appends them in
+// this order): the console pipe, the monitor socket when spec.Monitor,
+// the state file when spec.RestoreFrom is set, then one socket per port.
+type inheritedFDs struct {
+	console, monitor, incoming int
+	ports                      []int
+}
+
+func extraFDs(spec vmm.Spec) inheritedFDs {
+	fds := inheritedFDs{console: 3}
 	next := 4
 	if spec.Monitor {
-		monitor, next = next, next+1
+		fds.monitor, next = next, next+1
 	}
 	if spec.RestoreFrom != "" {
-		incoming = next
+		fds.incoming, next = next, next+1
 	}
-	return console, monitor, incoming
+	for range spec.Ports {
+		fds.ports, next = append(fds.ports, next), next+1
+	}
+	return fds
 }
 
 // TCGKernelParams are added to the guest kernel's command line under TCG.
@@ -99,7 +109,7 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if accel.Name == vmm.AccelTCG && spec.TCGCacheMiB > 0 {
 		accelOpt += ",tb-size=" + strconv.Itoa(spec.TCGCacheMiB)
 	}
-	consoleFD, monitorFD, incomingFD := extraFDs(spec)
+	fds := extraFDs(spec)
 	a := []string{
 		"-name", "guest=" + spec.Name + ",debug-threads=on",
 		"-machine", machine,
@@ -128,14 +138,15 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 		// console a byte at a time; a pipe packs those into pages, where a
 		// socket's buffer fills after a few hundred, so its reader wakes
 		// for every few bytes.
-		"-add-fd", "fd=" + strconv.Itoa(consoleFD) + ",set=" + consoleFDSet,
+		"-add-fd", "fd=" + strconv.Itoa(fds.console) + ",set=" + consoleFDSet,
 		"-chardev", "file,id=" + consoleChardevID + ",path=/dev/fdset/" + consoleFDSet + ",append=on",
 		"-serial", "chardev:" + consoleChardevID,
-		// The guest channel: one virtio-serial port on a socket we listen on.
-		// max_ports=2 (port 0 stays reserved for a console, ours is 1): the
-		// default 31 ports make the guest driver set up 64 virtqueues at
-		// probe, on the boot's critical path.
-		"-device", "virtio-serial-pci,id=" + serialBusID + ",max_ports=2",
+		// The guest channel: one virtio-serial port on a socket we listen on,
+		// then one per spec.Ports. max_ports as few as that (port 0 stays
+		// reserved for a console, ours start at 1): the default 31 ports
+		// make the guest driver set up 64 virtqueues at probe, on the
+		// boot's critical path.
+		"-device", "virtio-serial-pci,id=" + serialBusID + ",max_ports=" + strconv.Itoa(2+len(spec.Ports)),
 		"-chardev", "socket,id=" + channelChardevID + ",path=" + optValue(spec.ChannelSocket) + ",server=off",
 		"-device", "virtserialport,bus=" + serialBusID + ".0,chardev=" + channelChardevID + ",name=" + guestchan.VirtioPortName,
 	}
@@ -145,7 +156,7 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if spec.Monitor {
 		// QMP on a socket pair we made: no socket file anyone else
 		// could connect to.
-		a = append(a, "-chardev", "socket,id="+monitorChardevID+",fd="+strconv.Itoa(monitorFD),
+		a = append(a, "-chardev", "socket,id="+monitorChardevID+",fd="+strconv.Itoa(fds.monitor),
 			"-mon", "chardev="+monitorChardevID+",mode=control",
 			// A state is saved with the VM paused (see SaveState); without
 			// this the paused run state travels in it, and every VM
@@ -155,7 +166,14 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if spec.RestoreFrom != "" {
 		// The saved state comes in on an inherited descriptor: QEMU's
 		// sandbox forbids it to spawn a reader, and we open the file.
-		a = append(a, "-incoming", "fd:"+strconv.Itoa(incomingFD))
+		a = append(a, "-incoming", "fd:"+strconv.Itoa(fds.incoming))
+	}
+	for i, name := range spec.Ports {
+		// A socket pair we made, connected from the start: nothing anyone
+		// else could connect to.
+		id := portChardevPrefix + strconv.Itoa(i)
+		a = append(a, "-chardev", "socket,id="+id+",fd="+strconv.Itoa(fds.ports[i]),
+			"-device", "virtserialport,bus="+serialBusID+".0,chardev="+id+",name="+name)
 	}
 	for _, d := range spec.Disks {
 		ro, extra := "off", ",discard=unmap" // deletes in the guest keep the image sparse

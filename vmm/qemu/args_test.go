@@ -66,6 +66,9 @@ func goldenSpecs() map[string]struct {
 	both := restoring
 	both.Name = "monitor-restore"
 	both.Monitor = true
+	ports := both
+	ports.Name = "ports"
+	ports.Ports = []string{"org.capsem.workspace", "second"}
 	tcgCache := minimalSpec()
 	tcgCache.Name = "tcg-cache"
 	tcgCache.TCGCacheMiB = 64
@@ -89,6 +92,8 @@ func goldenSpecs() map[string]struct {
 		"monitor":         {saving, tcgMax},
 		"restore":         {restoring, tcgMax},
 		"monitor-restore": {both, tcgMax},
+		// Then one socket per port.
+		"ports": {ports, tcgMax},
 	}
 }
 

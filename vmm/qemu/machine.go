@@ -174,7 +174,10 @@ type Machine struct {
 	stopping bool
 
 	monitorConn *net.UnixConn // our end of the QMP socket pair (spec.Monitor)
-	console     *os.File      // the read end of the console pipe: copied into the console log
+	// ports are our ends of spec.Ports' socket pairs, until Port hands
+	// each out (under mu); those never taken close when QEMU is gone.
+	ports   map[string]net.Conn
+	console *os.File // the read end of the console pipe: copied into the console log
 	// consoleCopied is closed once the console is in its log, which QEMU's
 	// exit waits for (done means the log is complete).
 	consoleCopied chan struct{}
@@ -193,6 +196,7 @@ var (
 	_ vmm.StateSaver    = (*Machine)(nil)
 	_ vmm.ChannelHooker = (*Machine)(nil)
 	_ vmm.StateKeyer    = (*Machine)(nil)
+	_ vmm.PortHolder    = (*Machine)(nil)
 )
 
 // SetBeforeChannel sets the function Start runs on the raw channel
@@ -393,6 +397,7 @@ func (m *Machine) spawn() error {
 			m.monitorConn.Close()
 		}
 		m.mu.Lock()
+		m.closePorts()
 		m.waitErr = err
 		// Logged before done closes: whoever waits on done (a Stop, a
 		// test that then ends) must not race the machine's last words.
@@ -406,6 +411,9 @@ func (m *Machine) spawn() error {
 		if m.monitorConn != nil {
 			m.monitorConn.Close()
 		}
+		m.mu.Lock()
+		m.closePorts()
+		m.mu.Unlock()
 		m.console.Close()
 		return fmt.Errorf("qemu: starting %s: %w", m.bin, err)
 	}
@@ -452,9 +460,10 @@ func (m *Machine) copyConsole(log *logs.RotatingWriter, console *os.File, done c
 	}
 }
 
-// extraFiles opens what QEMU inherits, in the order Args numbers them: the
-// monitor's end of a new socket pair (ours goes to m.monitorConn), then
-// the state file to restore from.
+// extraFiles opens what QEMU inherits, in the order Args numbers them
+// (extraFDs): the console pipe, the monitor's end of a new socket pair
+// (ours goes to m.monitorConn), the state file to restore from, then
+// QEMU's end of each port's socket pair (ours go to m.ports).
 func (m *Machine) extraFiles() ([]*os.File, error) {
 	var files []*os.File
 	fail := func(err error) ([]*os.File, error) {
@@ -469,6 +478,7 @@ func (m *Machine) extraFiles() ([]*os.File, error) {
 			m.console.Close()
 			m.console = nil
 		}
+		m.closePorts()
 		return nil, err
 	}
 	// The console first (extraFDs' order): a blocking pipe, outside Go's
@@ -505,7 +515,41 @@ func (m *Machine) extraFiles() ([]*os.File, error) {
 		}
 		files = append(files, f)
 	}
+	m.ports = map[string]net.Conn{}
+	for _, name := range m.spec.Ports {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fail(fmt.Errorf("qemu: socket pair for port %s: %w", name, err))
+		}
+		ours := os.NewFile(uintptr(fds[0]), "port-"+name)
+		c, err := net.FileConn(ours)
+		ours.Close()
+		if err != nil {
+			unix.Close(fds[1])
+			return fail(fmt.Errorf("qemu: socket for port %s: %w", name, err))
+		}
+		m.ports[name] = c
+		files = append(files, os.NewFile(uintptr(fds[1]), "port-"+name+"-qemu"))
+	}
 	return files, nil
+}
+
+// Port implements vmm.PortHolder: our end of the port's socket pair, once;
+// the caller owns it.
+func (m *Machine) Port(name string) (net.Conn, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.ports[name]
+	delete(m.ports, name)
+	return c, ok
+}
+
+// closePorts closes the ports no one took; m.mu held (or not yet shared).
+func (m *Machine) closePorts() {
+	for name, c := range m.ports {
+		c.Close()
+		delete(m.ports, name)
+	}
 }
 
 // monitorClient returns the QMP client, connecting it on first use.
