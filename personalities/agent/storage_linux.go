@@ -42,8 +42,8 @@ var diskWait = 10 * time.Second
 // keeps no data or attribute cache (host edits show at once, guest writes
 // reach the host at once) yet allows shared writable mmap, which SQLite's
 // WAL and many build tools need.
-func workspaceOptions(fd int) string {
-	return fmt.Sprintf("trans=fd,rfdno=%d,wfdno=%d,version=9p2000.L,msize=%d,cache=mmap", fd, fd, guestwire.WorkspaceMsize)
+func workspaceOptions(rfd, wfd int) string {
+	return fmt.Sprintf("trans=fd,rfdno=%d,wfdno=%d,version=9p2000.L,msize=%d,cache=mmap", rfd, wfd, guestwire.WorkspaceMsize)
 }
 
 // storagePlan is what the host attached, from the kernel command line.
@@ -278,11 +278,11 @@ func switchRoot() error {
 // mountWorkspace mounts the host's workspace on dir: 9p from the host's
 // workspace server, which keeps the workspace within its size bound, on a
 // virtio port of its own (guestwire.WorkspacePort). The kernel's 9p client
-// reads and writes a descriptor (trans=fd), but not a virtio port's (the
-// port driver has no read_iter/write_iter on 6.1 kernels): so it gets one
-// end of a socket pair, and PID 1 copies between the other end and the
-// port (relayWorkspace). nosuid and nodev: files the host put there must
-// not gain privileges in the guest.
+// reads and writes descriptors (trans=fd), but not a virtio port's (the
+// port driver has no read_iter/write_iter on 6.1 kernels): so it gets two
+// pipes, and PID 1 copies between them and the port (relayWorkspace).
+// nosuid and nodev: files the host put there must not gain privileges in
+// the guest.
 func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("agent: creating the workspace mount point %s: %w", dir, err)
@@ -291,18 +291,31 @@ func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) erro
 	if err != nil {
 		return fmt.Errorf("agent: the workspace's port: %w", err)
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
+	// Two pipes, one each way: the kernel reads replies from one and
+	// writes requests to the other.
+	var replies, requests [2]int
+	if err := unix.Pipe2(replies[:], unix.O_CLOEXEC); err != nil {
 		port.Close()
-		return fmt.Errorf("agent: socket pair for the workspace: %w", err)
+		return fmt.Errorf("agent: pipe for the workspace: %w", err)
 	}
-	kernelEnd, ours := fds[0], os.NewFile(uintptr(fds[1]), "workspace")
-	go relayWorkspace(log, ours, port)
-	// The kernel takes its own reference to kernelEnd while mounting.
-	err = unix.Mount(tag, dir, "9p", unix.MS_NOSUID|unix.MS_NODEV, workspaceOptions(kernelEnd))
-	unix.Close(kernelEnd)
+	if err := unix.Pipe2(requests[:], unix.O_CLOEXEC); err != nil {
+		unix.Close(replies[0])
+		unix.Close(replies[1])
+		port.Close()
+		return fmt.Errorf("agent: pipe for the workspace: %w", err)
+	}
+	for _, fd := range []int{replies[1], requests[1]} {
+		// Room for whole messages (best effort: the system may cap it).
+		unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, 2*guestwire.WorkspaceMsize)
+	}
+	toKernel, fromKernel := os.NewFile(uintptr(replies[1]), "workspace-replies"), os.NewFile(uintptr(requests[0]), "workspace-requests")
+	go relayWorkspace(log, toKernel, fromKernel, port)
+	// The kernel takes its own references to the descriptors while mounting.
+	err = unix.Mount(tag, dir, "9p", unix.MS_NOSUID|unix.MS_NODEV, workspaceOptions(replies[0], requests[1]))
+	unix.Close(replies[0])
+	unix.Close(requests[1])
 	if err != nil {
-		// The relay sees the kernel's end gone and closes the rest.
+		// The relay sees the kernel's ends gone and closes the rest.
 		return fmt.Errorf("agent: mounting the workspace on %s: %w", dir, err)
 	}
 	return nil
@@ -312,33 +325,30 @@ func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) erro
 // socket and the port: one whole message at the workspace's msize.
 const relayBuffer = guestwire.WorkspaceMsize
 
-// relayWorkspace copies both ways between the kernel's socket and the
-// host's port until either ends; then both are closed, and the kernel
-// fails the workspace's pending and later requests. Each way is a blocking
-// read and write on its own thread: every 9p request waits on this copy,
-// and the runtime's poller would add a wake-up of another thread to each.
-func relayWorkspace(log *slog.Logger, kernel, port *os.File) {
-	// Fd makes each descriptor blocking, as the loops want; the Files stay
-	// referenced until the end, so they are not closed under the loops.
-	kfd, pfd := int(kernel.Fd()), int(port.Fd())
+// relayWorkspace copies both ways between the kernel's pipes and the
+// host's port until either ends; then the kernel fails the workspace's
+// pending and later requests. The pipes are read and written blocking, on
+// threads of their own; the port is read and written through the
+// runtime's poller, as the channel's port is: a blocking read of a virtio
+// port was seen to miss data that arrived until more followed.
+func relayWorkspace(log *slog.Logger, toKernel, fromKernel, port *os.File) {
+	// Fd makes the pipes blocking; the Files stay referenced until the
+	// end, so they are not closed under the loops.
+	tfd, ffd := int(toKernel.Fd()), int(fromKernel.Fd())
 	done := make(chan error, 2)
-	go func() { done <- copyFD(pfd, kfd) }()
-	go func() { done <- copyFD(kfd, pfd) }()
+	go func() { done <- copyFromFD(port, ffd) }()
+	go func() { done <- copyToFD(tfd, port) }()
 	err := <-done
 	log.Warn("the workspace connection ended; the workspace is unreachable until the VM restarts", "err", err)
-	// Shutting the socket down ends a loop blocked on it. A loop blocked
-	// reading the port may never end (closing a descriptor does not wake
-	// a read of it): the Files stay referenced, and open, until it does,
-	// so their descriptors are never reused under it.
-	unix.Shutdown(kfd, unix.SHUT_RDWR)
+	port.Close() // ends a loop blocked on the port
 	<-done
-	kernel.Close()
-	port.Close()
+	toKernel.Close()
+	fromKernel.Close()
 }
 
-// copyFD copies from src to dst with blocking reads and writes until
-// either fails or src ends.
-func copyFD(dst, src int) error {
+// copyFromFD copies from the blocking descriptor src to dst until either
+// fails or src ends.
+func copyFromFD(dst io.Writer, src int) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	buf := make([]byte, relayBuffer)
@@ -353,15 +363,30 @@ func copyFD(dst, src int) error {
 		if n == 0 {
 			return io.EOF
 		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return err
+		}
+	}
+}
+
+// copyToFD copies from src to the blocking descriptor dst until either
+// fails or src ends.
+func copyToFD(dst int, src io.Reader) error {
+	buf := make([]byte, relayBuffer)
+	for {
+		n, err := src.Read(buf)
 		for b := buf[:n]; len(b) > 0; {
-			w, err := unix.Write(dst, b)
-			if err == unix.EINTR {
+			w, werr := unix.Write(dst, b)
+			if werr == unix.EINTR {
 				continue
 			}
-			if err != nil {
-				return err
+			if werr != nil {
+				return werr
 			}
 			b = b[w:]
+		}
+		if err != nil {
+			return err
 		}
 	}
 }
