@@ -18,6 +18,7 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -140,11 +141,15 @@ func attackWorkspace() {
 		junk[j] = byte(j * 131)
 	}
 	b = append(b, junk...)
-	if _, err := f.Write(b); err != nil {
+	// The host closes the connection at the bad message, and the port
+	// then takes no more: what is left of the junk is given up on.
+	f.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	n, err := f.Write(b)
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		fmt.Fprintln(os.Stderr, "chanflood: write:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("done workspace %d\n", len(b))
+	fmt.Printf("done workspace %d\n", n)
 }
 
 // tversion is a whole 9p Tversion message (tag NOTAG) for 9P2000.L.
