@@ -1,0 +1,367 @@
+package netstack
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+var (
+	allowedIP = netip.MustParseAddr("203.0.113.10")
+	otherIP   = netip.MustParseAddr("203.0.113.20")
+)
+
+func basePolicy() *testPolicy {
+	return &testPolicy{
+		allow:   map[string]bool{"allowed.example": true, "other.example": true, "private.example": true, "sneaky.example": true, "flaky.example": true},
+		ports:   map[uint16]bool{80: true, 443: true},
+		private: map[string]bool{"private.example": true},
+		fixed:   map[string]netip.Addr{"private.example": netip.MustParseAddr("127.0.0.1")},
+		byIP:    map[netip.AddrPort]bool{},
+	}
+}
+
+func baseResolver() fakeResolver {
+	return fakeResolver{
+		"allowed.example": {allowedIP, netip.MustParseAddr("2001:db8::1")},
+		"other.example":   {otherIP},
+		"sneaky.example":  {netip.MustParseAddr("10.1.2.3")},
+		"flaky.example":   nil,
+		"blocked.example": {netip.MustParseAddr("203.0.113.66")},
+	}
+}
+
+func testLimits() Limits {
+	l := DefaultLimits
+	l.FirstFlightWait = 300 * time.Millisecond
+	return l
+}
+
+func TestDNS(t *testing.T) {
+	r := newRig(t, basePolicy(), baseResolver(), testLimits())
+	tests := []struct {
+		name, server string
+		qtype        uint16
+		rcode        int
+		want         []string
+	}{
+		{"allowed.example", "192.168.127.1", dns.TypeA, dns.RcodeSuccess, []string{"203.0.113.10"}},
+		{"ALLOWED.example.", "192.168.127.1", dns.TypeA, dns.RcodeSuccess, []string{"203.0.113.10"}},
+		// A resolver hard-coded in the guest is answered here too.
+		{"other.example", "8.8.8.8", dns.TypeA, dns.RcodeSuccess, []string{"203.0.113.20"}},
+		{"blocked.example", "192.168.127.1", dns.TypeA, dns.RcodeNameError, nil},
+		{"allowed.example", "192.168.127.1", dns.TypeAAAA, dns.RcodeSuccess, nil},
+		{"allowed.example", "192.168.127.1", dns.TypeHTTPS, dns.RcodeSuccess, nil},
+		{"flaky.example", "192.168.127.1", dns.TypeA, dns.RcodeServerFailure, nil},
+		// Rebinding: a public name answered with a private address.
+		{"sneaky.example", "192.168.127.1", dns.TypeA, dns.RcodeSuccess, nil},
+		{"private.example", "192.168.127.1", dns.TypeA, dns.RcodeSuccess, []string{"127.0.0.1"}},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s/%s@%s", tc.name, dns.TypeToString[tc.qtype], tc.server), func(t *testing.T) {
+			m := r.query(t, tc.server, tc.name, tc.qtype)
+			if m.Rcode != tc.rcode {
+				t.Errorf("rcode %s, want %s", dns.RcodeToString[m.Rcode], dns.RcodeToString[tc.rcode])
+			}
+			if got := answers(m); !slices.Equal(got, tc.want) {
+				t.Errorf("answers %v, want %v", got, tc.want)
+			}
+		})
+	}
+	r.ev.mu.Lock()
+	defer r.ev.mu.Unlock()
+	byName := map[string]DNSEvent{}
+	for _, ev := range r.ev.dns {
+		byName[ev.Name+"/"+ev.Type] = ev
+	}
+	if ev := byName["blocked.example/A"]; ev.Allowed || ev.RCode != "NXDOMAIN" || ev.Reason == "" {
+		t.Errorf("blocked query recorded as %+v", ev)
+	}
+	if ev := byName["sneaky.example/A"]; ev.Allowed || ev.Rule != RulePrivate {
+		t.Errorf("rebinding answer recorded as %+v", ev)
+	}
+	if ev := byName["other.example/A"]; !ev.Allowed || ev.Server != netip.MustParseAddr("8.8.8.8") || len(ev.Answers) != 1 {
+		t.Errorf("query to 8.8.8.8 recorded as %+v", ev)
+	}
+	if r.host.pins.has(netip.MustParseAddr("10.1.2.3"), "sneaky.example") {
+		t.Error("a refused private answer was pinned")
+	}
+}
+
+func TestDNSOverTCP(t *testing.T) {
+	r := newRig(t, basePolicy(), baseResolver(), testLimits())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := r.dial(ctx, "9.9.9.9:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, name := range []string{"allowed.example", "blocked.example"} {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		out, _ := m.Pack()
+		framed := binary.BigEndian.AppendUint16(nil, uint16(len(out)))
+		if _, err := c.Write(append(framed, out...)); err != nil {
+			t.Fatal(err)
+		}
+		var n [2]byte
+		if _, err := io.ReadFull(c, n[:]); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, binary.BigEndian.Uint16(n[:]))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+		reply := new(dns.Msg)
+		if err := reply.Unpack(buf); err != nil {
+			t.Fatal(err)
+		}
+		want := dns.RcodeSuccess
+		if name == "blocked.example" {
+			want = dns.RcodeNameError
+		}
+		if reply.Rcode != want {
+			t.Errorf("%s over TCP: rcode %s", name, dns.RcodeToString[reply.Rcode])
+		}
+	}
+}
+
+// servers starts an HTTP and an HTTPS server on loopback and routes the
+// pinned addresses to them.
+func (r *rig) servers(t *testing.T) (httpSrv, tlsSrv *httptest.Server) {
+	t.Helper()
+	h := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("X-Host", req.Host)
+		fmt.Fprintf(w, "hello %s %s", req.Host, req.URL.Path)
+	})
+	httpSrv, tlsSrv = httptest.NewServer(h), httptest.NewTLSServer(h)
+	t.Cleanup(httpSrv.Close)
+	t.Cleanup(tlsSrv.Close)
+	for _, ip := range []netip.Addr{allowedIP, otherIP} {
+		r.dialer.routes[netip.AddrPortFrom(ip, 80)] = httpSrv.Listener.Addr().String()
+		r.dialer.routes[netip.AddrPortFrom(ip, 443)] = tlsSrv.Listener.Addr().String()
+	}
+	return httpSrv, tlsSrv
+}
+
+// guestHTTP makes one request from the guest to addr with the given Host
+// (and SNI, over TLS).
+func (r *rig) guestHTTP(ctx context.Context, addr, host string, overTLS bool) (*http.Response, string, error) {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dial(ctx, addr) },
+		TLSClientConfig: &tls.Config{ServerName: host, InsecureSkipVerify: true},
+		DisableKeepAlives: true,
+	}
+	defer tr.CloseIdleConnections()
+	scheme := "http"
+	if overTLS {
+		scheme = "https"
+	}
+	req, _ := http.NewRequestWithContext(ctx, "GET", scheme+"://"+host+"/path", nil)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp, string(body), err
+}
+
+func TestConnections(t *testing.T) {
+	r := newRig(t, basePolicy(), baseResolver(), testLimits())
+	r.servers(t)
+	// The guest resolves first, as any client does: that pins the names.
+	for _, n := range []string{"allowed.example", "other.example"} {
+		if got := answers(r.query(t, "192.168.127.1", n, dns.TypeA)); len(got) != 1 {
+			t.Fatalf("%s: %v", n, got)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	t.Run("http by Host", func(t *testing.T) {
+		resp, body, err := r.guestHTTP(ctx, "203.0.113.10:80", "allowed.example", false)
+		if err != nil || resp.StatusCode != 200 || body != "hello allowed.example /path" {
+			t.Fatalf("resp %v body %q err %v", resp, body, err)
+		}
+		ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Kind == KindHTTP && e.Name == "allowed.example" })
+		if !ev.Allowed || ev.Status != 200 || ev.Method != "GET" || ev.Path != "/path" || ev.BytesReceived == 0 || ev.BytesSent == 0 {
+			t.Errorf("event %+v", ev)
+		}
+	})
+	t.Run("https by SNI", func(t *testing.T) {
+		resp, body, err := r.guestHTTP(ctx, "203.0.113.10:443", "allowed.example", true)
+		if err != nil || resp.StatusCode != 200 || body != "hello allowed.example /path" {
+			t.Fatalf("resp %v body %q err %v", resp, body, err)
+		}
+		ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Kind == KindTLS && e.Name == "allowed.example" })
+		if !ev.Allowed || ev.BytesReceived == 0 {
+			t.Errorf("event %+v", ev)
+		}
+	})
+	t.Run("SNI of another pinned name onto this IP", func(t *testing.T) {
+		before := len(r.dialer.dialed())
+		_, _, err := r.guestHTTP(ctx, "203.0.113.10:443", "other.example", true)
+		if err == nil {
+			t.Fatal("a spoofed SNI got through")
+		}
+		ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Name == "other.example" && e.Rule == RuleNameMismatch })
+		if ev.Allowed || !strings.Contains(ev.Reason, "allowed.example") {
+			t.Errorf("event %+v", ev)
+		}
+		if len(r.dialer.dialed()) != before {
+			t.Errorf("the host dialled for a refused connection: %v", r.dialer.dialed())
+		}
+	})
+	t.Run("blocked Host on a pinned IP", func(t *testing.T) {
+		_, _, err := r.guestHTTP(ctx, "203.0.113.10:80", "blocked.example", false)
+		if err == nil {
+			t.Fatal("a blocked Host got through")
+		}
+		r.ev.waitConn(t, func(e ConnEvent) bool { return e.Name == "blocked.example" && !e.Allowed && e.Rule == "net.default" })
+	})
+	t.Run("address never resolved is reset at SYN", func(t *testing.T) {
+		before := len(r.dialer.dialed())
+		_, err := r.dial(ctx, "203.0.113.99:443")
+		if !isRefused(err) {
+			t.Fatalf("dial to an unresolved IP: %v", err)
+		}
+		r.ev.waitConn(t, func(e ConnEvent) bool { return e.Rule == RuleNotResolved && e.Addr.Addr() == netip.MustParseAddr("203.0.113.99") })
+		if len(r.dialer.dialed()) != before {
+			t.Errorf("the host dialled: %v", r.dialer.dialed())
+		}
+	})
+	t.Run("metadata address is reset at SYN", func(t *testing.T) {
+		_, err := r.dial(ctx, "169.254.169.254:80")
+		if !isRefused(err) {
+			t.Fatalf("dial to the metadata address: %v", err)
+		}
+	})
+	t.Run("port not allowed is reset at SYN", func(t *testing.T) {
+		_, err := r.dial(ctx, "203.0.113.10:22")
+		if !isRefused(err) {
+			t.Fatalf("dial to port 22: %v", err)
+		}
+		r.ev.waitConn(t, func(e ConnEvent) bool { return e.Rule == "net.ports" && e.Addr.Port() == 22 })
+	})
+	t.Run("client that does not speak first", func(t *testing.T) {
+		c, err := r.dial(ctx, "203.0.113.10:443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || isDeadlineErr(err) {
+			t.Fatalf("a silent client was not cut off: %v", err)
+		}
+		ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Rule == RuleNoName })
+		if !strings.Contains(ev.Reason, "in time") {
+			t.Errorf("event %+v", ev)
+		}
+	})
+	t.Run("garbage first flight", func(t *testing.T) {
+		c, err := r.dial(ctx, "203.0.113.10:80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte("\x00\x01\x02 not http\r\n\r\n"))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || isDeadlineErr(err) {
+			t.Fatalf("garbage was not refused: %v", err)
+		}
+	})
+	t.Run("UDP other than DNS goes nowhere", func(t *testing.T) {
+		to := fullAddr(netip.MustParseAddrPort("203.0.113.10:123"))
+		c, err := guestUDP(r, &to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte("ntp?"))
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, err := c.Read(make([]byte, 64)); err == nil {
+			t.Fatalf("UDP/123 got a %d-byte answer", n)
+		}
+	})
+}
+
+func isDeadlineErr(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+func TestAllowedByAddress(t *testing.T) {
+	pol := basePolicy()
+	pol.ports[5432] = true
+	direct := netip.MustParseAddrPort("203.0.113.50:5432")
+	pol.byIP[direct] = true
+	r := newRig(t, pol, baseResolver(), testLimits())
+	// A server that speaks first, as databases and SSH do.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("SERVER FIRST\n"))
+			c.Close()
+		}
+	}()
+	r.dialer.routes[direct] = ln.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := r.dial(ctx, direct.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "SERVER FIRST\n" {
+		t.Fatalf("read %q, %v", line, err)
+	}
+	c.Close() // the connection is recorded once both directions end
+	ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Addr == direct })
+	if !ev.Allowed || ev.Kind != KindTCP {
+		t.Errorf("event %+v", ev)
+	}
+}
+
+func TestPolicyReloadAppliesToTheNextConnection(t *testing.T) {
+	pol := basePolicy()
+	r := newRig(t, pol, baseResolver(), testLimits())
+	r.servers(t)
+	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, _, err := r.guestHTTP(ctx, "203.0.113.10:80", "allowed.example", false); err != nil {
+		t.Fatal(err)
+	}
+	// The policy object is read per connection: close the door.
+	delete(pol.allow, "allowed.example")
+	if _, _, err := r.guestHTTP(ctx, "203.0.113.10:80", "allowed.example", false); err == nil {
+		t.Fatal("a name no longer allowed still connects")
+	}
+	if m := r.query(t, "192.168.127.1", "allowed.example", dns.TypeA); m.Rcode != dns.RcodeNameError {
+		t.Errorf("a name no longer allowed still resolves: %s", dns.RcodeToString[m.Rcode])
+	}
+}

@@ -1,0 +1,97 @@
+package netstack
+
+import (
+	"net/netip"
+	"sync"
+)
+
+// pins records which names this VM's DNS answered with which address: a
+// connection to an address is allowed only under a name pinned to it. Pins
+// outlive the TTL the guest was given (clients keep pooled connections and
+// cached answers far longer) and last until the VM stops; past maxPins the
+// oldest pin goes first, so a guest resolving endless names costs a bounded
+// table.
+type pins struct {
+	mu     sync.Mutex
+	max    int
+	byAddr map[netip.Addr]map[string]uint64 // address → name → insertion tick
+	order  []pinKey                         // insertion order, for eviction
+	tick   uint64
+	n      int // pins held
+}
+
+type pinKey struct {
+	addr netip.Addr
+	name string
+	tick uint64
+}
+
+func newPins(max int) *pins {
+	return &pins{max: max, byAddr: map[netip.Addr]map[string]uint64{}}
+}
+
+// add pins name to each address (a repeat refreshes it).
+func (p *pins) add(name string, addrs []netip.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range addrs {
+		p.tick++
+		names := p.byAddr[a]
+		if names == nil {
+			names = map[string]uint64{}
+			p.byAddr[a] = names
+		}
+		if _, ok := names[name]; !ok {
+			p.n++
+		}
+		names[name] = p.tick
+		p.order = append(p.order, pinKey{a, name, p.tick})
+	}
+	p.evict()
+}
+
+// evict drops the oldest pins past max; stale order entries (a pin
+// refreshed since) are skipped. p.mu held.
+func (p *pins) evict() {
+	for p.n > p.max && len(p.order) > 0 {
+		k := p.order[0]
+		p.order = p.order[1:]
+		if names := p.byAddr[k.addr]; names != nil && names[k.name] == k.tick {
+			delete(names, k.name)
+			p.n--
+			if len(names) == 0 {
+				delete(p.byAddr, k.addr)
+			}
+		}
+	}
+	// The order slice holds at most one stale entry per refresh: compact
+	// it when it has grown well past the live pins.
+	if len(p.order) > 2*p.max+64 {
+		live := p.order[:0]
+		for _, k := range p.order {
+			if names := p.byAddr[k.addr]; names != nil && names[k.name] == k.tick {
+				live = append(live, k)
+			}
+		}
+		p.order = append([]pinKey(nil), live...)
+	}
+}
+
+// names returns the names pinned to addr.
+func (p *pins) names(addr netip.Addr) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for n := range p.byAddr[addr] {
+		out = append(out, n)
+	}
+	return out
+}
+
+// has reports whether name is pinned to addr.
+func (p *pins) has(addr netip.Addr, name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.byAddr[addr][name]
+	return ok
+}
