@@ -109,6 +109,8 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	// guests waiting on slow destinations do not hold up new SYNs.
 	r.Complete(false)
 	guest := gonet.NewTCPConn(&wq, ep)
+	stop := context.AfterFunc(s.ctx, func() { ep.Abort(); guest.Close() })
+	defer stop()
 	abort := func(v netpolicy.Verdict, kind string) {
 		ep.Abort()
 		guest.Close()

@@ -154,16 +154,39 @@ func (e *events) waitConn(t *testing.T, f func(ConnEvent) bool) ConnEvent {
 // rig is a host Stack wired to a second netstack that plays the guest,
 // over a socket pair with the hypervisor's framing.
 type rig struct {
-	host   *Stack
-	guest  *stack.Stack
-	pol    *testPolicy
-	dialer *routeDialer
-	ev     *events
-	cancel context.CancelFunc
-	served chan error
+	host      *Stack
+	guest     *stack.Stack
+	pol       *testPolicy
+	dialer    *routeDialer
+	ev        *events
+	cancel    context.CancelFunc
+	served    chan error
+	guestConn net.Conn
 }
 
 func newRig(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits) *rig {
+	t.Helper()
+	r := newRigNoCleanup(t, pol, res, lim)
+	t.Cleanup(func() { r.shutdown(t) })
+	return r
+}
+
+// shutdown ends the guest's side, then the host stack, and checks that
+// Serve returned.
+func (r *rig) shutdown(t *testing.T) {
+	r.cancel()
+	r.guestConn.Close()
+	select {
+	case <-r.served:
+	case <-time.After(10 * time.Second):
+		t.Error("Serve did not return after its context ended")
+	}
+	r.host.Close()
+	r.guest.Close()
+	r.guest.Wait()
+}
+
+func newRigNoCleanup(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits) *rig {
 	t.Helper()
 	r := &rig{pol: pol, dialer: &routeDialer{routes: map[netip.AddrPort]string{}}, ev: &events{ch: make(chan struct{}, 1)}}
 	var current Policy = pol
@@ -185,19 +208,7 @@ func newRig(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits) *rig {
 	r.cancel = cancel
 	r.served = make(chan error, 1)
 	go func() { r.served <- host.Serve(ctx, hostConn, vmm.FramingStream4BE) }()
-	r.guest = guestStack(t, ctx, guestConn)
-	t.Cleanup(func() {
-		cancel()
-		guestConn.Close()
-		select {
-		case <-r.served:
-		case <-time.After(10 * time.Second):
-			t.Error("Serve did not return after its context ended")
-		}
-		host.Close()
-		r.guest.Close()
-		r.guest.Wait()
-	})
+	r.guest, r.guestConn = guestStack(t, ctx, guestConn), guestConn
 	return r
 }
 

@@ -162,8 +162,8 @@ func (r *rig) servers(t *testing.T) (httpSrv, tlsSrv *httptest.Server) {
 // (and SNI, over TLS).
 func (r *rig) guestHTTP(ctx context.Context, addr, host string, overTLS bool) (*http.Response, string, error) {
 	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dial(ctx, addr) },
-		TLSClientConfig: &tls.Config{ServerName: host, InsecureSkipVerify: true},
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dial(ctx, addr) },
+		TLSClientConfig:   &tls.Config{ServerName: host, InsecureSkipVerify: true},
 		DisableKeepAlives: true,
 	}
 	defer tr.CloseIdleConnections()
@@ -240,7 +240,9 @@ func TestConnections(t *testing.T) {
 		if !isRefused(err) {
 			t.Fatalf("dial to an unresolved IP: %v", err)
 		}
-		r.ev.waitConn(t, func(e ConnEvent) bool { return e.Rule == RuleNotResolved && e.Addr.Addr() == netip.MustParseAddr("203.0.113.99") })
+		r.ev.waitConn(t, func(e ConnEvent) bool {
+			return e.Rule == RuleNotResolved && e.Addr.Addr() == netip.MustParseAddr("203.0.113.99")
+		})
 		if len(r.dialer.dialed()) != before {
 			t.Errorf("the host dialled: %v", r.dialer.dialed())
 		}

@@ -1,0 +1,146 @@
+package netstack
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+func TestFlowLimit(t *testing.T) {
+	lim := testLimits()
+	lim.Flows = 4
+	lim.FirstFlightWait = 5 * time.Second
+	r := newRig(t, basePolicy(), baseResolver(), lim)
+	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Silent clients hold their flows while the host waits for a first
+	// flight; past the bound new SYNs are reset.
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	refused := 0
+	for i := 0; i < 12; i++ {
+		c, err := r.dial(ctx, "203.0.113.10:443")
+		if err != nil {
+			if !isRefused(err) {
+				t.Fatalf("dial %d: %v", i, err)
+			}
+			refused++
+			continue
+		}
+		held = append(held, c)
+	}
+	if len(held) != lim.Flows || refused != 12-lim.Flows {
+		t.Fatalf("%d connections held, %d refused; want %d held", len(held), refused, lim.Flows)
+	}
+	if st := r.host.Stats(); st.FlowsOverLimit != int64(refused) || st.OpenFlows != lim.Flows {
+		t.Errorf("stats %+v", st)
+	}
+	// Once the held flows end, new ones get through again.
+	for _, c := range held {
+		c.Close()
+	}
+	held = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for r.host.Stats().OpenFlows > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := r.host.Stats().OpenFlows; n != 0 {
+		t.Fatalf("%d flows still open after the guest closed them all", n)
+	}
+}
+
+func TestDNSFloodIsBounded(t *testing.T) {
+	lim := testLimits()
+	lim.Pins = 100
+	r := newRig(t, basePolicy(), fakeResolver{}, lim)
+	pol := r.pol
+	// Names the guest resolves past the pin bound evict the oldest.
+	for i := 0; i < 300; i++ {
+		name := "flood" + itoa(i) + ".example"
+		pol.allow[name] = true
+		pol.fixed[name] = allowedIP
+		r.query(t, "192.168.127.1", name, dns.TypeA)
+	}
+	if st := r.host.Stats(); st.Pins > lim.Pins {
+		t.Errorf("%d pins held; the bound is %d", st.Pins, lim.Pins)
+	}
+	if r.host.pins.has(allowedIP, "flood0.example") || !r.host.pins.has(allowedIP, "flood299.example") {
+		t.Error("eviction did not drop the oldest pin first")
+	}
+}
+
+func itoa(i int) string {
+	var b [20]byte
+	n := len(b)
+	for {
+		n--
+		b[n] = byte('0' + i%10)
+		i /= 10
+		if i == 0 {
+			return string(b[n:])
+		}
+	}
+}
+
+// TestHostileFrames sends frames a compromised hypervisor or guest could:
+// shorter than an Ethernet header, and larger than the link. They are
+// dropped and counted; the link keeps working.
+func TestHostileFrames(t *testing.T) {
+	f := newFrameFilter(nil, 1500)
+	in, out := net.Pipe()
+	f.Conn = out
+	go func() {
+		frame := func(size int) []byte {
+			b := binary.BigEndian.AppendUint32(nil, uint32(size))
+			return append(b, make([]byte, size)...)
+		}
+		in.Write(frame(0))
+		in.Write(frame(5))
+		in.Write(frame(1500 + frameSlack + 1))
+		in.Write(frame(64))
+		in.Close()
+	}()
+	buf := make([]byte, 128)
+	n, err := f.Read(buf)
+	if err != nil || n != 4+64 || binary.BigEndian.Uint32(buf) != 64 {
+		t.Fatalf("read %d bytes (%x), %v; want the 64-byte frame", n, buf[:min(n, 8)], err)
+	}
+	if d := f.dropped.Load(); d != 3 {
+		t.Errorf("%d frames dropped, want 3", d)
+	}
+	if _, err := f.Read(buf); err == nil {
+		t.Error("read past the end of the stream")
+	}
+}
+
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	r := newRigNoCleanup(t, basePolicy(), baseResolver(), DefaultLimits)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))
+	c, err := r.dial(ctx, "203.0.113.10:443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r.shutdown(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before+2 {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+}
