@@ -54,7 +54,7 @@ Iterative debugging on a long-lived VM:
 1. capsem_create (give a name to keep the VM's disk and ledger across stops)
 2. capsem_exec {id, command}: run what you want to test
 3. capsem_read_file / capsem_write_file: check or change state
-4. capsem_inspect {id, sql}: query the ledger (capsem_inspect_schema lists its tables: mcp_calls, net_events, exec_events, fs_events, model_calls)
+4. capsem_inspect {id, sql}: query the ledger (capsem_inspect_schema lists its tables: mcp_calls, net_events, dns_events, exec_events, fs_events, model_calls)
 5. capsem_vm_logs {id}: the guest console and the VM's process log, when something fails
 6. capsem_delete {id}: tear it down (capsem_stop keeps a named VM for capsem_resume)
 

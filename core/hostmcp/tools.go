@@ -216,7 +216,7 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_vm_logs", Annotations: readOnly, Description: "The tail of a VM's logs: the guest's serial console and the VM's host process. grep keeps matching lines; tail limits to the last N. Works on stopped and defunct VMs."}, t.vmLogs)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_service_logs", Annotations: readOnly, Description: "The tail of the capsem service's own log (JSON lines). grep keeps matching lines; tail limits to the last N."}, t.serviceLogs)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect_schema", Annotations: readOnly, Description: "The CREATE TABLE statements of session.db, the per-VM ledger capsem_inspect queries."}, t.schema)
-	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect", Annotations: readOnly, Description: "Run one read-only SQL statement on a VM's session.db (its ledger: mcp_calls, net_events, exec_events, fs_events, model_calls) and return columns and rows. " +
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect", Annotations: readOnly, Description: "Run one read-only SQL statement on a VM's session.db (its ledger: mcp_calls, net_events, dns_events, exec_events, fs_events, model_calls) and return columns and rows. " +
 		"Writes, ATTACH, extensions and pragmas that change anything are refused. The answer is bounded: at most maxRows rows, " +
 		fmt.Sprintf("%d MiB of JSON in all (the rows past it are left out) and %d MiB per cell (fewer with many columns): ", api.MaxInspectAnswerBytes>>20, api.MaxInspectCellBytes>>20) +
 		"a longer text or blob comes as {cut: true, bytes: its whole length, value: its first bytes}; truncated, truncatedBy and cutCells say what was left out. " +

@@ -1,6 +1,6 @@
 // Package ledger writes and reads session.db, the per-session SQLite audit
 // ledger: one row per MCP message in mcp_calls, plus
-// net_events, exec_events, fs_events and model_calls.
+// net_events, dns_events, exec_events, fs_events and model_calls.
 //
 // A Ledger owns the file's only writer: one goroutine that drains every
 // queued row into one transaction (group commit). Write blocks until the

@@ -17,7 +17,7 @@ import (
 	"unicode/utf8"
 )
 
-var allTables = []string{"exec_events", "fs_events", "mcp_calls", "model_calls", "net_events"}
+var allTables = []string{"dns_events", "exec_events", "fs_events", "mcp_calls", "model_calls", "net_events"}
 
 func tempDB(t testing.TB) string {
 	t.Helper()
@@ -142,7 +142,7 @@ func TestIndexesAndInsertColumnsMatchSchema(t *testing.T) {
 	}
 	rows := map[tableID]Row{
 		tableMCPCalls: &MCPCall{}, tableNetEvents: &NetEvent{}, tableExecEvents: &ExecEvent{},
-		tableFSEvents: &FSEvent{}, tableModelCalls: &ModelCall{},
+		tableFSEvents: &FSEvent{}, tableModelCalls: &ModelCall{}, tableDNSEvents: &DNSEvent{},
 	}
 	for id, row := range rows {
 		name := tables[id].name
@@ -269,6 +269,48 @@ func TestOpenMigratesVersion2(t *testing.T) {
 	}
 	if got := queryAll(t, path, "SELECT COUNT(*) FROM sqlite_schema WHERE name = 'idx_mcp_calls_event_id'")[0][0]; got != int64(1) {
 		t.Error("no unique event_id index after the migration")
+	}
+}
+
+// TestOpenMigratesVersion4: a version-4 file gains dns_events and
+// net_events' ip, source and action, its rows kept, and the seed's query
+// on net_events works on it.
+func TestOpenMigratesVersion4(t *testing.T) {
+	path := tempDB(t)
+	l := openLedger(t, path, Options{})
+	ctx := context.Background()
+	if err := l.Write(ctx, &NetEvent{Domain: "old.example", Decision: string(DecisionDenied)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	execClosed(t, path,
+		"DROP TABLE dns_events",
+		"ALTER TABLE net_events DROP COLUMN action",
+		"ALTER TABLE net_events DROP COLUMN ip",
+		"ALTER TABLE net_events DROP COLUMN source",
+		"PRAGMA user_version = 4",
+	)
+	l = openLedger(t, path, Options{})
+	if err := l.Write(ctx, &NetEvent{Domain: "new.example", Decision: string(DecisionAllowed), IP: "203.0.113.1", Source: SourceGuest},
+		&DNSEvent{Name: "new.example", RCode: "NOERROR", Decision: "allowed"}); err != nil {
+		t.Fatal(err)
+	}
+	got := queryAll(t, path, "SELECT domain, action, status_code, ip, source FROM net_events ORDER BY timestamp, id")
+	if len(got) != 2 || got[0][0] != "old.example" || got[0][1] != "denied" || got[1][1] != "allowed" || got[1][3] != "203.0.113.1" || got[1][4] != "guest" {
+		t.Errorf("net_events after the migration: %v", got)
+	}
+	if n := count(t, path, "dns_events"); n != 1 {
+		t.Errorf("dns_events has %d rows", n)
+	}
+}
+
+func TestDNSEventValidation(t *testing.T) {
+	for _, e := range []*DNSEvent{{RCode: "NOERROR", Decision: "maybe"}, {Decision: "allowed"}} {
+		if err := e.fill(time.Now()); err == nil {
+			t.Errorf("%+v accepted", e)
+		}
 	}
 }
 
@@ -938,10 +980,10 @@ func TestCloseFlushesEnqueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 500
+	const n = 600
 	for i := range n {
 		var r Row
-		switch i % 5 {
+		switch i % 6 {
 		case 0:
 			r = mcp(DecisionAllowed)
 		case 1:
@@ -952,6 +994,8 @@ func TestCloseFlushesEnqueued(t *testing.T) {
 			r = &FSEvent{Operation: "read", Path: "/p"}
 		case 4:
 			r = &ModelCall{Provider: "p"}
+		case 5:
+			r = &DNSEvent{Name: "n", RCode: "NOERROR", Decision: "allowed"}
 		}
 		if err := l.Enqueue(r); err != nil {
 			t.Fatal(err)
@@ -961,8 +1005,8 @@ func TestCloseFlushesEnqueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tbl := range allTables {
-		if got := count(t, path, tbl); got != n/5 {
-			t.Errorf("%s has %d rows after Close, want %d", tbl, got, n/5)
+		if got := count(t, path, tbl); got != n/6 {
+			t.Errorf("%s has %d rows after Close, want %d", tbl, got, n/6)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -237,7 +238,17 @@ type NetEvent struct {
 	PolicyAction        string
 	PolicyRule          string
 	PolicyReason        string
+	// IP is the destination address; Source who connected: SourceGuest
+	// (the guest's network) or SourceBuiltin (the builtin HTTP tools).
+	IP     string
+	Source string
 }
+
+// NetEvent.Source values.
+const (
+	SourceGuest   = "guest"
+	SourceBuiltin = "builtin"
+)
 
 func (*NetEvent) table() tableID { return tableNetEvents }
 
@@ -282,6 +293,8 @@ func (e *NetEvent) fields() []field {
 		{"policy_action", optText(e.PolicyAction)},
 		{"policy_rule", optText(e.PolicyRule)},
 		{"policy_reason", optText(e.PolicyReason)},
+		{"ip", optText(e.IP)},
+		{"source", optText(e.Source)},
 	}
 }
 
@@ -475,4 +488,59 @@ func boolInt(b bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// DNSEvent is one query the guest's resolver (the per-VM process) answered,
+// in dns_events. Answers are the addresses given, comma-separated; Decision
+// is allowed, denied (the policy refused the name or its address) or error
+// (a malformed query).
+type DNSEvent struct {
+	EventID      string
+	Timestamp    time.Time
+	TraceID      string
+	Name         string
+	QType        string
+	Answers      string
+	RCode        string
+	Decision     string
+	Server       string
+	DurationMS   int64
+	PolicyRule   string
+	PolicySource string
+	PolicyReason string
+}
+
+func (*DNSEvent) table() tableID { return tableDNSEvents }
+
+func (e *DNSEvent) fill(now time.Time) error {
+	if err := fillMeta(&e.EventID, &e.Timestamp, now); err != nil {
+		return fmt.Errorf("ledger: dns_events: %w", err)
+	}
+	switch e.Decision {
+	case "allowed", "denied", "error":
+	default:
+		return fmt.Errorf("ledger: dns_events: decision %q: want allowed, denied or error", e.Decision)
+	}
+	if e.RCode == "" {
+		return errors.New("ledger: dns_events: empty rcode")
+	}
+	return nil
+}
+
+func (e *DNSEvent) fields() []field {
+	return []field{
+		{"event_id", e.EventID},
+		{"timestamp", stamp(e.Timestamp)},
+		{"trace_id", optText(e.TraceID)},
+		{"name", CapField(e.Name)},
+		{"qtype", optText(e.QType)},
+		{"answers", CapField(e.Answers)},
+		{"rcode", e.RCode},
+		{"decision", e.Decision},
+		{"server", optText(e.Server)},
+		{"duration_ms", e.DurationMS},
+		{"policy_rule", optText(e.PolicyRule)},
+		{"policy_source", optText(e.PolicySource)},
+		{"policy_reason", CapField(e.PolicyReason)},
+	}
 }

@@ -17,8 +17,12 @@ import (
 // file operations the way MCP calls are: exec_events.pending (a command is
 // recorded before it starts, completed in the same row when it ends) with
 // a unique event_id, and fs_events names its column operation (was
-// action) and adds direction, digest, outcome and error_message.
-const SchemaVersion = 4
+// action) and adds direction, digest, outcome and error_message. Version 5
+// records the guest's network: net_events gains ip, source (who connected:
+// the guest or the builtin tools) and the seed's name for decision, action
+// (a generated column, so the two can never disagree), and dns_events
+// holds every query the guest's resolver answered.
+const SchemaVersion = 5
 
 // mcpCallsV1Indexes are the version-1 mcp_calls indexes that version 2 drops
 // (the trace id index comes back partial). Every MCP answer waits for its
@@ -44,6 +48,13 @@ var v4Columns = []struct{ table, ddl string }{
 	{"fs_events", "error_message TEXT"},
 }
 
+// v5Columns are the columns version 5 adds to older files, per table.
+var v5Columns = []struct{ table, ddl string }{
+	{"net_events", "ip TEXT"},
+	{"net_events", "source TEXT"},
+	{"net_events", "action TEXT GENERATED ALWAYS AS (decision) VIRTUAL"},
+}
+
 // tableID indexes the per-table prepared statements.
 type tableID int
 
@@ -53,6 +64,7 @@ const (
 	tableExecEvents
 	tableFSEvents
 	tableModelCalls
+	tableDNSEvents
 	numTables
 )
 
@@ -133,7 +145,10 @@ var tables = [numTables]tableDef{
 	policy_mode TEXT,
 	policy_action TEXT,
 	policy_rule TEXT,
-	policy_reason TEXT
+	policy_reason TEXT,
+	ip TEXT,
+	source TEXT,
+	action TEXT GENERATED ALWAYS AS (decision) VIRTUAL
 )`,
 		indexes: []string{
 			`CREATE INDEX IF NOT EXISTS idx_net_events_timestamp ON net_events(timestamp)`,
@@ -214,6 +229,30 @@ var tables = [numTables]tableDef{
 			`CREATE INDEX IF NOT EXISTS idx_model_calls_provider ON model_calls(provider, timestamp)`,
 		},
 	},
+	tableDNSEvents: {
+		name: "dns_events",
+		create: `CREATE TABLE IF NOT EXISTS dns_events (
+	id INTEGER PRIMARY KEY,
+	event_id TEXT NOT NULL,
+	timestamp TEXT NOT NULL,
+	trace_id TEXT,
+	name TEXT,
+	qtype TEXT,
+	answers TEXT,
+	rcode TEXT NOT NULL,
+	decision TEXT NOT NULL CHECK (decision IN ('allowed', 'denied', 'error')),
+	server TEXT,
+	duration_ms INTEGER NOT NULL DEFAULT 0,
+	policy_rule TEXT,
+	policy_source TEXT,
+	policy_reason TEXT
+)`,
+		indexes: []string{
+			`CREATE INDEX IF NOT EXISTS idx_dns_events_timestamp ON dns_events(timestamp)`,
+			`CREATE INDEX IF NOT EXISTS idx_dns_events_trace_id ON dns_events(trace_id)`,
+			`CREATE INDEX IF NOT EXISTS idx_dns_events_name ON dns_events(name)`,
+		},
+	},
 }
 
 // insertSQL is built from each row type's field list so the column order and
@@ -224,6 +263,7 @@ var insertSQL = [numTables]string{
 	tableExecEvents: buildInsert(tableExecEvents, (&ExecEvent{}).fields()),
 	tableFSEvents:   buildInsert(tableFSEvents, (&FSEvent{}).fields()),
 	tableModelCalls: buildInsert(tableModelCalls, (&ModelCall{}).fields()),
+	tableDNSEvents:  buildInsert(tableDNSEvents, (&DNSEvent{}).fields()),
 }
 
 func buildInsert(t tableID, fs []field) string {
@@ -285,6 +325,11 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 			return err
 		}
 	}
+	if version >= 1 && version < 5 {
+		if err := addColumns(ctx, tx, path, v5Columns); err != nil {
+			return err
+		}
+	}
 	if version == 1 {
 		for _, idx := range mcpCallsV1Indexes {
 			if _, err := tx.ExecContext(ctx, "DROP INDEX IF EXISTS "+idx); err != nil {
@@ -328,11 +373,19 @@ func migrateV4(ctx context.Context, tx *sql.Tx, path string) error {
 			return fmt.Errorf("ledger: rename fs_events.action in %s: %w", path, err)
 		}
 	}
-	for _, c := range v4Columns {
+	return addColumns(ctx, tx, path, v4Columns)
+}
+
+// addColumns adds each column its table lacks. pragma_table_xinfo lists
+// generated columns too.
+func addColumns(ctx context.Context, tx *sql.Tx, path string, cols []struct{ table, ddl string }) error {
+	for _, c := range cols {
 		name, _, _ := strings.Cut(c.ddl, " ")
-		if ok, err := has(c.table, name); err != nil {
-			return err
-		} else if ok {
+		var n int
+		if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM pragma_table_xinfo(?) WHERE name = ?", c.table, name).Scan(&n); err != nil {
+			return fmt.Errorf("ledger: read the columns of %s in %s: %w", c.table, path, err)
+		}
+		if n > 0 {
 			continue
 		}
 		if _, err := tx.ExecContext(ctx, "ALTER TABLE "+c.table+" ADD COLUMN "+c.ddl); err != nil {
