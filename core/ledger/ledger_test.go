@@ -290,6 +290,7 @@ func TestOpenMigratesVersion4(t *testing.T) {
 		"ALTER TABLE net_events DROP COLUMN action",
 		"ALTER TABLE net_events DROP COLUMN ip",
 		"ALTER TABLE net_events DROP COLUMN source",
+		"ALTER TABLE net_events DROP COLUMN policy_source",
 		"PRAGMA user_version = 4",
 	)
 	l = openLedger(t, path, Options{})

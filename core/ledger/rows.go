@@ -242,6 +242,8 @@ type NetEvent struct {
 	// (the guest's network) or SourceBuiltin (the builtin HTTP tools).
 	IP     string
 	Source string
+	// PolicySource is the file the deciding rule came from.
+	PolicySource string
 }
 
 // NetEvent.Source values.
@@ -295,6 +297,7 @@ func (e *NetEvent) fields() []field {
 		{"policy_reason", optText(e.PolicyReason)},
 		{"ip", optText(e.IP)},
 		{"source", optText(e.Source)},
+		{"policy_source", optText(e.PolicySource)},
 	}
 }
 

@@ -19,7 +19,7 @@ import (
 // a unique event_id, and fs_events names its column operation (was
 // action) and adds direction, digest, outcome and error_message. Version 5
 // records the guest's network: net_events gains ip, source (who connected:
-// the guest or the builtin tools) and the seed's name for decision, action
+// the guest or the builtin tools), policy_source and the seed's name for decision, action
 // (a generated column, so the two can never disagree), and dns_events
 // holds every query the guest's resolver answered.
 const SchemaVersion = 5
@@ -52,6 +52,7 @@ var v4Columns = []struct{ table, ddl string }{
 var v5Columns = []struct{ table, ddl string }{
 	{"net_events", "ip TEXT"},
 	{"net_events", "source TEXT"},
+	{"net_events", "policy_source TEXT"},
 	{"net_events", "action TEXT GENERATED ALWAYS AS (decision) VIRTUAL"},
 }
 
@@ -148,6 +149,7 @@ var tables = [numTables]tableDef{
 	policy_reason TEXT,
 	ip TEXT,
 	source TEXT,
+	policy_source TEXT,
 	action TEXT GENERATED ALWAYS AS (decision) VIRTUAL
 )`,
 		indexes: []string{
