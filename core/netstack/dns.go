@@ -237,6 +237,7 @@ func (s *Stack) resolve(q *dns.Msg) (*dns.Msg, DNSEvent) {
 		}
 		given = append(given, a)
 	}
+	given = s.standIns(given)
 	s.pins.add(name, given)
 	for _, a := range given {
 		reply.Answer = append(reply.Answer, &dns.A{

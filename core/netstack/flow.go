@@ -139,12 +139,13 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			Reason: fmt.Sprintf("%s names %q, but %s was given out for %s", hello.kind, hello.name, dst.Addr(), strings.Join(names, ", "))}, hello.kind)
 		return
 	}
-	if !netpolicy.IsPublic(dst.Addr()) && !pol.PrivateAllowed(hello.name) {
-		abort(netpolicy.Verdict{Rule: RulePrivate, Reason: fmt.Sprintf("%s is a %s address and %q may not be private", dst.Addr(), netpolicy.AddressClass(dst.Addr()), hello.name)}, hello.kind)
+	real := netip.AddrPortFrom(s.realAddr(dst.Addr()), dst.Port())
+	if !netpolicy.IsPublic(real.Addr()) && !pol.PrivateAllowed(hello.name) {
+		abort(netpolicy.Verdict{Rule: RulePrivate, Reason: fmt.Sprintf("%s is a %s address and %q may not be private", real.Addr(), netpolicy.AddressClass(real.Addr()), hello.name)}, hello.kind)
 		return
 	}
-	ev.Verdict = v
-	s.splice(guest, first, dst, hello.name, &ev)
+	ev.Verdict, ev.Addr = v, real
+	s.splice(guest, first, real, hello.name, &ev)
 }
 
 // firstFlight is what the guest's first bytes said.

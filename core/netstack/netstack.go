@@ -152,6 +152,11 @@ type Stack struct {
 
 	mu      sync.Mutex
 	filters []*frameFilter
+	// standIn maps the addresses DNS gave the guest in place of ones it
+	// cannot reach as they are (see standIns) to the real ones, and real
+	// back to stand-in.
+	standIn map[netip.Addr]netip.Addr
+	realTo  map[netip.Addr]netip.Addr
 
 	overFlows   atomic.Int64 // SYNs reset because Flows was reached
 	overLookups atomic.Int64 // queries dropped because Lookups was reached
@@ -171,6 +176,58 @@ var (
 	gatewayAddr = netip.MustParseAddr(guestwire.NetGatewayIP)
 	guestAddr   = netip.MustParseAddr(guestwire.NetGuestIP)
 )
+
+// standInPrefix holds the addresses given to the guest in place of
+// addresses that would not leave it: the benchmarking range, which no
+// public name resolves to.
+var standInPrefix = netip.MustParsePrefix("198.18.0.0/16")
+
+// maxStandIns bounds the stand-in table (the prefix holds 65534).
+const maxStandIns = 4096
+
+// standIns replaces each address the guest would keep to itself (its
+// loopback, its own subnet, the unspecified address) with a stand-in it
+// routes to the gateway; a connection to the stand-in is dialled to the
+// real address. Only names allowed to be private get such answers.
+func (s *Stack) standIns(addrs []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, len(addrs))
+	guestNet := netip.PrefixFrom(gatewayAddr, guestwire.NetPrefixLen).Masked()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range addrs {
+		if !a.IsLoopback() && !guestNet.Contains(a) && !a.IsUnspecified() {
+			out = append(out, a)
+			continue
+		}
+		if st, ok := s.realTo[a]; ok {
+			out = append(out, st)
+			continue
+		}
+		if len(s.standIn) >= maxStandIns {
+			continue
+		}
+		if s.standIn == nil {
+			s.standIn, s.realTo = map[netip.Addr]netip.Addr{}, map[netip.Addr]netip.Addr{}
+		}
+		st := standInPrefix.Addr()
+		for range len(s.standIn) + 1 {
+			st = st.Next()
+		}
+		s.standIn[st], s.realTo[a] = a, st
+		out = append(out, st)
+	}
+	return out
+}
+
+// realAddr is the address to dial for a destination the guest named.
+func (s *Stack) realAddr(dst netip.Addr) netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if real, ok := s.standIn[dst]; ok {
+		return real
+	}
+	return dst
+}
 
 // nicID is the stack's one NIC, toward the guest.
 const nicID tcpip.NICID = 1

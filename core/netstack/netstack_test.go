@@ -68,7 +68,8 @@ func TestDNS(t *testing.T) {
 		{"flaky.example", "192.168.127.1", dns.TypeA, dns.RcodeServerFailure, nil},
 		// Rebinding: a public name answered with a private address.
 		{"sneaky.example", "192.168.127.1", dns.TypeA, dns.RcodeSuccess, nil},
-		{"private.example", "192.168.127.1", dns.TypeA, dns.RcodeSuccess, []string{"127.0.0.1"}},
+		// Loopback would stay in the guest: it gets a stand-in address.
+		{"private.example", "192.168.127.1", dns.TypeA, dns.RcodeSuccess, []string{"198.18.0.1"}},
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%s/%s@%s", tc.name, dns.TypeToString[tc.qtype], tc.server), func(t *testing.T) {
@@ -305,6 +306,38 @@ func TestConnections(t *testing.T) {
 func isDeadlineErr(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// TestHostLoopbackThroughStandIn: a fixed answer on the host's loopback
+// reaches the host's loopback, for a name allowed to be private, through
+// the stand-in address the guest was given.
+func TestHostLoopbackThroughStandIn(t *testing.T) {
+	r := newRig(t, basePolicy(), baseResolver(), testLimits())
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { fmt.Fprint(w, "host loopback") }))
+	defer srv.Close()
+	port := netip.MustParseAddrPort(srv.Listener.Addr().String()).Port()
+	r.pol.ports[port] = true
+	r.pol.fixed["private.example"] = netip.MustParseAddr("127.0.0.1")
+	r.dialer.routes[netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)] = srv.Listener.Addr().String()
+	got := answers(r.query(t, "192.168.127.1", "private.example", dns.TypeA))
+	if len(got) != 1 || !standInPrefix.Contains(netip.MustParseAddr(got[0])) {
+		t.Fatalf("answer %v: want one stand-in address", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, body, err := r.guestHTTP(ctx, netip.AddrPortFrom(netip.MustParseAddr(got[0]), port).String(), "private.example", false)
+	if err != nil || body != "host loopback" {
+		t.Fatalf("body %q, %v", body, err)
+	}
+	ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Name == "private.example" })
+	if !ev.Allowed || ev.Addr.Addr() != netip.MustParseAddr("127.0.0.1") {
+		t.Errorf("event %+v: want the real address dialled", ev)
+	}
+	// The same loopback for a name not allowed to be private: no answer.
+	r.pol.fixed["allowed.example"] = netip.MustParseAddr("127.0.0.1")
+	if got := answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA)); len(got) != 0 {
+		t.Errorf("loopback handed to a public name: %v", got)
+	}
 }
 
 func TestAllowedByAddress(t *testing.T) {
