@@ -90,9 +90,13 @@ func NormalizeHost(host string) (string, error) {
 	if host == "" {
 		return "", errors.New("empty host")
 	}
-	if addr, err := netip.ParseAddr(host); err == nil {
-		// The zone names a local interface, not a destination.
-		return addr.Unmap().WithZone("").String(), nil
+	// Only a host ending in a digit or holding a colon can be an address;
+	// skipping the parse for names spares an allocation per lookup.
+	if last := host[len(host)-1]; last >= '0' && last <= '9' || strings.IndexByte(host, ':') >= 0 {
+		if addr, err := netip.ParseAddr(host); err == nil {
+			// The zone names a local interface, not a destination.
+			return addr.Unmap().WithZone("").String(), nil
+		}
 	}
 	if len(host) > maxHostLength {
 		return "", fmt.Errorf("host is longer than %d characters", maxHostLength)
