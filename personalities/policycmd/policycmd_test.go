@@ -78,7 +78,7 @@ func TestExplain(t *testing.T) {
 }
 
 // mergedNet is a corp and a user file with [net] tables.
-func mergedNet(t *testing.T) *config.Merged {
+func mergedNet(t testing.TB) *config.Merged {
 	t.Helper()
 	corp, err := config.Parse("/etc/capsem/corp.toml", []byte(`
 [net]
@@ -307,4 +307,30 @@ func TestWithVMs(t *testing.T) {
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("got\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// FuzzParseURLTarget: an accepted URL has a host and a port in range, and
+// explaining it always ends in a decision.
+func FuzzParseURLTarget(f *testing.F) {
+	for _, s := range []string{"https://api.github.com/x", "http://[::1]:8080/", "wss://a.example", "ftp://x", "x.example", "https://u:pw@a.example/", "http://[fe80::1%25eth0]/", "https://a:0/"} {
+		f.Add(s)
+	}
+	m := mergedNet(f)
+	f.Fuzz(func(t *testing.T, raw string) {
+		target, err := parseURLTarget(raw)
+		if err != nil {
+			if !strings.Contains(err.Error(), "--url") {
+				t.Fatalf("error does not name --url: %v", err)
+			}
+			return
+		}
+		if target.Host == "" || target.Port == 0 {
+			t.Fatalf("accepted %q as %+v", raw, target)
+		}
+		var b bytes.Buffer
+		ExplainURL(&b, m, target)
+		if !strings.Contains(b.String(), "  decision: ") {
+			t.Fatalf("no decision for %q:\n%s", raw, b.String())
+		}
+	})
 }
