@@ -166,7 +166,7 @@ func FuzzPatternMatch(f *testing.F) {
 		}
 		// A normalized host is stable under normalization.
 		if again, err := NormalizeHost(host); err != nil || again != host {
-			t.Fatalf("normalizeHost not idempotent: %q -> %q -> %q (%v)", rawHost, host, again, err)
+			t.Fatalf("NormalizeHost not idempotent: %q -> %q -> %q (%v)", rawHost, host, again, err)
 		}
 	})
 }

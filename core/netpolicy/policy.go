@@ -254,7 +254,10 @@ func describe(source string) string {
 	return source
 }
 
-// Name decides whether the guest may reach a name (normalized here).
+// Name decides whether the guest may reach a name (normalized here). An IP
+// address given as a name is decided by the IP entries of allow and block;
+// whether a non-public address may be reached is for Address or
+// PrivateAllowed to say.
 func (p *Policy) Name(name string) Verdict {
 	host, err := NormalizeHost(name)
 	if err != nil {
