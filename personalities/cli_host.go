@@ -45,7 +45,7 @@ type CLI struct {
 	Doctor        doctor.Cmd      `cmd:"" help:"Check whether capsem works on this host, and how to fix what does not."`
 	Gateway       gateway.Cmd     `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
 	MCPRelay      relay.Cmd       `cmd:"" name:"mcp-relay" help:"The stdio MCP relay to the gateway (also installed as capsem-mcp-server)."`
-	Policy        policycmd.Cmd   `cmd:"" help:"Inspect, explain and reload the MCP policy."`
+	Policy        policycmd.Cmd   `cmd:"" help:"Inspect, explain and reload the MCP and network policy."`
 	MCPAggregator aggregator.Cmd  `cmd:"" name:"mcp-aggregator" hidden:"" help:"Internal: the sandboxed MCP aggregator."`
 	MCPBuiltin    builtin.Cmd     `cmd:"" name:"mcp-builtin" hidden:"" help:"Internal: the builtin MCP tool server."`
 	Process       process.Cmd     `cmd:"" hidden:"" help:"Internal: the per-VM process."`

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/capsem/capsem/core/netpolicy"
 )
 
 // Defaults applied to zero Config fields.
@@ -86,7 +88,7 @@ func (c Config) Validate() error {
 	if c.Timeout < 0 {
 		return fmt.Errorf("timeout must not be negative, got %s", c.Timeout)
 	}
-	if _, err := compileDomainPolicy(c.Allow, c.Block); err != nil {
+	if _, err := netpolicy.CompileLists(c.Allow, c.Block); err != nil {
 		return err
 	}
 	return nil

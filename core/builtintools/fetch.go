@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/capsem/capsem/core/netpolicy"
 )
 
 // maxResponseHeaderBytes bounds response headers, which are not paginated.
@@ -48,7 +50,7 @@ func targetFromURL(u *url.URL) (target, error) {
 	if u.Hostname() == "" {
 		return target{}, fmt.Errorf("url %q has no host", u.String())
 	}
-	host, err := normalizeHost(u.Hostname())
+	host, err := netpolicy.NormalizeHost(u.Hostname())
 	if err != nil {
 		return target{}, fmt.Errorf("url %q has an invalid host: %w", u.String(), err)
 	}
@@ -103,8 +105,11 @@ func (r *redirectRefusal) Unwrap() error { return r.err }
 
 // httpFetcher performs policy-checked HTTP exchanges for the tools.
 type httpFetcher struct {
-	cfg       Config
-	policy    *domainPolicy
+	cfg    Config
+	policy *netpolicy.Lists
+	// policyErr is set when the configuration could not be compiled;
+	// every request is then refused (fail closed) with it.
+	policyErr error
 	transport http.RoundTripper
 	userAgent string
 }
@@ -113,14 +118,12 @@ type httpFetcher struct {
 // and dialer (tests pass their own, see netHooks).
 func newHTTPFetcher(cfg Config, version string, hooks *netHooks) *httpFetcher {
 	cfg = cfg.withDefaults()
-	policy, err := compileDomainPolicy(cfg.Allow, cfg.Block)
-	if err != nil {
-		// NewServer cannot return an error; refuse every request instead of
-		// silently running with a policy that blocks less than intended.
-		policy = &domainPolicy{invalid: err}
-	}
+	// NewServer cannot return an error; an invalid configuration refuses
+	// every request instead of silently running with a policy that blocks
+	// less than intended.
+	policy, policyErr := netpolicy.CompileLists(cfg.Allow, cfg.Block)
 	if cfg.MaxBodyBytes < 0 || cfg.Timeout < 0 {
-		policy = &domainPolicy{invalid: cfg.Validate()}
+		policyErr = cfg.Validate()
 	}
 	dialer := &guardedDialer{allowPrivate: cfg.AllowPrivateNetworks, hooks: systemNetHooks(cfg.AllowPrivateNetworks)}
 	if hooks != nil {
@@ -143,7 +146,15 @@ func newHTTPFetcher(cfg Config, version string, hooks *netHooks) *httpFetcher {
 	if version == "" {
 		version = "dev"
 	}
-	return &httpFetcher{cfg: cfg, policy: policy, transport: transport, userAgent: "capsem-builtin/" + version}
+	return &httpFetcher{cfg: cfg, policy: policy, policyErr: policyErr, transport: transport, userAgent: "capsem-builtin/" + version}
+}
+
+// checkHost decides one host by the domain lists.
+func (f *httpFetcher) checkHost(host string) netpolicy.Verdict {
+	if f.policyErr != nil {
+		return netpolicy.Verdict{Reason: "domain policy is invalid: " + f.policyErr.Error()}
+	}
+	return f.policy.Check(host)
 }
 
 // fetchRequest is one tool's HTTP exchange.
@@ -202,11 +213,11 @@ func (f *httpFetcher) fetch(ctx context.Context, log *eventLog, request fetchReq
 		current.finish(DecisionError, 0, 0, err.Error())
 		return nil, err
 	}
-	verdict := f.policy.check(tgt.host)
-	current.matchedRule = verdict.matchedRule
-	if !verdict.allowed {
-		blocked := &BlockedError{Host: tgt.host, Reason: verdict.reason}
-		current.finish(DecisionDenied, 0, 0, verdict.reason)
+	verdict := f.checkHost(tgt.host)
+	current.matchedRule = verdict.Rule
+	if !verdict.Allowed {
+		blocked := &BlockedError{Host: tgt.host, Reason: verdict.Reason}
+		current.finish(DecisionDenied, 0, 0, verdict.Reason)
 		return nil, blocked
 	}
 
@@ -257,11 +268,11 @@ func (f *httpFetcher) fetch(ctx context.Context, log *eventLog, request fetchReq
 				current.finish(DecisionError, 0, 0, err.Error())
 				return &redirectRefusal{err}
 			}
-			verdict := f.policy.check(nextTarget.host)
-			current.matchedRule = verdict.matchedRule
-			if !verdict.allowed {
-				current.finish(DecisionDenied, 0, 0, verdict.reason)
-				return &redirectRefusal{&BlockedError{Host: nextTarget.host, Reason: verdict.reason, RedirectFrom: from}}
+			verdict := f.checkHost(nextTarget.host)
+			current.matchedRule = verdict.Rule
+			if !verdict.Allowed {
+				current.finish(DecisionDenied, 0, 0, verdict.Reason)
+				return &redirectRefusal{&BlockedError{Host: nextTarget.host, Reason: verdict.Reason, RedirectFrom: from}}
 			}
 			return nil
 		},

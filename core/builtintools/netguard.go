@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/capsem/capsem/core/netpolicy"
 )
 
 // MatchedRulePrivateNetwork is NetEvent.MatchedRule for a connection
@@ -18,75 +20,6 @@ const MatchedRulePrivateNetwork = "private-network"
 // privateNetworkHint ends every private-address refusal: the agent reads it,
 // and the operator knows which setting to change.
 const privateNetworkHint = "set allow_private_networks to permit"
-
-// nonPublicPrefixes are refused unless private networks are allowed. The
-// builtin runs on the host for an agent in a sandbox VM, so any of these
-// could reach the host itself, its LAN or its cloud metadata service.
-// IPv4-mapped addresses are unmapped before the check, and addresses that
-// embed an IPv4 address (NAT64, 6to4) are checked by that address.
-var nonPublicPrefixes = func() []netip.Prefix {
-	var prefixes []netip.Prefix
-	for _, text := range []string{
-		"0.0.0.0/8",      // "this network"; 0.0.0.0 reaches the local host on Linux
-		"10.0.0.0/8",     // private (RFC 1918)
-		"100.64.0.0/10",  // carrier-grade NAT (RFC 6598)
-		"127.0.0.0/8",    // loopback
-		"169.254.0.0/16", // link-local, including 169.254.169.254 cloud metadata
-		"172.16.0.0/12",  // private (RFC 1918)
-		"192.0.0.0/24",   // IETF protocol assignments (e.g. 192.0.0.192 metadata on some clouds)
-		"192.168.0.0/16", // private (RFC 1918)
-		"198.18.0.0/15",  // benchmarking, used as internal space in practice
-		"224.0.0.0/4",    // multicast
-		"240.0.0.0/4",    // reserved, and 255.255.255.255 broadcast
-		"::/96",          // unspecified (::), loopback (::1), deprecated IPv4-compatible
-		"64:ff9b:1::/48", // local-use NAT64 (RFC 8215)
-		"100::/64",       // discard-only
-		"fc00::/7",       // unique local (private)
-		"fe80::/10",      // link-local
-		"fec0::/10",      // deprecated site-local
-		"ff00::/8",       // multicast
-	} {
-		prefixes = append(prefixes, netip.MustParsePrefix(text))
-	}
-	return prefixes
-}()
-
-// Prefixes whose addresses carry an IPv4 address that decides for them.
-var (
-	nat64Prefix     = netip.MustParsePrefix("64:ff9b::/96") // IPv4 in the last 32 bits
-	sixToFourPrefix = netip.MustParsePrefix("2002::/16")    // IPv4 in bits 16–47
-)
-
-// isPublicAddress reports whether addr may be dialed when private networks
-// are not allowed. The zero Addr is not public.
-func isPublicAddress(addr netip.Addr) bool {
-	if !addr.IsValid() {
-		return false
-	}
-	// netip.Prefix.Contains never matches a zoned or mapped address.
-	addr = addr.WithZone("").Unmap()
-	if addr.Is6() {
-		bytes := addr.As16()
-		switch {
-		case nat64Prefix.Contains(addr):
-			return isPublicAddress(netip.AddrFrom4([4]byte(bytes[12:16])))
-		case sixToFourPrefix.Contains(addr):
-			return isPublicAddress(netip.AddrFrom4([4]byte(bytes[2:6])))
-		}
-	}
-	// The standard predicates overlap the table; they are kept so a range
-	// the library learns about later is refused too.
-	if addr.IsLoopback() || addr.IsPrivate() || addr.IsUnspecified() || addr.IsMulticast() ||
-		addr.IsLinkLocalUnicast() || addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() {
-		return false
-	}
-	for _, prefix := range nonPublicPrefixes {
-		if prefix.Contains(addr) {
-			return false
-		}
-	}
-	return true
-}
 
 // privateAddressError is a connection the dialer refused because the
 // destination address is not public.
@@ -135,7 +68,7 @@ func systemNetHooks(allowPrivate bool) netHooks {
 			if err != nil {
 				return fmt.Errorf("cannot check the address %q: %w", address, err)
 			}
-			if !isPublicAddress(addrPort.Addr()) {
+			if !netpolicy.IsPublic(addrPort.Addr()) {
 				return &privateAddressError{host: addrPort.Addr().String(), addr: addrPort.Addr()}
 			}
 			return nil
@@ -178,7 +111,7 @@ func (d *guardedDialer) DialContext(ctx context.Context, network, address string
 		// public and private addresses is a rebinding attempt or a
 		// misconfiguration, and neither should reach the private one.
 		for _, addr := range addrs {
-			if !isPublicAddress(addr) {
+			if !netpolicy.IsPublic(addr) {
 				return nil, &privateAddressError{host: host, addr: addr}
 			}
 		}

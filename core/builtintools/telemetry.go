@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/capsem/capsem/core/netpolicy"
 )
 
 // MetaKeyNetEvents is the CallToolResult._meta key under which every tool
@@ -16,6 +18,13 @@ const MetaKeyNetEvents = "capsem/net_events"
 
 // NetEvent records one HTTP attempt: the first request, every redirect hop,
 // and attempts refused by policy or failed before or during the exchange.
+// Decision values recorded in NetEvent.Decision.
+const (
+	DecisionAllowed = "allowed"
+	DecisionDenied  = "denied"
+	DecisionError   = "error"
+)
+
 type NetEvent struct {
 	Timestamp time.Time `json:"timestamp"` // when the attempt started
 	Domain    string    `json:"domain"`    // normalized host; empty when the URL had none
@@ -127,7 +136,7 @@ func (h *hop) finish(decision string, statusCode int, bytesReceived int64, errMe
 // was asked for.
 func bestEffortDomainPort(target *url.URL) (string, int) {
 	domain := target.Hostname()
-	if normalized, err := normalizeHost(domain); err == nil {
+	if normalized, err := netpolicy.NormalizeHost(domain); err == nil {
 		domain = normalized
 	}
 	port, err := portOf(target)

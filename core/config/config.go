@@ -17,6 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/capsem/capsem/core/aggwire"
+	"github.com/capsem/capsem/core/netpolicy"
 	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/privsep"
 )
@@ -24,6 +25,7 @@ import (
 // File is one configuration file.
 type File struct {
 	MCP MCP `toml:"mcp"`
+	Net Net `toml:"net"`
 
 	// defined reports whether the file set a key (so a merge can tell "not
 	// set" from a zero value); nil for a File built in code.
@@ -43,6 +45,37 @@ type MCP struct {
 	Servers  []Server `toml:"servers"`
 	Builtin  Builtin  `toml:"builtin"`
 	Timeouts Timeouts `toml:"timeouts"`
+}
+
+// Net is the [net] table: where the guest's network may go. Merge compiles
+// the tables of every file into one netpolicy.Policy, in which a lower file
+// can only tighten a higher one.
+type Net struct {
+	Default      string            `toml:"default"`       // allow | block (default: block)
+	Allow        []string          `toml:"allow"`         // exact names, *.suffix and IP addresses
+	Block        []string          `toml:"block"`         // wins over allow, in every file
+	Ports        []int             `toml:"ports"`         // destination ports (default: 80 and 443)
+	AllowPrivate []string          `toml:"allow_private"` // names that may reach private or loopback addresses
+	Hosts        map[string]string `toml:"hosts"`         // name → IPv4: fixed answers of the VM's DNS
+}
+
+// netLayer is the file's [net] table as a netpolicy layer. A parsed file
+// sets ports and allow_private when it names them (ports = [] allows no
+// port); a File built in code, when they are not empty.
+func (f *File) netLayer(source string) netpolicy.Layer {
+	n := f.Net
+	set := func(key string, nonEmpty bool) bool {
+		if f.defined == nil {
+			return nonEmpty
+		}
+		return f.defined("net", key)
+	}
+	return netpolicy.Layer{
+		Source: source, Default: n.Default, Allow: n.Allow, Block: n.Block,
+		Ports: n.Ports, PortsSet: set("ports", len(n.Ports) > 0),
+		AllowPrivate: n.AllowPrivate, AllowPrivateSet: set("allow_private", len(n.AllowPrivate) > 0),
+		Hosts: n.Hosts,
+	}
 }
 
 // Server is one [[mcp.servers]] entry: command/args/env for stdio, or
@@ -136,10 +169,10 @@ func Parse(name string, data []byte) (*File, error) {
 		}
 		return nil, fmt.Errorf("config %s: unknown key(s): %s%s", name, strings.Join(unknown, ", "), more)
 	}
+	f.defined = md.IsDefined
 	if err := f.validate(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", name, err)
 	}
-	f.defined = md.IsDefined
 	return &f, nil
 }
 
@@ -199,6 +232,11 @@ func (f *File) validate() error {
 		}
 	}
 	errs = append(errs, f.validatePolicy()...)
+	// The same compilation Merge does, so Merge cannot fail on a parsed
+	// file; the errors start with the key (net.ports: …).
+	if _, err := netpolicy.Compile([]netpolicy.Layer{f.netLayer("")}); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

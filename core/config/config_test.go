@@ -3,9 +3,12 @@ package config
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/capsem/capsem/core/netpolicy"
 	"github.com/capsem/capsem/core/policy"
 )
 
@@ -53,6 +56,47 @@ tools = { "everything__echo" = 7 }
 	}
 }
 
+// exampleNet is the [net] table as the documentation shows it.
+const exampleNet = `
+[net]
+default = "block"                     # allow | block (default: block)
+allow = ["*.github.com", "pypi.org"]  # exact names and *.suffix, case-insensitive
+block = ["*.evil.example"]            # block wins over allow, in every layer
+ports = [80, 443]                     # destination ports allowed (default: 80 and 443)
+allow_private = ["llm.internal"]      # names that may resolve to private or loopback addresses
+hosts = { "llm.internal" = "127.0.0.1" }   # fixed answers this VM's DNS gives (local services, tests)
+`
+
+func TestParseNet(t *testing.T) {
+	f := mustParse(t, "user.toml", exampleNet)
+	want := Net{Default: "block", Allow: []string{"*.github.com", "pypi.org"}, Block: []string{"*.evil.example"}, Ports: []int{80, 443},
+		AllowPrivate: []string{"llm.internal"}, Hosts: map[string]string{"llm.internal": "127.0.0.1"}}
+	if f.Net.Default != want.Default || !slices.Equal(f.Net.Allow, want.Allow) || !slices.Equal(f.Net.Block, want.Block) ||
+		!slices.Equal(f.Net.Ports, want.Ports) || !slices.Equal(f.Net.AllowPrivate, want.AllowPrivate) || f.Net.Hosts["llm.internal"] != "127.0.0.1" || len(f.Net.Hosts) != 1 {
+		t.Fatalf("Net = %+v, want %+v", f.Net, want)
+	}
+	p := Merge([]Layer{{Path: "user.toml", Rank: policy.RankUser, File: f}}).Net
+	for name, allowed := range map[string]bool{"api.github.com": true, "PyPI.org.": true, "github.com": false, "x.evil.example": false, "llm.internal": false} {
+		if v := p.Name(name); v.Allowed != allowed {
+			t.Errorf("Name(%q) = %+v, want allowed %v", name, v, allowed)
+		}
+	}
+	if !slices.Equal(p.Ports(), []uint16{80, 443}) || !p.PrivateAllowed("llm.internal") {
+		t.Errorf("ports %v, llm.internal private %v", p.Ports(), p.PrivateAllowed("llm.internal"))
+	}
+	if addr, ok := p.FixedHost("llm.internal"); !ok || addr != netip.MustParseAddr("127.0.0.1") {
+		t.Errorf("FixedHost = %v, %v", addr, ok)
+	}
+	// "ports = []" in a file is a choice: no port at all.
+	if p := Merge([]Layer{{Path: "user.toml", Rank: policy.RankUser, File: mustParse(t, "user.toml", "[net]\nports = []\n")}}).Net; len(p.Ports()) != 0 {
+		t.Errorf("ports = [] allows %v", p.Ports())
+	}
+	// A file without [net] leaves the defaults.
+	if p := Merge([]Layer{{Path: "user.toml", Rank: policy.RankUser, File: mustParse(t, "user.toml", "[mcp]\n")}}).Net; !slices.Equal(p.Ports(), []uint16{80, 443}) || p.Name("pypi.org").Allowed {
+		t.Errorf("no [net]: ports %v, pypi.org %+v", p.Ports(), p.Name("pypi.org"))
+	}
+}
+
 func TestParseRejects(t *testing.T) {
 	cases := []struct{ name, toml, want string }{
 		{"unknown key", "[mcp]\nbogus = 1\n", "unknown key(s): mcp.bogus"},
@@ -70,6 +114,19 @@ func TestParseRejects(t *testing.T) {
 		{"relative path", "[[mcp.servers]]\nname = \"a\"\ncommand = \"x\"\nread_paths = [\"rel\"]\n", "not an absolute path"},
 		{"bad tool timeout", "[mcp.timeouts]\ntools = { \"x\" = 1 }\n", "not a namespaced tool"},
 		{"zero tool timeout", "[mcp.timeouts]\ntools = { \"a__b\" = 0 }\n", "positive"},
+		{"unknown net key", "[net]\nallowed = [\"a.example\"]\n", "unknown key(s): net.allowed"},
+		{"net credentials not yet", "[[net.credentials]]\nhost = \"api.example\"\n", "unknown key(s): net.credentials"},
+		{"bad net default", "[net]\ndefault = \"warn\"\n", `t.toml: net.default: "warn" is not allow or block`},
+		{"bad net allow", "[net]\nallow = [\"https://a.example/\"]\n", `t.toml: net.allow: domain pattern "https://a.example/" must be a host name, not a URL`},
+		{"bad net block", "[net]\nblock = [\"*\"]\n", `t.toml: net.block: domain pattern "*"`},
+		{"net port 0", "[net]\nports = [443, 0]\n", "t.toml: net.ports: 0 is not a port (1-65535)"},
+		{"net port too big", "[net]\nports = [70000]\n", "t.toml: net.ports: 70000 is not a port (1-65535)"},
+		{"net port not a number", "[net]\nports = [\"443\"]\n", "t.toml"},
+		{"bad allow_private", "[net]\nallow_private = [\"a..b\"]\n", "t.toml: net.allow_private: domain pattern \"a..b\""},
+		{"IPv6 fixed answer", "[net]\nhosts = { \"llm.internal\" = \"::1\" }\n", `t.toml: net.hosts: "llm.internal" = "::1": an IPv6 address; fixed answers are IPv4 only (the guest network is IPv4)`},
+		{"bad fixed answer", "[net]\nhosts = { \"llm.internal\" = \"localhost\" }\n", `t.toml: net.hosts: "llm.internal" = "localhost": not an IPv4 address`},
+		{"fixed answer not a string", "[net]\nhosts = { \"llm.internal\" = 1 }\n", "t.toml"},
+		{"every net problem", "[net]\ndefault = \"x\"\nports = [0]\n", "net.ports: 0 is not a port"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,6 +143,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("[mcp.builtin]\ndomain_allow = [\"*.x\"]\n"))
 	f.Add([]byte(examplePolicy))
 	f.Add([]byte("[[mcp.rules]]\naction = \"block\"\nargument = \"a.0\"\nequals = [1, {x = \"y\"}]\n"))
+	f.Add([]byte(exampleNet))
+	f.Add([]byte("[net]\nports = []\nallow = [\"10.0.0.1\"]\nhosts = { \"A.test.\" = \"10.0.0.2\" }\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse("fuzz.toml", data)
 		if err != nil {
@@ -108,5 +167,29 @@ func FuzzParse(f *testing.F) {
 		c := &policy.Call{Method: "tools/call", Server: "a", Name: "a__b", Arguments: json.RawMessage(`{"a":[1,{"x":"y"}]}`)}
 		m.Policy.CheckRequest(context.Background(), c)
 		m.Policy.CheckResponse(context.Background(), c, json.RawMessage(`{"content":[]}`))
+		// A parsed [net] table always compiles: Merge never falls back to
+		// refusing everything, and every fixed answer is there.
+		for _, note := range m.Notes {
+			if strings.Contains(note, "does not compile") {
+				t.Fatalf("a parsed [net] did not compile: %s", note)
+			}
+		}
+		for name := range cfg.Net.Hosts {
+			if addr, ok := m.Net.FixedHost(name); !ok || !addr.Is4() {
+				t.Fatalf("fixed answer for %q: %v %v", name, addr, ok)
+			}
+		}
+		for _, entry := range cfg.Net.Allow {
+			name := strings.TrimSpace(entry)
+			if suffix, ok := strings.CutPrefix(name, "*."); ok {
+				name = "a." + suffix
+			}
+			if _, err := netpolicy.NormalizeHost(name); err != nil {
+				continue // "a." made it too long
+			}
+			if v := m.Net.Name(name); !v.Allowed && !strings.Contains(v.Reason, "blocked by") {
+				t.Fatalf("%q is allowed and not blocked, but refused: %+v", name, v)
+			}
+		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/capsem/capsem/core/netpolicy"
 	"github.com/capsem/capsem/core/policy"
 )
 
@@ -65,6 +66,8 @@ type Merged struct {
 	// lists; ServerDefs, SandboxPaths and ToolTimeouts work on it.
 	File   *File
 	Policy *policy.Engine
+	// Net is the [net] policy of every file (File.Net stays empty).
+	Net    *netpolicy.Policy
 	Layers []Layer
 	// ServerSources says which file defined each server.
 	ServerSources map[string]string
@@ -115,7 +118,8 @@ func LoadHierarchy(src Sources) (*Merged, error) {
 // can only narrow it). Default: the highest file that sets one. Per-tool
 // decisions: the stricter of two entries for a name, the higher file on a tie.
 // Rules: all of them, each with its file's rank (a Block rule always wins; an
-// Allow rule relaxes only decisions of its own rank or lower).
+// Allow rule relaxes only decisions of its own rank or lower). [net]: every
+// file's table, compiled by netpolicy.Compile (a lower file only tightens).
 func Merge(layers []Layer) *Merged {
 	layers = slices.Clone(layers)
 	sort.SliceStable(layers, func(i, j int) bool { return layers[i].Rank > layers[j].Rank })
@@ -199,7 +203,35 @@ func Merge(layers []Layer) *Merged {
 		out.Tools[name] = e.Decision.String()
 	}
 	m.Policy = eng
+	m.Net = mergeNet(layers, &m.Notes)
 	return m
+}
+
+// mergeNet compiles the layers' [net] tables, highest precedence first.
+// Parse refuses every table that would not compile, so only a File built in
+// code can fail here; the policy then refuses everything (dropping the bad
+// file would drop its block list with it).
+func mergeNet(layers []Layer, notes *[]string) *netpolicy.Policy {
+	netLayers := make([]netpolicy.Layer, 0, len(layers))
+	portsSet := false
+	for _, l := range layers {
+		nl := l.File.netLayer(l.Path)
+		portsSet = portsSet || nl.PortsSet
+		netLayers = append(netLayers, nl)
+	}
+	p, err := netpolicy.Compile(netLayers)
+	if err != nil {
+		*notes = append(*notes, "[net] does not compile, so the guest network refuses everything: "+err.Error())
+		p, err = netpolicy.Compile([]netpolicy.Layer{{Source: "(invalid [net])", Default: "block", PortsSet: true, AllowPrivateSet: true}})
+		if err != nil {
+			panic("config: the refuse-everything [net] policy does not compile: " + err.Error())
+		}
+		return p
+	}
+	if portsSet && len(p.Ports()) == 0 {
+		*notes = append(*notes, "net.ports lists have no port in common: the guest can reach no port")
+	}
+	return p
 }
 
 // mergeBuiltin takes each builtin setting from the highest file that sets

@@ -233,8 +233,8 @@ func TestLoadHierarchy(t *testing.T) {
 		}
 		return p
 	}
-	corp := write("corp.toml", "[mcp]\nblocked_servers = [\"fromclaude\"]\n")
-	user := write("capsem/user.toml", "[[mcp.servers]]\nname = \"gem\"\ncommand = \"/usr/bin/true\"\n")
+	corp := write("corp.toml", "[mcp]\nblocked_servers = [\"fromclaude\"]\n[net]\nblock = [\"*.evil.example\"]\nports = [443]\n")
+	user := write("capsem/user.toml", "[[mcp.servers]]\nname = \"gem\"\ncommand = \"/usr/bin/true\"\n[net]\nallow = [\"pypi.org\", \"x.evil.example\"]\n")
 	write("home/.claude.json", `{"mcpServers":{
 		"fromclaude":{"command":"npx","args":["-y","x"],"env":{"K":"V"}},
 		"remote":{"type":"http","url":"https://r.example/mcp","headers":{"X":"1"}},
@@ -291,6 +291,15 @@ func TestLoadHierarchy(t *testing.T) {
 	if v := check(m.Policy, "fromclaude__x", `{}`); v.Decision != policy.Block {
 		t.Errorf("corp block of an auto-detected server: %+v", v)
 	}
+	if v := m.Net.Name("pypi.org"); !v.Allowed || v.Source != user {
+		t.Errorf("the user's allow: %+v", v)
+	}
+	if v := m.Net.Name("x.evil.example"); v.Allowed || v.Source != corp {
+		t.Errorf("corp's block: %+v", v)
+	}
+	if v := m.Net.Port(80); v.Allowed || v.Source != corp {
+		t.Errorf("corp's ports: %+v", v)
+	}
 	// Explicitly named files must exist; an absent default user.toml is fine.
 	env["CAPSEM_CORP_CONFIG"] = filepath.Join(dir, "missing.toml")
 	if _, err := LoadHierarchy(sources(dir, "", false)); err == nil || !strings.Contains(err.Error(), "missing.toml") {
@@ -336,5 +345,109 @@ func TestREADMEExamplesParse(t *testing.T) {
 			continue
 		}
 		Merge([]Layer{{Path: "README", Rank: policy.RankUser, File: f}})
+	}
+}
+
+// TestNetCorpOverUser: the [net] tables of corp.toml and user.toml merge so
+// that the user file can only tighten corp's.
+func TestNetCorpOverUser(t *testing.T) {
+	corp := `
+[net]
+default = "block"
+allow = ["*.github.com", "pypi.org", "llm.internal", "*.corp.example"]
+block = ["gist.github.com"]
+ports = [80, 443, 8443]
+allow_private = ["*.internal"]
+hosts = { "llm.internal" = "10.0.0.9" }
+`
+	user := `
+[net]
+default = "allow"
+allow = ["gist.github.com", "news.example"]
+block = ["*.corp.example"]
+ports = [443, 8443, 22]
+allow_private = ["llm.internal", "nas.lan"]
+hosts = { "LLM.internal" = "127.0.0.1", "mine.test" = "127.0.0.2" }
+`
+	m := Merge([]Layer{
+		{Path: "user.toml", Rank: policy.RankUser, File: mustParse(t, "user.toml", user)},
+		{Path: "corp.toml", Rank: policy.RankCorp, File: mustParse(t, "corp.toml", corp)},
+	})
+	p := m.Net
+	cases := []struct {
+		name, host   string
+		allowed      bool
+		rule, source string
+	}{
+		{"corp allows", "api.github.com", true, "*.github.com", "corp.toml"},
+		{"user allow cannot relax a corp block", "gist.github.com", false, "gist.github.com", "corp.toml"},
+		{"user allow cannot relax a corp default block", "news.example", false, "net.default", "corp.toml"},
+		{"user default allow cannot relax a corp default block", "other.example", false, "net.default", "corp.toml"},
+		{"user block tightens", "x.corp.example", false, "*.corp.example", "user.toml"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := p.Name(tc.host)
+			if v.Allowed != tc.allowed || v.Rule != tc.rule || v.Source != tc.source {
+				t.Fatalf("Name(%q) = %+v, want allowed %v by %q from %s", tc.host, v, tc.allowed, tc.rule, tc.source)
+			}
+		})
+	}
+	if got := p.Ports(); len(got) != 2 || got[0] != 443 || got[1] != 8443 {
+		t.Errorf("ports %v, want the intersection [443 8443]", got)
+	}
+	if v := p.Port(22); v.Allowed || v.Source != "corp.toml" {
+		t.Errorf("port 22 (only the user allows it): %+v", v)
+	}
+	if !p.PrivateAllowed("llm.internal") || p.PrivateAllowed("db.internal") || p.PrivateAllowed("nas.lan") {
+		t.Errorf("allow_private: llm %v db %v nas %v", p.PrivateAllowed("llm.internal"), p.PrivateAllowed("db.internal"), p.PrivateAllowed("nas.lan"))
+	}
+	if addr, _ := p.FixedHost("llm.internal"); addr.String() != "10.0.0.9" {
+		t.Errorf("corp's fixed answer must win: %v", addr)
+	}
+	if addr, _ := p.FixedHost("mine.test"); addr.String() != "127.0.0.2" {
+		t.Errorf("the user's own fixed answer: %v", addr)
+	}
+	var shadowed bool
+	for _, e := range p.Entries() {
+		if e.Key == "net.hosts" && e.Source == "user.toml" && e.Value == "llm.internal = 127.0.0.1" {
+			shadowed = e.Note == "shadowed by the answer in corp.toml"
+		}
+	}
+	if !shadowed {
+		t.Errorf("the user's llm.internal answer is not shown as shadowed: %+v", p.Entries())
+	}
+}
+
+func TestNetDisjointPortsNoted(t *testing.T) {
+	m := Merge([]Layer{
+		{Path: "corp.toml", Rank: policy.RankCorp, File: mustParse(t, "corp.toml", "[net]\nports = [443]\n")},
+		{Path: "user.toml", Rank: policy.RankUser, File: mustParse(t, "user.toml", "[net]\nports = [80]\n")},
+	})
+	if len(m.Net.Ports()) != 0 || !strings.Contains(strings.Join(m.Notes, "\n"), "net.ports lists have no port in common") {
+		t.Errorf("ports %v, notes %v", m.Net.Ports(), m.Notes)
+	}
+}
+
+// TestNetBuiltInCodeFailsClosed: Parse refuses a [net] table that does not
+// compile, so only a File built in code can reach Merge with one; Merge then
+// refuses everything rather than dropping that file's block list.
+func TestNetBuiltInCodeFailsClosed(t *testing.T) {
+	bad := &File{Net: Net{Default: "allow", Block: []string{"https://evil.example/"}}}
+	m := Merge([]Layer{{Path: "code", Rank: policy.RankUser, File: bad}})
+	if v := m.Net.Name("anything.example"); v.Allowed {
+		t.Errorf("an uncompilable [net] allowed %+v", v)
+	}
+	if v := m.Net.Port(443); v.Allowed {
+		t.Errorf("an uncompilable [net] allowed port 443: %+v", v)
+	}
+	if !strings.Contains(strings.Join(m.Notes, "\n"), "[net] does not compile, so the guest network refuses everything: code: net.block") {
+		t.Errorf("notes %v", m.Notes)
+	}
+	// Built in code, empty lists are "not set" (auto-detected layers have
+	// no [net] and must not turn every port off).
+	m = Merge([]Layer{{Path: "auto", Rank: policy.RankAuto, File: &File{MCP: MCP{Servers: []Server{{Name: "a", Command: "/x"}}}}}})
+	if got := m.Net.Ports(); len(got) != 2 {
+		t.Errorf("an auto-detected layer changed the ports: %v", got)
 	}
 }

@@ -1,16 +1,20 @@
-// Package policycmd is `capsem policy`: show the merged MCP policy and where
-// each entry came from, explain a decision, and reload every running gateway
-// and VM.
+// Package policycmd is `capsem policy`: show the merged MCP and network
+// policy and where each entry came from, explain a decision, and reload
+// every running gateway and VM.
 package policycmd
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
+	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/capsem/capsem/core/api"
@@ -18,6 +22,7 @@ import (
 	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/mcpuri"
+	"github.com/capsem/capsem/core/netpolicy"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/reloadctl"
@@ -27,7 +32,7 @@ import (
 // Cmd is `capsem policy`.
 type Cmd struct {
 	Check   CheckCmd   `cmd:"" help:"Print the merged policy and where each entry came from."`
-	Explain ExplainCmd `cmd:"" help:"Print the decision policy makes for one call, and the rule that makes it."`
+	Explain ExplainCmd `cmd:"" help:"Print the decision policy makes for one call or URL, and the rule that makes it."`
 	Reload  ReloadCmd  `cmd:"" help:"Reload configuration and policy in every running gateway and VM."`
 }
 
@@ -129,11 +134,32 @@ func Print(w io.Writer, m *config.Merged) {
 		path := m.ServerSources[def.Name]
 		fmt.Fprintf(w, "  %s  %s %s%s\n", def.Name, transport, src(rankOf[path], path), state)
 	}
+	printNet(w, m, src, rankOf)
 	if len(m.Notes) > 0 {
 		fmt.Fprintln(w, "\nNotes:")
 		for _, n := range m.Notes {
 			fmt.Fprintf(w, "  %s\n", n)
 		}
+	}
+}
+
+// printNet writes the [net] entries, each with its file and what limits it.
+func printNet(w io.Writer, m *config.Merged, src func(policy.Rank, string) string, rankOf map[string]policy.Rank) {
+	fmt.Fprintln(w, "\nNetwork ([net]; a lower file can only tighten a higher one):")
+	if m.Net == nil {
+		fmt.Fprintln(w, "  (none)")
+		return
+	}
+	for _, e := range m.Net.Entries() {
+		rank := policy.RankBuiltin
+		if e.Source != "" {
+			rank = rankOf[e.Source]
+		}
+		fmt.Fprintf(w, "  %-17s %s %s", e.Key, e.Value, src(rank, e.Source))
+		if e.Note != "" {
+			fmt.Fprintf(w, " [%s]", e.Note)
+		}
+		fmt.Fprintln(w)
 	}
 }
 
@@ -162,24 +188,44 @@ func describeRule(r *policy.Rule) string {
 // ExplainCmd is `capsem policy explain`.
 type ExplainCmd struct {
 	sourceFlags
-	Server   string `required:"" help:"Server name (its namespace)."`
+	Server   string `help:"Server name (its namespace); needed with --tool, --prompt and --resource."`
 	Tool     string `xor:"target" help:"Tool name, bare or namespaced (server__tool)."`
 	Prompt   string `xor:"target" help:"Prompt name, bare or namespaced."`
 	Resource string `xor:"target" help:"Resource URI as the server knows it, or namespaced (capsem://server/...)."`
+	URL      string `name:"url" xor:"target" help:"A URL the guest would connect to: the network policy's decision on its host and port."`
 	Args     string `default:"{}" help:"The call's arguments, a JSON object."`
 	Result   string `help:"A result to evaluate the response-phase rules on (JSON)."`
 }
 
-// Run prints the request verdict (and the response verdict with --result).
+// Run prints the request verdict (and the response verdict with --result),
+// or with --url the network policy's verdict.
 func (c *ExplainCmd) Run(ctx context.Context) error {
+	if c.URL != "" {
+		target, err := parseURLTarget(c.URL)
+		if err != nil {
+			return err
+		}
+		m, err := c.load()
+		if err != nil {
+			return err
+		}
+		ExplainURL(os.Stdout, m, target)
+		return nil
+	}
+	if c.Tool == "" && c.Prompt == "" && c.Resource == "" {
+		return errors.New("name one of --tool, --prompt, --resource or --url")
+	}
+	if c.Server == "" {
+		return errors.New("--server is required with --tool, --prompt and --resource")
+	}
+	if !json.Valid([]byte(c.Args)) || strings.TrimSpace(c.Args)[0] != '{' {
+		return fmt.Errorf("--args %q: want a JSON object", c.Args)
+	}
 	m, err := c.load()
 	if err != nil {
 		return err
 	}
 	call := &policy.Call{Server: c.Server}
-	if !json.Valid([]byte(c.Args)) || strings.TrimSpace(c.Args)[0] != '{' {
-		return fmt.Errorf("--args %q: want a JSON object", c.Args)
-	}
 	namespaced := func(name string) string {
 		if strings.HasPrefix(name, c.Server+"__") {
 			return name
@@ -198,7 +244,7 @@ func (c *ExplainCmd) Run(ctx context.Context) error {
 		}
 		call.Method, call.URI = "resources/read", uri
 	default:
-		return fmt.Errorf("name one of --tool, --prompt or --resource")
+		return errors.New("name one of --tool, --prompt, --resource or --url")
 	}
 	Explain(ctx, os.Stdout, m.Policy, call, c.Result)
 	return nil
@@ -232,6 +278,109 @@ func Explain(ctx context.Context, w io.Writer, e *policy.Engine, call *policy.Ca
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// URLTarget is where a URL connects: its host (a name, or an IP address)
+// and its port.
+type URLTarget struct {
+	URL  string
+	Host string
+	Port uint16
+}
+
+// parseURLTarget reads an absolute URL; without a port, http and https (and
+// ws, wss) have their default ones and other schemes need one.
+func parseURLTarget(raw string) (URLTarget, error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return URLTarget{}, fmt.Errorf("--url %q: %w", raw, err)
+	}
+	if u.Scheme == "" || u.Hostname() == "" {
+		return URLTarget{}, fmt.Errorf("--url %q: want an absolute URL such as https://host/path", raw)
+	}
+	t := URLTarget{URL: u.Redacted(), Host: u.Hostname()}
+	if p := u.Port(); p != "" {
+		port, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || port == 0 {
+			return URLTarget{}, fmt.Errorf("--url %q: port %q is not 1-65535", raw, p)
+		}
+		t.Port = uint16(port)
+		return t, nil
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "http", "ws":
+		t.Port = 80
+	case "https", "wss":
+		t.Port = 443
+	default:
+		return URLTarget{}, fmt.Errorf("--url %q: %s has no default port here; give one (%s://host:port)", raw, u.Scheme, u.Scheme)
+	}
+	return t, nil
+}
+
+// ExplainURL prints what the [net] policy decides for a connection to t:
+// the name (or, for an IP address, the address), the port, and what the
+// VM's DNS does with the name.
+func ExplainURL(w io.Writer, m *config.Merged, t URLTarget) {
+	p := m.Net
+	if p == nil {
+		p = netpolicy.Default()
+	}
+	rankOf := map[string]policy.Rank{}
+	for _, l := range m.Layers {
+		rankOf[l.Path] = l.Rank
+	}
+	line := func(label string, v netpolicy.Verdict) {
+		decision, from := "block", "(built-in)"
+		if v.Allowed {
+			decision = "allow"
+		}
+		if v.Source != "" {
+			from = "(" + rankOf[v.Source].String() + ": " + v.Source + ")"
+		}
+		fmt.Fprintf(w, "  %-9s %s by %s %s", label+":", decision, v.Rule, from)
+		if v.Reason != "" {
+			fmt.Fprintf(w, ": %s", v.Reason)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "connect %s (host %s, port %d)\n", t.URL, t.Host, t.Port)
+	port := p.Port(t.Port)
+	allowed := port.Allowed
+	if addr, err := netip.ParseAddr(t.Host); err == nil {
+		v := p.Address(netip.AddrPortFrom(addr, t.Port))
+		allowed = v.Allowed
+		// Address checks the port first; to show the address's own
+		// verdict when the port is refused, ask with a port that is not.
+		if ports := p.Ports(); !port.Allowed && len(ports) > 0 {
+			v = p.Address(netip.AddrPortFrom(addr, ports[0]))
+		}
+		if v.Rule == netpolicy.KeyPorts {
+			fmt.Fprintf(w, "  %-9s not decided: no port is allowed\n", "address:")
+		} else {
+			line("address", v)
+		}
+	} else {
+		v := p.Name(t.Host)
+		line("name", v)
+		allowed = allowed && v.Allowed
+		if p.PrivateAllowed(t.Host) {
+			fmt.Fprintf(w, "  %-9s %s may resolve to private or loopback addresses (net.allow_private)\n", "private:", t.Host)
+		}
+		if answer, ok := p.FixedHost(t.Host); ok {
+			fmt.Fprintf(w, "  %-9s fixed answer %s (net.hosts)", "dns:", answer)
+			if class := netpolicy.AddressClass(answer); class != "" && !p.PrivateAllowed(t.Host) {
+				fmt.Fprintf(w, ", not handed out: a %s address, and %s is not in net.allow_private", class, t.Host)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	line("port", port)
+	decision := "block"
+	if allowed {
+		decision = "allow"
+	}
+	fmt.Fprintf(w, "  %-9s %s\n", "decision:", decision)
 }
 
 // ReloadCmd is `capsem policy reload`.

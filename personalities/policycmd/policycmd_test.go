@@ -77,6 +77,187 @@ func TestExplain(t *testing.T) {
 	}
 }
 
+// mergedNet is a corp and a user file with [net] tables.
+func mergedNet(t testing.TB) *config.Merged {
+	t.Helper()
+	corp, err := config.Parse("/etc/capsem/corp.toml", []byte(`
+[net]
+default = "block"
+allow = ["*.github.com", "pypi.org", "llm.internal", "203.0.113.5", "127.0.0.1"]
+block = ["gist.github.com"]
+ports = [80, 443, 8443]
+allow_private = ["llm.internal", "127.0.0.1"]
+hosts = { "llm.internal" = "127.0.0.1" }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := config.Parse("/home/u/.capsem/user.toml", []byte(`
+[net]
+allow = ["gist.github.com", "news.example"]
+block = ["*.social.example"]
+ports = [443, 8443, 22]
+hosts = { "mine.test" = "10.0.0.2" }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return config.Merge([]config.Layer{
+		{Path: "/home/u/.capsem/user.toml", Rank: policy.RankUser, File: user},
+		{Path: "/etc/capsem/corp.toml", Rank: policy.RankCorp, File: corp},
+	})
+}
+
+func TestPrintShowsNet(t *testing.T) {
+	var b bytes.Buffer
+	Print(&b, mergedNet(t))
+	out := b.String()
+	for _, want := range []string{
+		"Network ([net]; a lower file can only tighten a higher one):",
+		"  net.default       block (corp: /etc/capsem/corp.toml)\n",
+		"  net.block         gist.github.com (corp: /etc/capsem/corp.toml)\n",
+		"  net.block         *.social.example (user: /home/u/.capsem/user.toml)\n",
+		"  net.allow         *.github.com (corp: /etc/capsem/corp.toml) [limited: net.block refuses some names under github.com]\n",
+		`  net.allow         gist.github.com (user: /home/u/.capsem/user.toml) [no effect: gist.github.com blocked by net.block "gist.github.com" (in /etc/capsem/corp.toml)]` + "\n",
+		"  net.allow         news.example (user: /home/u/.capsem/user.toml) [no effect: news.example is not in net.allow of /etc/capsem/corp.toml, whose net.default is block]\n",
+		"  net.ports         80, 443, 8443 (corp: /etc/capsem/corp.toml) [in effect: the ports every file allows, 443, 8443]\n",
+		"  net.ports         22, 443, 8443 (user: /home/u/.capsem/user.toml) [in effect: the ports every file allows, 443, 8443]\n",
+		"  net.allow_private llm.internal (corp: /etc/capsem/corp.toml)\n",
+		"  net.hosts         llm.internal = 127.0.0.1 (corp: /etc/capsem/corp.toml)\n",
+		"  net.hosts         mine.test = 10.0.0.2 (user: /home/u/.capsem/user.toml) [not answered: mine.test is not in net.allow of /etc/capsem/corp.toml, whose net.default is block]\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// Without any [net]: the built-in defaults, said as such.
+	b.Reset()
+	Print(&b, merged(t))
+	for _, want := range []string{
+		"  net.default       block (built-in) [no file sets net.default]\n",
+		"  net.ports         80, 443 (built-in) [no file sets net.ports]\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestExplainURL(t *testing.T) {
+	m := mergedNet(t)
+	cases := []struct {
+		url  string
+		want []string
+	}{
+		{"https://api.github.com/repos", []string{
+			"connect https://api.github.com/repos (host api.github.com, port 443)\n",
+			"  name:     allow by *.github.com (corp: /etc/capsem/corp.toml)\n",
+			"  port:     allow by net.ports (corp: /etc/capsem/corp.toml)\n",
+			"  decision: allow\n"}},
+		{"https://API.GitHub.com.:22/", []string{
+			"  name:     allow by *.github.com (corp: /etc/capsem/corp.toml)\n",
+			"  port:     block by net.ports (corp: /etc/capsem/corp.toml): port 22 is not in net.ports (443, 8443)\n",
+			"  decision: block\n"}},
+		{"http://gist.github.com/x", []string{
+			`  name:     block by gist.github.com (corp: /etc/capsem/corp.toml): gist.github.com blocked by net.block "gist.github.com"` + "\n",
+			"  port:     block by net.ports (user: /home/u/.capsem/user.toml): port 80 is not in net.ports (443, 8443)\n",
+			"  decision: block\n"}},
+		{"https://www.social.example/", []string{
+			`  name:     block by *.social.example (user: /home/u/.capsem/user.toml)`,
+			"  decision: block\n"}},
+		{"https://news.example/", []string{
+			"  name:     block by net.default (corp: /etc/capsem/corp.toml): news.example is not in net.allow of /etc/capsem/corp.toml, whose net.default is block\n"}},
+		{"https://llm.internal:8443/v1", []string{
+			"  name:     allow by llm.internal (corp: /etc/capsem/corp.toml)\n",
+			"  private:  llm.internal may resolve to private or loopback addresses (net.allow_private)\n",
+			"  dns:      fixed answer 127.0.0.1 (net.hosts)\n",
+			"  decision: allow\n"}},
+		{"https://mine.test/", []string{
+			"  dns:      fixed answer 10.0.0.2 (net.hosts), not handed out: a private address, and mine.test is not in net.allow_private\n",
+			"  decision: block\n"}},
+		{"https://203.0.113.5/", []string{
+			"  address:  allow by 203.0.113.5 (corp: /etc/capsem/corp.toml)\n",
+			"  decision: allow\n"}},
+		{"http://203.0.113.5/", []string{
+			"  address:  allow by 203.0.113.5 (corp: /etc/capsem/corp.toml)\n",
+			"  port:     block by net.ports",
+			"  decision: block\n"}},
+		{"https://[::ffff:127.0.0.1]/", []string{
+			"  address:  allow by 127.0.0.1 (corp: /etc/capsem/corp.toml)\n",
+			"  decision: allow\n"}},
+		{"https://203.0.113.6/", []string{
+			"  address:  block by net.default (corp: /etc/capsem/corp.toml): 203.0.113.6 is not in net.allow",
+			"  decision: block\n"}},
+		{"wss://pypi.org/", []string{"(host pypi.org, port 443)", "  decision: allow\n"}},
+		{"https://user:secret@pypi.org/", []string{"connect https://user:xxxxx@pypi.org/ (host pypi.org, port 443)"}},
+	}
+	for _, tc := range cases {
+		target, err := parseURLTarget(tc.url)
+		if err != nil {
+			t.Errorf("%s: %v", tc.url, err)
+			continue
+		}
+		var b bytes.Buffer
+		ExplainURL(&b, m, target)
+		for _, want := range tc.want {
+			if !strings.Contains(b.String(), want) {
+				t.Errorf("%s: output lacks %q:\n%s", tc.url, want, b.String())
+			}
+		}
+		if strings.Contains(b.String(), "secret") {
+			t.Errorf("%s: the password is printed:\n%s", tc.url, b.String())
+		}
+	}
+	// No [net] in any file: everything is refused.
+	target, _ := parseURLTarget("https://pypi.org/")
+	var b bytes.Buffer
+	ExplainURL(&b, merged(t), target)
+	if want := "  name:     block by net.default (built-in): pypi.org is in no net.allow list"; !strings.Contains(b.String(), want) {
+		t.Errorf("no [net]: output lacks %q:\n%s", want, b.String())
+	}
+}
+
+func TestParseURLTargetRejects(t *testing.T) {
+	for raw, want := range map[string]string{
+		"pypi.org/simple":          "want an absolute URL",
+		"https:///path":            "want an absolute URL",
+		"ftp://files.example/x":    "ftp has no default port here",
+		"https://pypi.org:0/":      `port "0" is not 1-65535`,
+		"https://pypi.org:99999/":  `port "99999" is not 1-65535`,
+		"https://pypi.org:http/":   "invalid port",
+		"https://%zz.example/":     "--url",
+		"ssh://git@github.com:22/": "",
+	} {
+		_, err := parseURLTarget(raw)
+		if want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", raw, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "--url") {
+			t.Errorf("%s: error %v, want one naming --url and containing %q", raw, err, want)
+		}
+	}
+}
+
+// TestExplainNeedsServerForMCP: --server is needed for a tool, prompt or
+// resource, not for --url; the flags are checked before any file is read.
+func TestExplainNeedsServerForMCP(t *testing.T) {
+	err := (&ExplainCmd{Tool: "echo", Args: "{}"}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "--server is required") {
+		t.Errorf("--tool without --server: %v", err)
+	}
+	err = (&ExplainCmd{Server: "everything", Args: "{}"}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "name one of --tool, --prompt, --resource or --url") {
+		t.Errorf("no target: %v", err)
+	}
+	err = (&ExplainCmd{URL: "pypi.org"}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "want an absolute URL") {
+		t.Errorf("--url without a scheme: %v", err)
+	}
+}
+
 // TestExplainResourceIsCanonical: explain judges a resource as the gateway
 // does, in canonical form, and refuses what the gateway refuses.
 func TestExplainResourceIsCanonical(t *testing.T) {
@@ -126,4 +307,30 @@ func TestWithVMs(t *testing.T) {
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("got\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// FuzzParseURLTarget: an accepted URL has a host and a port in range, and
+// explaining it always ends in a decision.
+func FuzzParseURLTarget(f *testing.F) {
+	for _, s := range []string{"https://api.github.com/x", "http://[::1]:8080/", "wss://a.example", "ftp://x", "x.example", "https://u:pw@a.example/", "http://[fe80::1%25eth0]/", "https://a:0/"} {
+		f.Add(s)
+	}
+	m := mergedNet(f)
+	f.Fuzz(func(t *testing.T, raw string) {
+		target, err := parseURLTarget(raw)
+		if err != nil {
+			if !strings.Contains(err.Error(), "--url") {
+				t.Fatalf("error does not name --url: %v", err)
+			}
+			return
+		}
+		if target.Host == "" || target.Port == 0 {
+			t.Fatalf("accepted %q as %+v", raw, target)
+		}
+		var b bytes.Buffer
+		ExplainURL(&b, m, target)
+		if !strings.Contains(b.String(), "  decision: ") {
+			t.Fatalf("no decision for %q:\n%s", raw, b.String())
+		}
+	})
 }

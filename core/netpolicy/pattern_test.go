@@ -1,11 +1,12 @@
-package builtintools
+package netpolicy
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 )
 
-func TestParseDomainPattern(t *testing.T) {
+func TestParsePattern(t *testing.T) {
 	tests := []struct {
 		configured   string
 		wantHost     string
@@ -34,27 +35,33 @@ func TestParseDomainPattern(t *testing.T) {
 		{configured: "bücher.de", wantErr: "not ASCII"},
 		{configured: "*.10.0.0.1", wantErr: "wildcard needs a domain name"},
 		{configured: strings.Repeat("a", 254), wantErr: "longer than 253"},
+		{configured: "*.0.113.5", wantErr: "neither a name"},
+		{configured: "127.1", wantErr: "neither a name"},
+		{configured: "2130706433", wantErr: "neither a name"},
+		{configured: "010.0.0.1", wantErr: "neither a name"},
+		{configured: "*.5", wantErr: "neither a name"},
+		{configured: "1.2.3.4a", wantHost: "1.2.3.4a"},
 	}
 	for _, test := range tests {
 		t.Run(test.configured, func(t *testing.T) {
-			pattern, err := parseDomainPattern(test.configured)
+			pattern, err := ParsePattern(test.configured)
 			if test.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), test.wantErr) {
-					t.Fatalf("parseDomainPattern(%q) error = %v, want containing %q", test.configured, err, test.wantErr)
+					t.Fatalf("ParsePattern(%q) error = %v, want containing %q", test.configured, err, test.wantErr)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("parseDomainPattern(%q): %v", test.configured, err)
+				t.Fatalf("ParsePattern(%q): %v", test.configured, err)
 			}
 			if pattern.host != test.wantHost || pattern.wildcard != test.wantWildcard {
-				t.Errorf("parseDomainPattern(%q) = host %q wildcard %v, want %q %v", test.configured, pattern.host, pattern.wildcard, test.wantHost, test.wantWildcard)
+				t.Errorf("ParsePattern(%q) = host %q wildcard %v, want %q %v", test.configured, pattern.host, pattern.wildcard, test.wantHost, test.wantWildcard)
 			}
 		})
 	}
 }
 
-func TestDomainPatternMatches(t *testing.T) {
+func TestPatternMatches(t *testing.T) {
 	tests := []struct {
 		pattern string
 		host    string
@@ -75,71 +82,32 @@ func TestDomainPatternMatches(t *testing.T) {
 		{"127.0.0.1", "[::ffff:127.0.0.1]", true}, // IPv4-mapped spelling is the same address
 		{"::1", "[::1]", true},
 		{"::1", "[0:0::1]", true},
+		{"*.example.com", "www.example.com.evil.net", false},
+		{"*.example.com", "xexample.com", false},
+		{"*.b.example.com", "a.b.example.com", true},
+		{"*.b.example.com", "b.example.com", false},
 	}
 	for _, test := range tests {
 		t.Run(test.pattern+"/"+test.host, func(t *testing.T) {
-			pattern, err := parseDomainPattern(test.pattern)
+			pattern, err := ParsePattern(test.pattern)
 			if err != nil {
 				t.Fatal(err)
 			}
-			host, err := normalizeHost(test.host)
+			host, err := NormalizeHost(test.host)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := pattern.matches(host); got != test.want {
+			if got := pattern.Matches(host); got != test.want {
 				t.Errorf("%q matches %q = %v, want %v", test.pattern, test.host, got, test.want)
 			}
 		})
 	}
 }
 
-func TestDomainPolicyCheck(t *testing.T) {
-	tests := []struct {
-		name        string
-		allow       []string
-		block       []string
-		host        string
-		wantAllowed bool
-		wantRule    string
-		wantReason  string
-	}{
-		{name: "no lists allow everything", host: "anything.example", wantAllowed: true},
-		{name: "block exact", block: []string{"evil.com"}, host: "evil.com", wantRule: "evil.com", wantReason: `domain blocked by "evil.com"`},
-		{name: "block wildcard", block: []string{"*.com"}, host: "evil.com", wantRule: "*.com", wantReason: `domain blocked by "*.com"`},
-		{name: "block list alone allows others", block: []string{"evil.com"}, host: "good.org", wantAllowed: true},
-		{name: "allow list allows match", allow: []string{"*.github.com"}, host: "api.github.com", wantAllowed: true, wantRule: "*.github.com"},
-		{name: "allow list denies apex of wildcard", allow: []string{"*.github.com"}, host: "github.com", wantReason: "domain not in allow list"},
-		{name: "allow list denies others", allow: []string{"github.com"}, host: "gitlab.com", wantReason: "domain not in allow list"},
-		{name: "block wins over allow", allow: []string{"*.example.com"}, block: []string{"secret.example.com"}, host: "secret.example.com", wantRule: "secret.example.com", wantReason: `domain blocked by "secret.example.com"`},
-		{name: "allow next to a block", allow: []string{"*.example.com"}, block: []string{"secret.example.com"}, host: "www.example.com", wantAllowed: true, wantRule: "*.example.com"},
-	}
-	for _, test := range tests {
-		t.Run(test.name, func(t *testing.T) {
-			policy, err := compileDomainPolicy(test.allow, test.block)
-			if err != nil {
-				t.Fatal(err)
-			}
-			verdict := policy.check(test.host)
-			if verdict.allowed != test.wantAllowed || verdict.matchedRule != test.wantRule || verdict.reason != test.wantReason {
-				t.Errorf("check(%q) = %+v, want allowed=%v rule=%q reason=%q", test.host, verdict, test.wantAllowed, test.wantRule, test.wantReason)
-			}
-		})
-	}
-}
-
-func TestCompileDomainPolicyNamesTheBadList(t *testing.T) {
-	if _, err := compileDomainPolicy(nil, []string{"ok.com", "bad*"}); err == nil || !strings.Contains(err.Error(), "block list") {
-		t.Errorf("bad block entry: error = %v, want one naming the block list", err)
-	}
-	if _, err := compileDomainPolicy([]string{"http://x"}, nil); err == nil || !strings.Contains(err.Error(), "allow list") {
-		t.Errorf("bad allow entry: error = %v, want one naming the allow list", err)
-	}
-}
-
-// FuzzDomainPatternMatch checks the matcher's invariants on arbitrary
+// FuzzPatternMatch checks the matcher's invariants on arbitrary
 // patterns and hosts: no panics, case and trailing-dot insensitivity, and
 // that a wildcard only ever matches proper subdomains of its suffix.
-func FuzzDomainPatternMatch(f *testing.F) {
+func FuzzPatternMatch(f *testing.F) {
 	seeds := [][2]string{
 		{"example.com", "example.com"},
 		{"*.example.com", "www.example.com"},
@@ -152,24 +120,40 @@ func FuzzDomainPatternMatch(f *testing.F) {
 		{"", ""},
 		{"a..b", "a.b"},
 		{"*.ｅxample.com", "www.ｅxample.com"},
+		{"*.3.4", "1.2.3.4"},
+		{"*.0.0.1", "127.0.0.1"},
+		{"*.b.c", "a.b.c"},
 	}
 	for _, seed := range seeds {
 		f.Add(seed[0], seed[1])
 	}
 	f.Fuzz(func(t *testing.T, configured, rawHost string) {
-		pattern, err := parseDomainPattern(configured)
+		pattern, err := ParsePattern(configured)
 		if err != nil {
 			return
 		}
-		host, err := normalizeHost(rawHost)
+		host, err := NormalizeHost(rawHost)
 		if err != nil {
 			return
 		}
-		matched := pattern.matches(host)
-		if upper, err := normalizeHost(strings.ToUpper(rawHost)); err == nil && pattern.matches(upper) != matched {
+		matched := pattern.Matches(host)
+		var set patternSet[Pattern]
+		set.add(pattern, pattern)
+		if _, indexed := set.match(host); indexed != matched {
+			t.Fatalf("the index says %v, Matches says %v: pattern %q host %q", indexed, matched, configured, host)
+		}
+		if matched && pattern.wildcard {
+			if _, err := netip.ParseAddr(host); err == nil {
+				t.Fatalf("wildcard %q matched the address %q", configured, host)
+			}
+		}
+		if pattern.String() != strings.TrimSpace(configured) {
+			t.Fatalf("String() = %q, configured %q", pattern.String(), configured)
+		}
+		if upper, err := NormalizeHost(strings.ToUpper(rawHost)); err == nil && pattern.Matches(upper) != matched {
 			t.Fatalf("case changed the verdict: pattern %q host %q", configured, rawHost)
 		}
-		if dotted, err := normalizeHost(rawHost + "."); err == nil && !strings.HasSuffix(rawHost, ".") && pattern.matches(dotted) != matched {
+		if dotted, err := NormalizeHost(rawHost + "."); err == nil && !strings.HasSuffix(rawHost, ".") && pattern.Matches(dotted) != matched {
 			t.Fatalf("trailing dot changed the verdict: pattern %q host %q", configured, rawHost)
 		}
 		if matched && pattern.wildcard {
@@ -181,8 +165,34 @@ func FuzzDomainPatternMatch(f *testing.F) {
 			t.Fatalf("exact %q matched a different host %q", configured, host)
 		}
 		// A normalized host is stable under normalization.
-		if again, err := normalizeHost(host); err != nil || again != host {
-			t.Fatalf("normalizeHost not idempotent: %q -> %q -> %q (%v)", rawHost, host, again, err)
+		if again, err := NormalizeHost(host); err != nil || again != host {
+			t.Fatalf("NormalizeHost not idempotent: %q -> %q -> %q (%v)", rawHost, host, again, err)
 		}
 	})
+}
+
+// TestPatternSetPrefersTheMostSpecific: several patterns may cover a host;
+// the one reported is the exact one, else the longest suffix.
+func TestPatternSetPrefersTheMostSpecific(t *testing.T) {
+	var set patternSet[Pattern]
+	for _, entry := range []string{"*.com", "*.example.com", "api.example.com", "*.api.example.com"} {
+		pattern, err := ParsePattern(entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set.add(pattern, pattern)
+	}
+	for host, want := range map[string]string{
+		"api.example.com":   "api.example.com",
+		"x.api.example.com": "*.api.example.com",
+		"www.example.com":   "*.example.com",
+		"example.com":       "*.com",
+		"other.org":         "",
+		"com":               "",
+	} {
+		got, ok := set.match(host)
+		if got.String() != want || ok != (want != "") {
+			t.Errorf("match(%q) = %q, %v; want %q", host, got.String(), ok, want)
+		}
+	}
 }
