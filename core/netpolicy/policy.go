@@ -333,6 +333,13 @@ func (p *Policy) Address(dest netip.AddrPort) Verdict {
 	if !v.Allowed {
 		return v
 	}
+	if v.Rule == KeyDefault {
+		// default = "allow" speaks for names: a connection that names
+		// nothing (no DNS answer, no SNI or Host) goes only to an address
+		// listed itself, or every address would be open.
+		return Verdict{Rule: KeyDefault, Source: v.Source,
+			Reason: fmt.Sprintf("%s is not listed in net.allow; a connection that names no host goes only to a listed address", host)}
+	}
 	if class := AddressClass(addr); class != "" && !p.privateAllowed(host) {
 		return Verdict{Rule: RulePrivateAddress,
 			Reason: fmt.Sprintf("%s is a %s address; list it in net.allow_private to permit", host, class)}
