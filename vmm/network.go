@@ -1,5 +1,7 @@
 package vmm
 
+import "net"
+
 // Framing says how Ethernet frames travel on a NIC's host connection.
 type Framing int
 
@@ -10,3 +12,14 @@ const (
 	// FramingDatagram: one frame per datagram (a SOCK_DGRAM socket pair).
 	FramingDatagram
 )
+
+// Network is a VM's NIC (temporary stand-in until the vmm branch lands).
+type Network struct {
+	MAC string
+	MTU int
+}
+
+// NetworkHolder gives the host end of the NIC once Start returned.
+type NetworkHolder interface {
+	NetworkConn() (conn net.Conn, framing Framing, ok bool)
+}

@@ -180,15 +180,16 @@ func TestPolicyAddress(t *testing.T) {
 	if v := p.Address(netip.AddrPort{}); v.Allowed {
 		t.Errorf("the zero AddrPort: %+v", v)
 	}
-	// A default of allow allows public addresses by IP, never private ones.
+	// A default of allow speaks for names: by address, only listed ones.
 	open := mustCompile(t, Layer{Source: userFile, Default: "allow"})
-	if v := open.Address(netip.MustParseAddrPort("8.8.8.8:443")); !v.Allowed || v.Rule != "net.default" {
-		t.Errorf("default allow, public address: %+v", v)
-	}
-	for _, dest := range []string{"127.0.0.1:443", "[::1]:443", "[64:ff9b::a9fe:a9fe]:80", "[fe80::1%eth0]:443"} {
-		if v := open.Address(netip.MustParseAddrPort(dest)); v.Allowed || v.Rule != "private-address" {
+	for _, dest := range []string{"8.8.8.8:443", "127.0.0.1:443", "[::1]:443", "[64:ff9b::a9fe:a9fe]:80", "[fe80::1%eth0]:443"} {
+		if v := open.Address(netip.MustParseAddrPort(dest)); v.Allowed || v.Rule != "net.default" || !strings.Contains(v.Reason, "not listed in net.allow") {
 			t.Errorf("default allow, %s: %+v", dest, v)
 		}
+	}
+	listed := mustCompile(t, Layer{Source: userFile, Default: "allow", Allow: []string{"8.8.8.8"}})
+	if v := listed.Address(netip.MustParseAddrPort("8.8.8.8:443")); !v.Allowed || v.Rule != "8.8.8.8" {
+		t.Errorf("a listed address: %+v", v)
 	}
 }
 

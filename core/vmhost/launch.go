@@ -37,8 +37,11 @@ type ProcessConfig struct {
 	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
 	WorkspaceMiB int    `name:"workspace-mib" default:"0" help:"Bound on what the workspace may take on the host, in MiB (0: 16384); the guest gets ENOSPC at it."`
 	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
-	NoBootState  bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
-	BootStateDir string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
+	NoNetwork    bool   `name:"no-network" help:"Give the VM no network interface at all (by default it has one, behind the [net] policy)."`
+	// NetLoopbackOnly is a test's world: only loopback destinations.
+	NetLoopbackOnly bool   `name:"net-loopback-only" hidden:"" help:"Let the VM's network dial loopback addresses only; every other dial is refused and logged."`
+	NoBootState     bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
+	BootStateDir    string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
 	// ConsoleLogMaxKiB is a test's smaller console bound.
 	ConsoleLogMaxKiB int `name:"console-log-max-kib" hidden:"" default:"0" help:"Rotate the console log past this many KiB (0: the default bound)."`
 }

@@ -284,6 +284,12 @@ func (v *VM) startGuest(ctx context.Context, spec vmm.Spec, plan bootPlan) (save
 		return false, errors.New("the VM backend gave no workspace port")
 	}
 	v.ws.serve(ctx, v, wsConn)
+	if v.net != nil {
+		if err := v.net.serve(ctx, v, m); err != nil {
+			v.stopMachine(ctx, m)
+			return false, err
+		}
+	}
 	t = time.Now()
 	hctx, cancel := context.WithTimeoutCause(ctx, helloTimeout, fmt.Errorf("the guest did not say hello within %v", helloTimeout))
 	v.ctl.client, err = guestctl.Accept(hctx, m.Channel(), v.controlOptions())

@@ -70,6 +70,11 @@ type Options struct {
 	// WorkspaceMiB bounds what the workspace may take on the host (0:
 	// DefaultWorkspaceMiB); a guest that reaches it gets ENOSPC.
 	WorkspaceMiB int
+	// NoNetwork gives the VM no NIC at all.
+	NoNetwork bool
+	// NetLoopbackOnly lets the VM's network dial loopback addresses only
+	// (tests: every other dial is refused and logged).
+	NetLoopbackOnly bool
 	// Stage, when not nil, is told each stage of the start as it begins
 	// (guest assets, accelerator, boot or resume), for the caller to
 	// show; `capsem process` reports them on its readiness pipe.
@@ -84,8 +89,11 @@ type VM struct {
 	log     *slog.Logger
 	ledger  *ledger.Ledger
 	gw      *mcpgw.Gateway
+	// gwReady is gw once started, for the network stack's goroutines.
+	gwReady atomic.Pointer[mcpgw.Gateway]
 	machine vmm.Machine
 	ws      *workspace
+	net     *network // nil: no NIC
 	ctl     control
 	hello   guestwire.Hello
 	accel   vmm.Accel
@@ -274,6 +282,14 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 	if v.ws, err = openWorkspace(ctx, v, wsDir); err != nil {
 		return vmm.Spec{}, false, err
 	}
+	var nic *vmm.Network
+	if !o.NoNetwork {
+		if v.net, err = openNetwork(v); err != nil {
+			return vmm.Spec{}, false, err
+		}
+		nic = &vmm.Network{MAC: guestwire.NetGuestMAC}
+		storageArgs += networkCmdline
+	}
 	spec := vmm.Spec{
 		Name:               o.Name,
 		Kernel:             assets.Kernel,
@@ -285,6 +301,7 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		ConsoleLogMaxBytes: o.ConsoleLogMaxBytes,
 		Disks:              disks,
 		Ports:              []string{guestwire.WorkspacePort},
+		Network:            nic,
 		ChannelSocket:      v.session.ChannelSocket(),
 		ConsoleLog:         v.session.ConsoleLog(),
 		Firmware:           o.Firmware,
@@ -324,6 +341,7 @@ func (v *VM) startGateway(ctx context.Context, sources config.Sources) error {
 	if err != nil {
 		return err
 	}
+	v.gwReady.Store(v.gw)
 	mcpLn, err := v.machine.Channel().Listen(guestchan.PortMCP)
 	if err != nil {
 		return fmt.Errorf("listening for guest MCP: %w", err)
@@ -332,6 +350,10 @@ func (v *VM) startGateway(ctx context.Context, sources config.Sources) error {
 	v.mark("ready", t)
 	return nil
 }
+
+// gateway is the MCP gateway once started (nil before), safe from any
+// goroutine.
+func (v *VM) gateway() *mcpgw.Gateway { return v.gwReady.Load() }
 
 // ReloadOnSignal reloads the gateway's configuration on every SIGHUP.
 func (v *VM) ReloadOnSignal(ctx context.Context) { v.gw.ReloadOnSignal(ctx) }
@@ -389,6 +411,9 @@ func (v *VM) teardown(ctx context.Context) {
 	}
 	if v.ws != nil {
 		v.ws.close()
+	}
+	if v.net != nil {
+		v.net.close()
 	}
 	if v.ledger != nil {
 		v.ledger.Close()

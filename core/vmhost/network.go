@@ -1,0 +1,218 @@
+package vmhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/ledger"
+	"github.com/capsem/capsem/core/logs"
+	"github.com/capsem/capsem/core/netpolicy"
+	"github.com/capsem/capsem/core/netstack"
+	"github.com/capsem/capsem/vmm"
+)
+
+// network is the VM's NIC's other end: its own TCP/IP stack (netstack),
+// deciding by the [net] policy in force and recording in the ledger. One
+// stack serves every machine the VM starts (a boot that is saved, then its
+// resume), so its DNS pins live as long as the VM.
+type network struct {
+	stack *netstack.Stack
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+}
+
+// recordTimeout bounds waiting for a network row's commit; past it the
+// row still commits, the connection just stops waiting for it.
+const recordTimeout = 10 * time.Second
+
+// openNetwork builds the stack; nothing is attached before serve.
+func openNetwork(v *VM) (*network, error) {
+	dialer := &net.Dialer{Timeout: netstack.DefaultLimits.DialTimeout, KeepAlive: 30 * time.Second}
+	if v.opts.NetLoopbackOnly {
+		// A test's world: every destination is a server of its own on
+		// loopback, and any other address the stack would dial is
+		// refused at connect() and logged, so a regression shows as a
+		// refused dial, never as a packet off this machine.
+		dialer.Control = func(_, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil || !ap.Addr().IsLoopback() {
+				v.log.Warn("net: refused a dial outside loopback (--net-loopback-only)", "address", address)
+				return fmt.Errorf("dial %s refused: this VM may reach loopback only", address)
+			}
+			return nil
+		}
+	}
+	st, err := netstack.New(netstack.Config{
+		Policy:   v.netPolicy,
+		Resolver: net.DefaultResolver,
+		Dialer:   dialer,
+		Recorder: ledgerRecorder{v: v},
+		// What the guest can make the stack log is rate-limited.
+		Logger: logs.Limited(v.log, logs.LimitBurst, logs.LimitInterval),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &network{stack: st}, nil
+}
+
+// netPolicy is the [net] policy in force; before the gateway loaded the
+// configuration, nothing is allowed.
+func (v *VM) netPolicy() netstack.Policy {
+	if gw := v.gateway(); gw != nil {
+		if p := gw.Config().Net; p != nil {
+			return p
+		}
+	}
+	return notLoaded{}
+}
+
+// notLoaded refuses everything, saying why.
+type notLoaded struct{}
+
+func (notLoaded) verdict() netpolicy.Verdict {
+	return netpolicy.Verdict{Rule: "not-loaded", Reason: "the network policy is not loaded yet"}
+}
+func (n notLoaded) Name(string) netpolicy.Verdict            { return n.verdict() }
+func (n notLoaded) Port(uint16) netpolicy.Verdict            { return n.verdict() }
+func (n notLoaded) Address(netip.AddrPort) netpolicy.Verdict { return n.verdict() }
+func (notLoaded) PrivateAllowed(string) bool                 { return false }
+func (notLoaded) FixedHost(string) (netip.Addr, bool)        { return netip.Addr{}, false }
+
+// serve attaches a machine's NIC to the stack until the machine ends; a
+// later machine of the same VM attaches its own.
+func (n *network) serve(ctx context.Context, v *VM, m vmm.Machine) error {
+	nh, ok := m.(vmm.NetworkHolder)
+	if !ok {
+		return errors.New("the VM backend gives no network attachment")
+	}
+	conn, framing, ok := nh.NetworkConn()
+	if !ok {
+		return errors.New("the VM backend gave no network attachment")
+	}
+	n.end()
+	ctx, n.stop = context.WithCancel(context.WithoutCancel(ctx))
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.stack.Serve(ctx, conn, framing); err != nil {
+			v.log.Warn("the network attachment ended", "err", err)
+		}
+	}()
+	return nil
+}
+
+func (n *network) end() {
+	if n.stop != nil {
+		n.stop()
+		n.stop = nil
+	}
+	n.wg.Wait()
+}
+
+func (n *network) close() {
+	n.end()
+	n.stack.Close()
+}
+
+// ledgerRecorder writes the stack's decisions as net_events and
+// dns_events rows, each committed before the connection or answer goes on.
+type ledgerRecorder struct{ v *VM }
+
+func (r ledgerRecorder) write(row ledger.Row) {
+	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
+	defer cancel()
+	if err := r.v.ledger.Write(ctx, row); err != nil {
+		r.v.log.Warn("net: recording in the ledger", "err", err)
+	}
+}
+
+func (r ledgerRecorder) Conn(e netstack.ConnEvent) {
+	row := &ledger.NetEvent{
+		Timestamp:     e.Start,
+		Domain:        e.Name,
+		IP:            e.Addr.Addr().String(),
+		Port:          int64(e.Addr.Port()),
+		Decision:      decisionOf(e.Allowed),
+		Method:        e.Method,
+		Path:          e.Path,
+		StatusCode:    int64(e.Status),
+		BytesSent:     e.BytesSent,
+		BytesReceived: e.BytesReceived,
+		DurationMS:    e.Duration.Milliseconds(),
+		MatchedRule:   e.Rule,
+		ErrorMessage:  e.Err,
+		ConnType:      connType(e.Kind),
+		PolicyRule:    e.Rule,
+		PolicyReason:  e.Reason,
+		PolicySource:  e.Source,
+		Source:        ledger.SourceGuest,
+		ProcessName:   "guest",
+	}
+	if e.Allowed {
+		row.PolicyAction = "allow"
+	} else {
+		row.PolicyAction = "deny"
+	}
+	if row.Domain == "" {
+		row.Domain = row.IP
+	}
+	r.write(row)
+}
+
+func (r ledgerRecorder) DNS(e netstack.DNSEvent) {
+	row := &ledger.DNSEvent{
+		Timestamp:    e.Time,
+		Name:         e.Name,
+		QType:        e.Type,
+		RCode:        e.RCode,
+		Decision:     decisionOf(e.Allowed),
+		DurationMS:   e.Duration.Milliseconds(),
+		PolicyRule:   e.Rule,
+		PolicySource: e.Source,
+		PolicyReason: e.Reason,
+	}
+	if e.Server.IsValid() {
+		row.Server = e.Server.String()
+	}
+	if e.RCode == "FORMERR" {
+		row.Decision = "error"
+	}
+	var answers []string
+	for _, a := range e.Answers {
+		answers = append(answers, a.String())
+	}
+	row.Answers = strings.Join(answers, ",")
+	r.write(row)
+}
+
+func decisionOf(allowed bool) string {
+	if allowed {
+		return string(ledger.DecisionAllowed)
+	}
+	return string(ledger.DecisionDenied)
+}
+
+// connType is net_events.conn_type for a connection kind.
+func connType(kind string) string {
+	switch kind {
+	case netstack.KindTLS:
+		return "https"
+	case netstack.KindHTTP:
+		return "http"
+	case netstack.KindDNS:
+		return "dns"
+	}
+	return "tcp"
+}
+
+// networkCmdline tells the agent to bring the NIC up.
+const networkCmdline = " " + guestwire.CmdlineNet + "=1"

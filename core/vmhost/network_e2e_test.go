@@ -1,0 +1,284 @@
+package vmhost_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/testkit"
+	"github.com/capsem/capsem/core/vmhost"
+)
+
+// netWorld is the test's own little internet on the host's loopback: an
+// HTTP and an HTTPS server that record the Host of every request, and a
+// server that never speaks. The VM reaches them only through hosts +
+// allow_private, and its process may dial loopback only
+// (--net-loopback-only), so no packet leaves this machine.
+type netWorld struct {
+	web, tls     *httptest.Server
+	silent       net.Listener
+	silentAccept atomic.Int64
+	mu           sync.Mutex
+	hosts        []string
+}
+
+func newNetWorld(t *testing.T) *netWorld {
+	w := &netWorld{}
+	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.mu.Lock()
+		w.hosts = append(w.hosts, r.Host)
+		w.mu.Unlock()
+		if r.URL.Path == "/redirect" {
+			http.Redirect(rw, r, "http://evil.test:"+port(w.web)+"/", http.StatusFound)
+			return
+		}
+		fmt.Fprintf(rw, "hello from %s", r.Host)
+	})
+	w.web, w.tls = httptest.NewServer(h), httptest.NewTLSServer(h)
+	t.Cleanup(w.web.Close)
+	t.Cleanup(w.tls.Close)
+	var err error
+	if w.silent, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.silent.Close() })
+	go func() {
+		for {
+			c, err := w.silent.Accept()
+			if err != nil {
+				return
+			}
+			w.silentAccept.Add(1)
+			defer c.Close()
+		}
+	}()
+	return w
+}
+
+func port(s *httptest.Server) string {
+	_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
+	return p
+}
+
+func (w *netWorld) sawHost(h string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, x := range w.hosts {
+		if x == h {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *netWorld) policy(blockWeb bool) string {
+	_, silentPort, _ := net.SplitHostPort(w.silent.Addr().String())
+	block := `"evil.test"`
+	if blockWeb {
+		block += `, "web.test"`
+	}
+	return fmt.Sprintf(`[net]
+default = "block"
+allow = ["web.test", "tls.test", "silent.test", "other.test", "evil.test"]
+block = [%s]
+ports = [%s, %s, %s]
+allow_private = ["web.test", "tls.test", "silent.test", "evil.test"]
+hosts = { "web.test" = "127.0.0.1", "tls.test" = "127.0.0.1", "silent.test" = "127.0.0.1", "other.test" = "127.0.0.1", "evil.test" = "127.0.0.1" }
+`, block, port(w.web), port(w.tls), silentPort)
+}
+
+// TestGuestNetwork drives the guest's network from inside a real VM with
+// busybox's own clients, against the test's loopback servers.
+func TestGuestNetwork(t *testing.T) {
+	w := newNetWorld(t)
+	cfg := filepath.Join(t.TempDir(), "net.toml")
+	if err := os.WriteFile(cfg, []byte(w.policy(false)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := startVM(t, "netvm", func(c *vmhost.ProcessConfig) { c.Config = cfg; c.NetLoopbackOnly = true })
+	defer v.stop(t)
+	webPort, tlsPort := port(w.web), port(w.tls)
+	_, silentPort, _ := net.SplitHostPort(w.silent.Addr().String())
+	run := func(t *testing.T, script string) (string, int) {
+		t.Helper()
+		out, errOut, code := v.guestRun(t, script)
+		return out + errOut, code
+	}
+
+	t.Run("resolver is the host", func(t *testing.T) {
+		out, code := run(t, "cat /etc/resolv.conf")
+		if code != 0 || !strings.Contains(out, "nameserver 192.168.127.1") {
+			t.Fatalf("resolv.conf (%d): %s", code, out)
+		}
+	})
+	t.Run("allowed name resolves to a stand-in", func(t *testing.T) {
+		out, code := run(t, "nslookup web.test")
+		if code != 0 || !strings.Contains(out, "198.18.0.") {
+			t.Fatalf("nslookup web.test (%d): %s", code, out)
+		}
+		// A resolver named in the guest is answered by the host too.
+		out, code = run(t, "nslookup tls.test 8.8.8.8")
+		if code != 0 || !strings.Contains(out, "198.18.0.") {
+			t.Fatalf("nslookup via 8.8.8.8 (%d): %s", code, out)
+		}
+	})
+	t.Run("blocked name is NXDOMAIN", func(t *testing.T) {
+		out, code := run(t, "nslookup evil.test")
+		if code == 0 || strings.Contains(out, "198.18.") {
+			t.Fatalf("nslookup evil.test (%d): %s", code, out)
+		}
+	})
+	t.Run("HTTP by Host", func(t *testing.T) {
+		out, code := run(t, "wget -q -O - http://web.test:"+webPort+"/hello")
+		if code != 0 || !strings.Contains(out, "hello from web.test:"+webPort) {
+			t.Fatalf("wget (%d): %s", code, out)
+		}
+	})
+	t.Run("HTTPS by SNI", func(t *testing.T) {
+		out, code := run(t, "wget -q --no-check-certificate -O - https://tls.test:"+tlsPort+"/")
+		if code != 0 || !strings.Contains(out, "hello from tls.test:"+tlsPort) {
+			t.Fatalf("wget https (%d): %s", code, out)
+		}
+	})
+	t.Run("Host of another name on a pinned address", func(t *testing.T) {
+		// other.test may not be private, so it has no address; sent to
+		// web.test's, it is refused before the host dials.
+		out, code := run(t, "ip=$(nslookup web.test | awk '/^Address: 198/{print $2}'); wget -q -T 10 -O - --header 'Host: other.test' http://$ip:"+webPort+"/")
+		if code == 0 || w.sawHost("other.test") {
+			t.Fatalf("a Host not pinned to the address got through (%d): %s", code, out)
+		}
+	})
+	t.Run("redirect to a blocked name", func(t *testing.T) {
+		out, code := run(t, "wget -q -T 10 -O - http://web.test:"+webPort+"/redirect")
+		if code == 0 || w.sawHost("evil.test:"+webPort) {
+			t.Fatalf("the redirect reached a blocked name (%d): %s", code, out)
+		}
+	})
+	t.Run("bare, private and metadata addresses", func(t *testing.T) {
+		for _, ip := range []string{"203.0.113.5", "10.0.0.1", "192.168.127.1", "169.254.169.254", "127.0.0.1"} {
+			out, code := run(t, "wget -q -T 10 -O - http://"+ip+":"+webPort+"/")
+			if code == 0 {
+				t.Errorf("%s answered: %s", ip, out)
+			}
+		}
+	})
+	t.Run("a server that never speaks first", func(t *testing.T) {
+		start := time.Now()
+		out, code := run(t, "timeout 30 nc silent.test "+silentPort+" </dev/null; echo rc=$?")
+		if !strings.Contains(out, "rc=") || time.Since(start) > 25*time.Second {
+			t.Fatalf("nc (%d) after %v: %s", code, time.Since(start), out)
+		}
+		if n := w.silentAccept.Load(); n != 0 {
+			t.Errorf("the host dialled a connection that named nothing (%d accepts)", n)
+		}
+	})
+
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(v.sessionDir, "session.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	t.Run("ledger", func(t *testing.T) {
+		count := func(q string, args ...any) int {
+			var n int
+			if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+			return n
+		}
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'web.test' AND action = 'allowed' AND status_code = 200 AND source = 'guest' AND conn_type = 'http' AND ip = '127.0.0.1'`); n < 1 {
+			t.Errorf("no allowed row for web.test: %s", dump(db, "net_events"))
+		}
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'tls.test' AND decision = 'allowed' AND conn_type = 'https' AND bytes_received > 0`); n != 1 {
+			t.Errorf("%d rows for tls.test: %s", n, dump(db, "net_events"))
+		}
+		for _, ip := range []string{"203.0.113.5", "10.0.0.1", "169.254.169.254"} {
+			if n := count(`SELECT COUNT(*) FROM net_events WHERE ip = ? AND decision = 'denied' AND policy_rule = 'not-resolved'`, ip); n != 1 {
+				t.Errorf("%d refusal rows for %s: %s", n, ip, dump(db, "net_events"))
+			}
+		}
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'other.test' AND decision = 'denied'`); n != 1 {
+			t.Errorf("%d refusal rows for other.test's Host: %s", n, dump(db, "net_events"))
+		}
+		if n := count(`SELECT COUNT(*) FROM dns_events WHERE name = 'evil.test' AND rcode = 'NXDOMAIN' AND decision = 'denied' AND policy_rule = 'evil.test'`); n < 2 {
+			t.Errorf("%d NXDOMAIN rows for evil.test: %s", n, dump(db, "dns_events"))
+		}
+		if n := count(`SELECT COUNT(*) FROM dns_events WHERE name = 'tls.test' AND server = '8.8.8.8' AND decision = 'allowed'`); n < 1 {
+			t.Errorf("no row for the query sent to 8.8.8.8: %s", dump(db, "dns_events"))
+		}
+		// The seed's own debug query.
+		rows, err := db.Query(`SELECT domain, action, status_code FROM net_events ORDER BY timestamp DESC LIMIT 10`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+	})
+	t.Run("no dial left this machine", func(t *testing.T) {
+		log, _ := os.ReadFile(paths.Session{Dir: v.sessionDir}.ProcessLog())
+		if strings.Contains(string(log), "refused a dial outside loopback") {
+			t.Errorf("the stack tried to dial off this machine:\n%s", log)
+		}
+	})
+	t.Run("live reload closes the door", func(t *testing.T) {
+		if err := os.WriteFile(cfg, []byte(w.policy(true)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		reload := exec.CommandContext(ctx, testkit.CapsemBinary(t), "policy", "reload")
+		reload.Env = append(os.Environ(), "CAPSEM_HOME="+testkit.CapsemHome(t))
+		if out, err := reload.CombinedOutput(); err != nil || !strings.Contains(string(out), "reloaded vm netvm") {
+			t.Fatalf("policy reload: %v\n%s", err, out)
+		}
+		out, code := run(t, "wget -q -T 10 -O - http://web.test:"+webPort+"/after-reload")
+		if code == 0 {
+			t.Fatalf("web.test still reachable after the reload blocked it: %s", out)
+		}
+		if n := 0; db.QueryRow(`SELECT COUNT(*) FROM dns_events WHERE name = 'web.test' AND decision = 'denied'`).Scan(&n) != nil || n < 1 {
+			t.Errorf("no denied query for web.test after the reload: %s", dump(db, "dns_events"))
+		}
+	})
+}
+
+// dump prints a table's last rows for a failure message.
+func dump(db *sql.DB, table string) string {
+	rows, err := db.Query("SELECT * FROM " + table + " ORDER BY id DESC LIMIT 20")
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var b strings.Builder
+	b.WriteString(strings.Join(cols, "|") + "\n")
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		rows.Scan(ptrs...)
+		for i, v := range vals {
+			if i > 0 {
+				b.WriteString("|")
+			}
+			fmt.Fprint(&b, v)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+var _ = api.ExecRequest{}
