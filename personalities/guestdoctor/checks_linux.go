@@ -10,7 +10,6 @@ import (
 	"io"
 	"io/fs"
 	"maps"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +40,7 @@ const vmHint = "this VM is not as capsem makes it: run capsem doctor on the host
 // clockTolerance is how far the guest's clock may be from the host's.
 const clockTolerance = 5 * time.Second
 
-func checks(expectEnv map[string]string) []doctor.Group {
+func checks(expectEnv map[string]string, probeURL string) []doctor.Group {
 	return []doctor.Group{
 		{Name: "env", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "hostname", Run: checkHostname},
@@ -65,11 +64,7 @@ func checks(expectEnv map[string]string) []doctor.Group {
 		{Name: "mcp", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "relay", Run: checkMCP},
 		}},
-		{Name: "net", Hint: vmHint, Checks: []doctor.Check{
-			{Name: "interfaces", Run: checkInterfaces},
-			{Name: "routes", Run: checkRoutes},
-			{Name: "no-direct-egress", Run: checkNoEgress},
-		}},
+		{Name: "net", Hint: vmHint, Checks: netChecks(probeURL)},
 		{Name: "sandbox", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "raw-memory", Run: checkRawMemory},
 			{Name: "no-setuid", Run: checkNoSetuid},
@@ -711,61 +706,7 @@ func checkToolCall(m map[string]json.RawMessage) (string, error) {
 	return fmt.Sprintf("tools/call builtin__http_get answered (isError %v: %s)", res.IsError, text), nil
 }
 
-// --- net
-
-func checkInterfaces(_ context.Context, r *doctor.Reporter) {
-	ents, err := os.ReadDir("/sys/class/net")
-	if err != nil {
-		r.Failf("", "reading /sys/class/net: %v", err)
-		return
-	}
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	if !slices.Equal(names, []string{"lo"}) {
-		r.Failf("the VM must have no network device: its only way out is the host's channel", "network interfaces %v, want only lo", names)
-		return
-	}
-	r.Okf("only lo")
-}
-
-func checkRoutes(_ context.Context, r *doctor.Reporter) {
-	var routes []string
-	if b, err := os.ReadFile("/proc/net/route"); err == nil {
-		for i, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			if i > 0 && strings.TrimSpace(line) != "" {
-				routes = append(routes, strings.Join(strings.Fields(line)[:3], " "))
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/net/ipv6_route"); err == nil {
-		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			f := strings.Fields(line)
-			if len(f) == 10 && f[9] != "lo" {
-				routes = append(routes, "ipv6 "+f[0]+"/"+f[1]+" dev "+f[9])
-			}
-		}
-	}
-	if len(routes) > 0 {
-		r.Failf("the VM must have no route out", "routes: %s", strings.Join(routes, "; "))
-		return
-	}
-	r.Okf("no IPv4 route, no IPv6 route beyond lo")
-}
-
-func checkNoEgress(ctx context.Context, r *doctor.Reporter) {
-	for _, addr := range []string{"1.1.1.1:443", "8.8.8.8:53", "[2606:4700:4700::1111]:443"} {
-		d := net.Dialer{Timeout: 3 * time.Second}
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			c.Close()
-			r.Failf("the VM reached the outside directly, around the gateway", "a TCP connection to %s succeeded", addr)
-			return
-		}
-	}
-	r.Okf("TCP connects to 1.1.1.1:443, 8.8.8.8:53 and [2606:4700:4700::1111]:443 all fail")
-}
+// --- net (netchecks_linux.go)
 
 // --- sandbox
 

@@ -20,6 +20,7 @@ type Cmd struct {
 	Groups    []string `short:"k" name:"group" help:"Check group to run (repeatable; default all): env, fs, exec, mcp, net, sandbox."`
 	JSON      bool     `name:"json" help:"Print JSON lines: one per check, then a summary."`
 	ExpectEnv []string `name:"expect-env" help:"K=V that must be in this process's environment (as injected by the host), repeatable."`
+	URL       string   `name:"url" help:"An http(s) URL the VM's [net] policy allows: the net group fetches it (without it, that check says so and passes)."`
 }
 
 // Run runs the selected groups.
@@ -32,7 +33,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		}
 		expect[k] = v
 	}
-	groups, err := doctor.Select(checks(expect), c.Groups)
+	groups, err := doctor.Select(checks(expect, c.URL), c.Groups)
 	if err != nil {
 		return err
 	}
