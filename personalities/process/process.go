@@ -5,6 +5,7 @@ package process
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -13,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/capsem/capsem/core/api"
@@ -34,6 +36,10 @@ func (c *Cmd) Run(ctx context.Context) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.Default().With("vm", c.Name)
+	// The network's link layer (gvisor-tap-vsock) logs through logrus,
+	// unstructured and once per disconnect; what it reports reaches us as
+	// errors, which core/vmhost logs.
+	logrus.SetOutput(io.Discard)
 	stage, notify := c.readiness(log) // before anything is started that could inherit the pipe
 	// The launcher points stderr (this process's log, and a crash's) at
 	// the session's process log: keep it bounded while the VM runs, since
