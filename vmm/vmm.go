@@ -45,8 +45,6 @@ type Spec struct {
 	// service (the workspace's file server) out of the channel's
 	// multiplexer, on both sides.
 	Ports []string
-	// Network is the VM's NIC; nil for none.
-	Network *Network
 	// ChannelSocket is the Unix socket path that carries the guest channel
 	// on backends without vsock. It exists only while the VM starts.
 	ChannelSocket string
