@@ -3,6 +3,7 @@ package qemu
 import (
 	"errors"
 	"flag"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -347,4 +348,48 @@ func TestStateKeyIgnoresTheTCGCache(t *testing.T) {
 	if again := key(func(s *vmm.Spec) { s.Network = &vmm.Network{MAC: guestwire.NetGuestMAC} }); !slices.Equal(withNIC, again) {
 		t.Errorf("two VMs with the same NIC key apart:\n%q\n%q", withNIC, again)
 	}
+}
+
+// FuzzArgsNetwork: whatever MAC and MTU a spec carries, Args refuses it or
+// gives the NIC exactly its options, the MAC in canonical form: nothing a
+// spec says can add an option to QEMU's NIC.
+func FuzzArgsNetwork(f *testing.F) {
+	for _, seed := range []struct {
+		mac string
+		mtu int
+	}{
+		{guestwire.NetGuestMAC, 0}, {"52-54-00-AB-CD-EF", 9000}, {"0000.5e00.5301", 1500},
+		{guestwire.NetGuestMAC + ",romfile=/x", 0}, {"01:00:5e:00:00:01", 0}, {"", -1}, {"00:00:00:00:00:00", vmm.MaxMTU},
+	} {
+		f.Add(seed.mac, seed.mtu)
+	}
+	macOpt := regexp.MustCompile(`^mac=([0-9a-f]{2}:){5}[0-9a-f]{2}$`)
+	f.Fuzz(func(t *testing.T, mac string, mtu int) {
+		spec := minimalSpec()
+		spec.Network = &vmm.Network{MAC: mac, MTU: mtu}
+		args, err := Args(spec, tcg("test", false))
+		if err != nil {
+			if !errors.Is(err, vmm.ErrInvalidSpec) {
+				t.Fatalf("MAC %q MTU %d: %v, want ErrInvalidSpec", mac, mtu, err)
+			}
+			return
+		}
+		i := slices.Index(args, "-netdev")
+		if i < 0 || i+3 >= len(args) || args[i+2] != "-device" {
+			t.Fatalf("no NIC in %q", args)
+		}
+		opts := strings.Split(args[i+3], ",")
+		if len(opts) != 5 || opts[0] != "virtio-net-pci" || opts[1] != "netdev="+netdevID || !macOpt.MatchString(opts[2]) ||
+			!strings.HasPrefix(opts[3], "host_mtu=") || opts[4] != "romfile=" {
+			t.Fatalf("MAC %q MTU %d: device %q", mac, mtu, args[i+3])
+		}
+		hw, _ := net.ParseMAC(strings.TrimPrefix(opts[2], "mac="))
+		want, _ := net.ParseMAC(mac)
+		if !slices.Equal(hw, want) || hw[0]&1 != 0 {
+			t.Errorf("MAC %q became %s", mac, opts[2])
+		}
+		if n, _ := strconv.Atoi(strings.TrimPrefix(opts[3], "host_mtu=")); n < vmm.MinMTU || n > vmm.MaxMTU || (mtu != 0 && n != mtu) {
+			t.Errorf("MTU %d became %s", mtu, opts[3])
+		}
+	})
 }
