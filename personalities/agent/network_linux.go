@@ -86,6 +86,13 @@ func startNetwork(ctx context.Context, waitModules func(...string)) *networkStag
 	s := &networkStage{done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
+		// A fault in here must not take PID 1 (and the kernel) with it:
+		// the VM runs on without network.
+		defer func() {
+			if r := recover(); r != nil {
+				s.err = fmt.Errorf("agent: bringing the NIC up panicked: %v", r)
+			}
+		}()
 		t := time.Now()
 		defer func() { s.took = time.Since(t) }()
 		waitModules(networkModules...)

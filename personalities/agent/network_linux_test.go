@@ -319,3 +319,14 @@ func TestNetworkStageIsNilSafe(t *testing.T) {
 	s.wait(nil)
 	s.finish(nil)
 }
+
+// TestNetworkStageSurvivesAPanic: a fault while bringing the NIC up is an
+// error logged by PID 1, not the end of it.
+func TestNetworkStageSurvivesAPanic(t *testing.T) {
+	s := startNetwork(context.Background(), func(...string) { panic("driver wait exploded") })
+	s.join()
+	if s.err == nil || !strings.Contains(s.err.Error(), "driver wait exploded") {
+		t.Fatalf("err %v, want the panic as an error", s.err)
+	}
+	s.finish(nil) // nothing to write after a failure
+}
