@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/capsem/capsem/core/guestchan"
@@ -45,6 +46,10 @@ type Spec struct {
 	// service (the workspace's file server) out of the channel's
 	// multiplexer, on both sides.
 	Ports []string
+	// Network, when set, gives the guest one NIC whose other end is the
+	// caller's (NetworkHolder): Ethernet frames on a connection, to be
+	// served by a network stack in the caller's process. Nil: no NIC.
+	Network *Network
 	// ChannelSocket is the Unix socket path that carries the guest channel
 	// on backends without vsock. It exists only while the VM starts.
 	ChannelSocket string
@@ -97,6 +102,67 @@ type Share struct {
 	// ignored, so host tools see plain files), or "mapped-xattr" (guest
 	// owners and modes kept in host xattrs).
 	SecurityModel string
+}
+
+// Network is the guest's NIC.
+type Network struct {
+	// MAC is the guest NIC's hardware address: 6 octets, unicast, as
+	// net.ParseMAC reads it ("5a:94:ef:e4:0c:ee").
+	MAC string
+	// MTU is the link MTU the guest is told; 0 leaves the backend's
+	// default. When frames travel without checksum or segmentation
+	// offload (as over a stream), the guest sends at most one MTU per
+	// frame, and a large MTU is what gives throughput.
+	MTU int
+}
+
+// Bounds of Network.MTU when set: IPv6's minimum link MTU, and the largest
+// frame a 16-bit length describes (65535) less the Ethernet header (14),
+// rounded down to whole 32-bit words.
+const (
+	MinMTU = 1280
+	MaxMTU = 65520
+)
+
+// CheckNetwork reports what is wrong with a NIC's settings.
+func CheckNetwork(n Network) error {
+	mac, err := net.ParseMAC(n.MAC)
+	if err != nil {
+		return fmt.Errorf("network MAC %q: %w", n.MAC, err)
+	}
+	switch {
+	case len(mac) != 6:
+		return fmt.Errorf("network MAC %q: want 6 octets (an Ethernet address), not %d", n.MAC, len(mac))
+	case mac[0]&1 != 0:
+		return fmt.Errorf("network MAC %q: a multicast address; a NIC needs a unicast one (lowest bit of the first octet clear)", n.MAC)
+	case slices.Equal(mac, make(net.HardwareAddr, 6)):
+		return fmt.Errorf("network MAC %q: all zero", n.MAC)
+	}
+	if n.MTU != 0 && (n.MTU < MinMTU || n.MTU > MaxMTU) {
+		return fmt.Errorf("network MTU %d: want 0 (the backend's default) or %d..%d", n.MTU, MinMTU, MaxMTU)
+	}
+	return nil
+}
+
+// Framing is how Ethernet frames travel on a NIC's host connection.
+type Framing int
+
+const (
+	// FramingStream4BE: a byte stream, each frame preceded by its length
+	// as 4 bytes big-endian.
+	FramingStream4BE Framing = iota + 1
+	// FramingDatagram: one frame per datagram, nothing added.
+	FramingDatagram
+)
+
+func (f Framing) String() string {
+	switch f {
+	case FramingStream4BE:
+		return "stream-4be"
+	case FramingDatagram:
+		return "datagram"
+	}
+	return fmt.Sprintf("Framing(%d)", int(f))
 }
 
 // Bounds of Spec.TCGCacheMiB when set.
@@ -175,6 +241,12 @@ type (
 	// returned; the caller owns it.
 	PortHolder interface {
 		Port(name string) (net.Conn, bool)
+	}
+	// NetworkHolder gives the host end of Spec.Network's NIC once Start
+	// returned, with how frames travel on it; the caller owns it. ok is
+	// false when the spec has no network or the end was already taken.
+	NetworkHolder interface {
+		NetworkConn() (conn net.Conn, framing Framing, ok bool)
 	}
 	// StateKeyer names the configuration a saved state depends on (for
 	// QEMU, its whole command line): a state resumes only in a machine of
@@ -296,6 +368,11 @@ func (s Spec) Validate() error {
 			return bad("port name %q used twice (or is the channel's)", p)
 		}
 		ports[p] = true
+	}
+	if s.Network != nil {
+		if err := CheckNetwork(*s.Network); err != nil {
+			return bad("%v", err)
+		}
 	}
 	tags := map[string]bool{}
 	for i, sh := range s.Shares {

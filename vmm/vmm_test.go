@@ -60,3 +60,45 @@ func TestValidatePorts(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateNetwork(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		nic  *Network
+		want string // "" for valid
+	}{
+		{"none", nil, ""},
+		{"locally administered", &Network{MAC: "5a:94:ef:e4:0c:ee"}, ""},
+		{"upper case, dashes", &Network{MAC: "52-54-00-AB-CD-EF"}, ""},
+		{"lowest MTU", &Network{MAC: "52:54:00:12:34:56", MTU: MinMTU}, ""},
+		{"highest MTU", &Network{MAC: "52:54:00:12:34:56", MTU: MaxMTU}, ""},
+		{"Ethernet MTU", &Network{MAC: "52:54:00:12:34:56", MTU: 1500}, ""},
+		{"empty MAC", &Network{}, "network MAC"},
+		{"not a MAC", &Network{MAC: "eth0"}, "network MAC"},
+		{"five octets", &Network{MAC: "52:54:00:12:34"}, "network MAC"},
+		{"EUI-64", &Network{MAC: "52:54:00:12:34:56:78:9a"}, "want 6 octets"},
+		{"comma smuggles an option", &Network{MAC: "52:54:00:12:34:56,romfile=/x"}, "network MAC"},
+		{"multicast", &Network{MAC: "01:00:5e:00:00:01"}, "multicast"},
+		{"broadcast", &Network{MAC: "ff:ff:ff:ff:ff:ff"}, "multicast"},
+		{"all zero", &Network{MAC: "00:00:00:00:00:00"}, "all zero"},
+		{"MTU too small", &Network{MAC: "52:54:00:12:34:56", MTU: MinMTU - 1}, "network MTU"},
+		{"MTU too large", &Network{MAC: "52:54:00:12:34:56", MTU: MaxMTU + 1}, "network MTU"},
+		{"negative MTU", &Network{MAC: "52:54:00:12:34:56", MTU: -1}, "network MTU"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Spec{Name: "dev-1", Kernel: "/k", Initramfs: "/i", CPUs: 1, MemoryMiB: 256, ChannelSocket: "/s/c.sock", ConsoleLog: "/s/console.log", Network: tc.nic}
+			err := s.Validate()
+			if tc.want == "" && err != nil || tc.want != "" && (!errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("%+v: %v, want %q", tc.nic, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestFramingString(t *testing.T) {
+	for f, want := range map[Framing]string{FramingStream4BE: "stream-4be", FramingDatagram: "datagram", 0: "Framing(0)"} {
+		if got := f.String(); got != want {
+			t.Errorf("Framing(%d).String() = %q, want %q", int(f), got, want)
+		}
+	}
+}

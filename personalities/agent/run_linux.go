@@ -150,6 +150,19 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	openCtx, cancel := context.WithTimeout(ctx, ChannelTimeout)
 	defer cancel()
 	plan := planStorage(string(cmdline))
+	// The NIC comes up beside the rest of the boot, from when its driver
+	// is in. Both boot paths join it as late as they can: before the
+	// root switch moves /proc under it, and before the wake handshake (so
+	// a saved boot has it up).
+	var network *networkStage
+	if planNetwork(string(cmdline)) {
+		if pid1 {
+			network = startNetwork(ctx, mods.wait)
+			defer network.join() // an early error: nothing outlives boot
+		} else {
+			log.Warn("not PID 1: leaving the network as it is")
+		}
+	}
 	var (
 		ch       guestchan.Channel
 		storage  *storageStage
@@ -159,13 +172,13 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	if wakeAsked(string(cmdline)) && pid1 && kind == guestchan.KindSerial {
 		// The host may save the VM at the save point, and start
 		// others from that state: see guestwire.Wake.
-		ch, storage, chanTook, woke, err = bootToWake(openCtx, log, plan, mods)
+		ch, storage, chanTook, woke, err = bootToWake(openCtx, log, plan, mods, network)
 		modsFinished = true
 		if err != nil {
 			return err
 		}
 	} else {
-		ch, storage, chanTook, err = bootDirect(ctx, openCtx, log, kind, plan, pid1, mods)
+		ch, storage, chanTook, err = bootDirect(ctx, openCtx, log, kind, plan, pid1, mods, network)
 		modsFinished = true
 		if err != nil {
 			return err
@@ -179,6 +192,8 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		}
 		hello.Boot.StorageMS = storage.took.Milliseconds()
 	}
+	// In the root the guest runs in, now switched.
+	network.finish(log)
 	ensureSymlinks(log)
 	if pid1 {
 		hardenGuest(log)
@@ -293,7 +308,7 @@ func wakeAsked(cmdline string) bool {
 // load. The control port is dialed only when the boot is done, since the
 // host gives the Hello a deadline from that moment.
 func bootDirect(ctx, openCtx context.Context, log *slog.Logger, kind guestchan.Kind, plan storagePlan, pid1 bool,
-	mods *moduleLoader) (guestchan.Channel, *storageStage, time.Duration, error) {
+	mods *moduleLoader, network *networkStage) (guestchan.Channel, *storageStage, time.Duration, error) {
 	type channelResult struct {
 		ch   guestchan.Channel
 		err  error
@@ -333,8 +348,10 @@ func bootDirect(ctx, openCtx context.Context, log *slog.Logger, kind guestchan.K
 		}
 	}
 	logModules(log, mods.finish())
-	// The switch moves /sys and /dev under the opener's feet: it waits.
+	// The switch moves /sys and /dev under the opener's feet, and /proc
+	// under the NIC's setup: it waits for both.
 	res := <-opened
+	network.wait(log)
 	if res.err != nil {
 		return nil, nil, 0, res.err
 	}
@@ -346,7 +363,7 @@ func bootDirect(ctx, openCtx context.Context, log *slog.Logger, kind guestchan.K
 // it anything that depends on which VM this is: the per-VM disk mounted,
 // the multiplexer started. A VM restored from a state saved at the
 // save point resumes inside the handshake. woke is when it ended.
-func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *moduleLoader) (
+func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *moduleLoader, network *networkStage) (
 	ch guestchan.Channel, storage *storageStage, took time.Duration, woke time.Time, err error) {
 	type portResult struct {
 		f    *os.File
@@ -371,6 +388,8 @@ func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *m
 		cancel()
 	}
 	res := <-opened
+	// The NIC is up in the state saved at the handshake.
+	network.wait(log)
 	if lerr == nil {
 		lerr = res.err
 	}

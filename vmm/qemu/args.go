@@ -1,6 +1,9 @@
 // Package qemu is the QEMU backend of vmm for Linux hosts:
-// qemu-system-x86_64 with direct kernel boot, no NIC, no firmware menus, and
-// the guest channel on one virtio-serial port.
+// qemu-system-x86_64 with direct kernel boot, no firmware menus, and the
+// guest channel on one virtio-serial port. The guest has a NIC only when
+// the spec asks for one (vmm.Spec.Network): a virtio-net device on a stream
+// netdev whose other end, one of a socket pair this package makes, is the
+// caller's (Machine.NetworkConn), so QEMU itself reaches no network.
 //
 // The accelerator is chosen by proof (Backend.ChooseAccel), in one place
 // for every QEMU this project starts: KVM only once the guest's own kernel
@@ -29,6 +32,7 @@ package qemu
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 
@@ -42,32 +46,71 @@ const (
 	consoleChardevID  = "console"
 	consoleFDSet      = "1"
 	monitorChardevID  = "qmp"
+	netdevID          = "net0"
 	portChardevPrefix = "port"
 	serialBusID       = "vser0"
 )
 
-// inheritedFDs are the descriptors QEMU inherits for a spec, from fd 3 in
-// the order of exec.Cmd.ExtraFiles (Machine.extraFiles appends them in
-// this order): the console pipe, the monitor socket when spec.Monitor,
-// the state file when spec.RestoreFrom is set, then one socket per port.
-type inheritedFDs struct {
-	console, monitor, incoming int
-	ports                      []int
+// inheritedKind is what a descriptor QEMU inherits carries.
+type inheritedKind int
+
+const (
+	inheritConsole  inheritedKind = iota + 1 // write end of the console pipe
+	inheritMonitor                           // QEMU's end of the QMP socket pair
+	inheritIncoming                          // the state file to restore from
+	inheritPort                              // QEMU's end of a port's socket pair
+	inheritNetwork                           // QEMU's end of the NIC's socket pair
+)
+
+// inheritedFD is one descriptor QEMU inherits: its kind and, for a port,
+// the port's name.
+type inheritedFD struct {
+	kind inheritedKind
+	name string
 }
 
-func extraFDs(spec vmm.Spec) inheritedFDs {
-	fds := inheritedFDs{console: 3}
-	next := 4
+// firstInheritedFD is QEMU's number for the first of exec.Cmd.ExtraFiles.
+const firstInheritedFD = 3
+
+// inheritedFDs lists the descriptors QEMU inherits for spec, in order: the
+// i-th is QEMU's descriptor firstInheritedFD+i. It is the one place that
+// order is declared: Args numbers the descriptors from it (fdNumbers) and
+// Machine.extraFiles opens them walking it.
+func inheritedFDs(spec vmm.Spec) []inheritedFD {
+	fds := []inheritedFD{{kind: inheritConsole}}
 	if spec.Monitor {
-		fds.monitor, next = next, next+1
+		fds = append(fds, inheritedFD{kind: inheritMonitor})
 	}
 	if spec.RestoreFrom != "" {
-		fds.incoming, next = next, next+1
+		fds = append(fds, inheritedFD{kind: inheritIncoming})
 	}
-	for range spec.Ports {
-		fds.ports, next = append(fds.ports, next), next+1
+	for _, name := range spec.Ports {
+		fds = append(fds, inheritedFD{kind: inheritPort, name: name})
+	}
+	if spec.Network != nil {
+		fds = append(fds, inheritedFD{kind: inheritNetwork})
 	}
 	return fds
+}
+
+// fdNumbers gives QEMU's number of each inherited descriptor. A descriptor
+// missing from the list is an error kept for Args to return, not a number
+// that would name some other file.
+type fdNumbers struct {
+	list []inheritedFD
+	err  error
+}
+
+func (n *fdNumbers) of(kind inheritedKind, name string) string {
+	for i, fd := range n.list {
+		if fd.kind == kind && fd.name == name {
+			return strconv.Itoa(firstInheritedFD + i)
+		}
+	}
+	if n.err == nil {
+		n.err = fmt.Errorf("qemu: no inherited descriptor of kind %d named %q", kind, name)
+	}
+	return "-1"
 }
 
 // TCGKernelParams are added to the guest kernel's command line under TCG.
@@ -109,7 +152,7 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if accel.Name == vmm.AccelTCG && spec.TCGCacheMiB > 0 {
 		accelOpt += ",tb-size=" + strconv.Itoa(spec.TCGCacheMiB)
 	}
-	fds := extraFDs(spec)
+	fds := &fdNumbers{list: inheritedFDs(spec)}
 	a := []string{
 		"-name", "guest=" + spec.Name + ",debug-threads=on",
 		"-machine", machine,
@@ -118,11 +161,16 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 		"-smp", strconv.Itoa(spec.CPUs),
 		"-m", strconv.Itoa(spec.MemoryMiB) + "M",
 		// Nothing we did not ask for: no default devices, no config files,
-		// no display, no NIC (the guest reaches the network only through the
-		// egress port of the channel), and a guest reboot or panic
-		// (panic=-1) ends QEMU instead of looping.
+		// no display, and a guest reboot or panic (panic=-1) ends QEMU
+		// instead of looping. A NIC only when the spec has one.
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-		"-nic", "none",
+	}
+	if nic := spec.Network; nic != nil {
+		a = append(a, networkArgs(*nic, fds.of(inheritNetwork, ""))...)
+	} else {
+		a = append(a, "-nic", "none")
+	}
+	a = append(a,
 		// QEMU faces guest code: confine it with seccomp (no exec, no
 		// setuid, no obsolete syscalls, no scheduler/resource tweaks).
 		// Measured here under TCG: no cost visible in boot or channel figures.
@@ -138,25 +186,25 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 		// console a byte at a time; a pipe packs those into pages, where a
 		// socket's buffer fills after a few hundred, so its reader wakes
 		// for every few bytes.
-		"-add-fd", "fd=" + strconv.Itoa(fds.console) + ",set=" + consoleFDSet,
-		"-chardev", "file,id=" + consoleChardevID + ",path=/dev/fdset/" + consoleFDSet + ",append=on",
-		"-serial", "chardev:" + consoleChardevID,
+		"-add-fd", "fd="+fds.of(inheritConsole, "")+",set="+consoleFDSet,
+		"-chardev", "file,id="+consoleChardevID+",path=/dev/fdset/"+consoleFDSet+",append=on",
+		"-serial", "chardev:"+consoleChardevID,
 		// The guest channel: one virtio-serial port on a socket we listen on,
 		// then one per spec.Ports. max_ports as few as that (port 0 stays
 		// reserved for a console, ours start at 1): the default 31 ports
 		// make the guest driver set up 64 virtqueues at probe, on the
 		// boot's critical path.
-		"-device", "virtio-serial-pci,id=" + serialBusID + ",max_ports=" + strconv.Itoa(2+len(spec.Ports)),
-		"-chardev", "socket,id=" + channelChardevID + ",path=" + optValue(spec.ChannelSocket) + ",server=off",
-		"-device", "virtserialport,bus=" + serialBusID + ".0,chardev=" + channelChardevID + ",name=" + guestchan.VirtioPortName,
-	}
+		"-device", "virtio-serial-pci,id="+serialBusID+",max_ports="+strconv.Itoa(2+len(spec.Ports)),
+		"-chardev", "socket,id="+channelChardevID+",path="+optValue(spec.ChannelSocket)+",server=off",
+		"-device", "virtserialport,bus="+serialBusID+".0,chardev="+channelChardevID+",name="+guestchan.VirtioPortName,
+	)
 	if spec.Firmware != "" {
 		a = append(a, "-bios", spec.Firmware)
 	}
 	if spec.Monitor {
 		// QMP on a socket pair we made: no socket file anyone else
 		// could connect to.
-		a = append(a, "-chardev", "socket,id="+monitorChardevID+",fd="+strconv.Itoa(fds.monitor),
+		a = append(a, "-chardev", "socket,id="+monitorChardevID+",fd="+fds.of(inheritMonitor, ""),
 			"-mon", "chardev="+monitorChardevID+",mode=control",
 			// A state is saved with the VM paused (see SaveState); without
 			// this the paused run state travels in it, and every VM
@@ -166,13 +214,13 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 	if spec.RestoreFrom != "" {
 		// The saved state comes in on an inherited descriptor: QEMU's
 		// sandbox forbids it to spawn a reader, and we open the file.
-		a = append(a, "-incoming", "fd:"+strconv.Itoa(fds.incoming))
+		a = append(a, "-incoming", "fd:"+fds.of(inheritIncoming, ""))
 	}
 	for i, name := range spec.Ports {
 		// A socket pair we made, connected from the start: nothing anyone
 		// else could connect to.
 		id := portChardevPrefix + strconv.Itoa(i)
-		a = append(a, "-chardev", "socket,id="+id+",fd="+strconv.Itoa(fds.ports[i]),
+		a = append(a, "-chardev", "socket,id="+id+",fd="+fds.of(inheritPort, name),
 			"-device", "virtserialport,bus="+serialBusID+".0,chardev="+id+",name="+name)
 	}
 	for _, d := range spec.Disks {
@@ -210,7 +258,38 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 			"-device", "virtio-9p-pci,fsdev="+id+",mount_tag="+sh.Tag,
 		)
 	}
+	if fds.err != nil {
+		return nil, fds.err
+	}
 	return a, nil
+}
+
+// DefaultMTU is the guest NIC's MTU when vmm.Network.MTU is 0: the
+// largest (vmm.MaxMTU). Over a stream netdev QEMU offers the guest no
+// checksum or segmentation offload, so the guest's TCP sends at most one
+// MTU per frame and per trip through QEMU: the MTU is the throughput.
+const DefaultMTU = vmm.MaxMTU
+
+// networkArgs attach the NIC: a virtio-net device whose frames go out on
+// the inherited descriptor fd, one end of a stream socket pair we made
+// (nothing anyone else could connect to), each frame preceded by its
+// length as 4 bytes big-endian (vmm.FramingStream4BE).
+func networkArgs(nic vmm.Network, fd string) []string {
+	mtu := nic.MTU
+	if mtu == 0 {
+		mtu = DefaultMTU
+	}
+	// Validated by Spec.Validate; printed canonical (lower case, colons),
+	// the form QEMU parses.
+	mac, _ := net.ParseMAC(nic.MAC)
+	return []string{
+		"-netdev", "stream,id=" + netdevID + ",server=off,addr.type=fd,addr.str=" + fd,
+		// host_mtu: the guest's driver takes its MTU from the device.
+		// romfile= (none): the option ROM is iPXE, for network boot,
+		// which a direct kernel boot never does; without it the firmware
+		// has nothing to load for the NIC.
+		"-device", "virtio-net-pci,netdev=" + netdevID + ",mac=" + mac.String() + ",host_mtu=" + strconv.Itoa(mtu) + ",romfile=",
+	}
 }
 
 // optValue escapes a value inside a QEMU "key=value,..." option string,

@@ -3,13 +3,16 @@ package qemu
 import (
 	"errors"
 	"flag"
+	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/testkit"
 	"github.com/capsem/capsem/vmm"
 )
@@ -69,6 +72,12 @@ func goldenSpecs() map[string]struct {
 	ports := both
 	ports.Name = "ports"
 	ports.Ports = []string{"org.capsem.workspace", "second"}
+	network := minimalSpec()
+	network.Name = "network"
+	network.Network = &vmm.Network{MAC: guestwire.NetGuestMAC}
+	networkFDs := ports
+	networkFDs.Name = "network-after-ports"
+	networkFDs.Network = &vmm.Network{MAC: "52-54-00-AB-CD-EF", MTU: 9000} // printed canonical
 	tcgCache := minimalSpec()
 	tcgCache.Name = "tcg-cache"
 	tcgCache.TCGCacheMiB = 64
@@ -94,6 +103,9 @@ func goldenSpecs() map[string]struct {
 		"monitor-restore": {both, tcgMax},
 		// Then one socket per port.
 		"ports": {ports, tcgMax},
+		// Then the NIC's socket (the default MTU when the spec has none).
+		"network":             {network, tcgMax},
+		"network-after-ports": {networkFDs, kvmHost},
 	}
 }
 
@@ -134,15 +146,37 @@ func TestArgsInvariants(t *testing.T) {
 	for name, g := range goldenSpecs() {
 		args, _ := Args(g.spec, g.accel)
 		joined := " " + strings.Join(args, " ") + " "
-		for _, want := range []string{" -nodefaults ", " -no-user-config ", " -nographic ", " -no-reboot ", " -nic none ",
+		for _, want := range []string{" -nodefaults ", " -no-user-config ", " -nographic ", " -no-reboot ",
 			"name=org.capsem.channel", ",server=off", " -sandbox on,"} {
 			if !strings.Contains(joined, want) {
 				t.Errorf("%s: argv lacks %q", name, want)
 			}
 		}
-		for _, bad := range []string{"-netdev", "virtio-net", "-boot ", "microvm", "server=on"} {
+		for _, bad := range []string{"-boot ", "microvm", "server=on"} {
 			if strings.Contains(joined, bad) {
 				t.Errorf("%s: argv has %q", name, bad)
+			}
+		}
+		// A NIC only when the spec has one, and then exactly one, with
+		// no option ROM.
+		nics := strings.Count(joined, " -netdev ")
+		if g.spec.Network == nil && (nics != 0 || strings.Contains(joined, "virtio-net") || !strings.Contains(joined, " -nic none ")) {
+			t.Errorf("%s: a NIC without spec.Network: %q", name, joined)
+		}
+		if g.spec.Network != nil && (nics != 1 || strings.Count(joined, "virtio-net-pci,") != 1 ||
+			strings.Contains(joined, " -nic ") || !strings.Contains(joined, ",romfile= ")) {
+			t.Errorf("%s: spec.Network but argv %q", name, joined)
+		}
+		// Every inherited descriptor is named in the argv by its number,
+		// each number once, and no other number is named.
+		inherited := inheritedFDs(g.spec)
+		named := fdNumbersIn(args)
+		if len(named) != len(inherited) {
+			t.Errorf("%s: argv names descriptors %v; the spec makes QEMU inherit %d", name, named, len(inherited))
+		}
+		for i := range inherited {
+			if named[firstInheritedFD+i] != 1 {
+				t.Errorf("%s: descriptor %d (%+v) named %d times", name, firstInheritedFD+i, inherited[i], named[firstInheritedFD+i])
 			}
 		}
 		// The firmware is the spec's, or QEMU's default when it names none.
@@ -167,6 +201,47 @@ func TestArgsInvariants(t *testing.T) {
 		if has := strings.Contains(args[i+1], TCGKernelParams); has != (g.accel.Name == vmm.AccelTCG) {
 			t.Errorf("%s: %s on the command line %q under %s", name, TCGKernelParams, args[i+1], g.accel.Name)
 		}
+	}
+}
+
+// fdNumbersIn counts the inherited descriptors QEMU's argv names, by
+// number.
+func fdNumbersIn(args []string) map[int]int {
+	named := map[int]int{}
+	re := regexp.MustCompile(`(?:^|,)(?:fd=|addr\.str=)(\d+)(?:,|$)|^fd:(\d+)$`)
+	for _, a := range args {
+		for _, m := range re.FindAllStringSubmatch(a, -1) {
+			n, _ := strconv.Atoi(m[1] + m[2])
+			named[n]++
+		}
+	}
+	return named
+}
+
+// TestInheritedFDsMatchArgs: the descriptor Args names for each kind is
+// the one the list puts at that place, for a spec with every kind.
+func TestInheritedFDsMatchArgs(t *testing.T) {
+	spec := goldenSpecs()["network-after-ports"].spec
+	args, err := Args(spec, tcg("test", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(args, " ")
+	for i, fd := range inheritedFDs(spec) {
+		n := strconv.Itoa(firstInheritedFD + i)
+		want := map[inheritedKind]string{
+			inheritConsole:  "-add-fd fd=" + n + ",set=",
+			inheritMonitor:  "socket,id=" + monitorChardevID + ",fd=" + n + " ",
+			inheritIncoming: "-incoming fd:" + n,
+			inheritPort:     ",fd=" + n + " -device virtserialport,bus=" + serialBusID + ".0,chardev=port" + strconv.Itoa(slices.Index(spec.Ports, fd.name)) + ",name=" + fd.name,
+			inheritNetwork:  "-netdev stream,id=" + netdevID + ",server=off,addr.type=fd,addr.str=" + n + " ",
+		}[fd.kind]
+		if want == "" || !strings.Contains(joined, want) {
+			t.Errorf("descriptor %s is %+v, but argv lacks %q:\n%s", n, fd, want, joined)
+		}
+	}
+	if got := len(inheritedFDs(spec)); got != 6 {
+		t.Errorf("%d inherited descriptors, want 6 (console, monitor, state, 2 ports, NIC)", got)
 	}
 }
 
@@ -200,6 +275,9 @@ func TestArgsRejects(t *testing.T) {
 		"no console log":    func(s *vmm.Spec) { s.ConsoleLog = "" },
 		"relative share":    func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "w", HostPath: "w"}} },
 		"NUL in share path": func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "w", HostPath: "/w\x00"}} },
+		"multicast MAC":     func(s *vmm.Spec) { s.Network = &vmm.Network{MAC: "33:33:00:00:00:01"} },
+		"option in MAC":     func(s *vmm.Spec) { s.Network = &vmm.Network{MAC: "5a:94:ef:e4:0c:ee,romfile=/x"} },
+		"tiny MTU":          func(s *vmm.Spec) { s.Network = &vmm.Network{MAC: guestwire.NetGuestMAC, MTU: 576} },
 	}
 	for name, f := range mutate {
 		s := minimalSpec()
@@ -261,4 +339,57 @@ func TestStateKeyIgnoresTheTCGCache(t *testing.T) {
 	if bigger := key(func(s *vmm.Spec) { s.MemoryMiB = 1024 }); slices.Equal(plain, bigger) {
 		t.Error("more guest memory keeps the same state key")
 	}
+	// A NIC is part of the machine a state resumes in; its settings are
+	// the same in every VM, so VMs with one share saved boots.
+	withNIC := key(func(s *vmm.Spec) { s.Network = &vmm.Network{MAC: guestwire.NetGuestMAC} })
+	if slices.Equal(plain, withNIC) {
+		t.Error("a NIC keeps the same state key")
+	}
+	if again := key(func(s *vmm.Spec) { s.Network = &vmm.Network{MAC: guestwire.NetGuestMAC} }); !slices.Equal(withNIC, again) {
+		t.Errorf("two VMs with the same NIC key apart:\n%q\n%q", withNIC, again)
+	}
+}
+
+// FuzzArgsNetwork: whatever MAC and MTU a spec carries, Args refuses it or
+// gives the NIC exactly its options, the MAC in canonical form: nothing a
+// spec says can add an option to QEMU's NIC.
+func FuzzArgsNetwork(f *testing.F) {
+	for _, seed := range []struct {
+		mac string
+		mtu int
+	}{
+		{guestwire.NetGuestMAC, 0}, {"52-54-00-AB-CD-EF", 9000}, {"0000.5e00.5301", 1500},
+		{guestwire.NetGuestMAC + ",romfile=/x", 0}, {"01:00:5e:00:00:01", 0}, {"", -1}, {"00:00:00:00:00:00", vmm.MaxMTU},
+	} {
+		f.Add(seed.mac, seed.mtu)
+	}
+	macOpt := regexp.MustCompile(`^mac=([0-9a-f]{2}:){5}[0-9a-f]{2}$`)
+	f.Fuzz(func(t *testing.T, mac string, mtu int) {
+		spec := minimalSpec()
+		spec.Network = &vmm.Network{MAC: mac, MTU: mtu}
+		args, err := Args(spec, tcg("test", false))
+		if err != nil {
+			if !errors.Is(err, vmm.ErrInvalidSpec) {
+				t.Fatalf("MAC %q MTU %d: %v, want ErrInvalidSpec", mac, mtu, err)
+			}
+			return
+		}
+		i := slices.Index(args, "-netdev")
+		if i < 0 || i+3 >= len(args) || args[i+2] != "-device" {
+			t.Fatalf("no NIC in %q", args)
+		}
+		opts := strings.Split(args[i+3], ",")
+		if len(opts) != 5 || opts[0] != "virtio-net-pci" || opts[1] != "netdev="+netdevID || !macOpt.MatchString(opts[2]) ||
+			!strings.HasPrefix(opts[3], "host_mtu=") || opts[4] != "romfile=" {
+			t.Fatalf("MAC %q MTU %d: device %q", mac, mtu, args[i+3])
+		}
+		hw, _ := net.ParseMAC(strings.TrimPrefix(opts[2], "mac="))
+		want, _ := net.ParseMAC(mac)
+		if !slices.Equal(hw, want) || hw[0]&1 != 0 {
+			t.Errorf("MAC %q became %s", mac, opts[2])
+		}
+		if n, _ := strconv.Atoi(strings.TrimPrefix(opts[3], "host_mtu=")); n < vmm.MinMTU || n > vmm.MaxMTU || (mtu != 0 && n != mtu) {
+			t.Errorf("MTU %d became %s", mtu, opts[3])
+		}
+	})
 }

@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/testkit"
 )
 
@@ -49,7 +51,7 @@ func testAssets(t *testing.T) bootAssets {
 
 // bootModules are what the test guest needs; their dependencies are added
 // from each module's own .modinfo.
-var bootModules = []string{"virtio_pci", "virtio_console", "virtio_blk", "9pnet_virtio", "9p"}
+var bootModules = []string{"virtio_pci", "virtio_console", "virtio_blk", "9pnet_virtio", "9p", "virtio_net"}
 
 func buildAssets(root string) (bootAssets, error) {
 	cache := filepath.Join(root, ".tools", "vmmtest")
@@ -101,7 +103,7 @@ func buildAssets(root string) (bootAssets, error) {
 		order = append(order, name)
 	}
 	cpio.file("modules.order", []byte(strings.Join(order, "\n")+"\n"), 0o644)
-	cpio.file("init", []byte(initScript), 0o755)
+	cpio.file("init", []byte(initScript()), 0o755)
 	initrd := filepath.Join(out, "initramfs.cpio")
 	if err := os.WriteFile(initrd, cpio.finish(), 0o644); err != nil {
 		return bootAssets{}, err
@@ -109,9 +111,13 @@ func buildAssets(root string) (bootAssets, error) {
 	return bootAssets{Kernel: kernels[0], Initramfs: initrd}, nil
 }
 
-// initScript loads the modules, mounts the 9p share when there is one, runs
-// the test guest and powers off whatever happens.
-const initScript = `#!/bin/sh
+// initScript loads the modules, mounts the 9p share when there is one,
+// gives each NIC the guest's address and pings the gateway from it in the
+// background (traffic for the network test: ARP, then ICMP), runs the test
+// guest and powers off whatever happens.
+func initScript() string {
+	return strings.NewReplacer("@GUEST@", guestwire.NetGuestIP+"/"+strconv.Itoa(guestwire.NetPrefixLen),
+		"@GATEWAY@", guestwire.NetGatewayIP).Replace(`#!/bin/sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
@@ -119,11 +125,17 @@ mount -t devtmpfs dev /dev
 for m in $(cat /modules.order); do insmod /lib/modules/$m || echo "insmod $m failed"; done
 grep -qw share /sys/bus/virtio/drivers/9pnet_virtio/*/mount_tag 2>/dev/null &&
   mount -t 9p -o trans=virtio,version=9p2000.L share /mnt
+for nic in /sys/class/net/*; do
+  nic=${nic##*/}
+  [ "$nic" = lo ] && continue
+  ip addr add @GUEST@ dev $nic && ip link set $nic up && (ping -c 120 @GATEWAY@ >/dev/null 2>&1 &)
+done
 echo "capsem-test: init ready"
 /testguest
 echo "capsem-test: guest exited $?"
 poweroff -f
-`
+`)
+}
 
 // fetchDebs downloads and unpacks the kernel and busybox-static .debs into
 // pkgRoot once.

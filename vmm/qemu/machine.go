@@ -176,7 +176,11 @@ type Machine struct {
 	monitorConn *net.UnixConn // our end of the QMP socket pair (spec.Monitor)
 	// ports are our ends of spec.Ports' socket pairs, until Port hands
 	// each out (under mu); those never taken close when QEMU is gone.
-	ports   map[string]net.Conn
+	ports map[string]net.Conn
+	// network is our end of the NIC's socket pair (spec.Network), until
+	// NetworkConn hands it out (under mu); closed when QEMU is gone if
+	// never taken.
+	network net.Conn
 	console *os.File // the read end of the console pipe: copied into the console log
 	// consoleCopied is closed once the console is in its log, which QEMU's
 	// exit waits for (done means the log is complete).
@@ -197,6 +201,7 @@ var (
 	_ vmm.ChannelHooker = (*Machine)(nil)
 	_ vmm.StateKeyer    = (*Machine)(nil)
 	_ vmm.PortHolder    = (*Machine)(nil)
+	_ vmm.NetworkHolder = (*Machine)(nil)
 )
 
 // SetBeforeChannel sets the function Start runs on the raw channel
@@ -366,7 +371,7 @@ func (m *Machine) spawn() error {
 	}
 	// A stuck output pipe must not stop the reaping.
 	cmd.WaitDelay = 2 * time.Second
-	inherited, err := m.extraFiles()
+	inherited, consoleEnd, err := m.extraFiles()
 	if err != nil {
 		return err
 	}
@@ -398,6 +403,7 @@ func (m *Machine) spawn() error {
 		}
 		m.mu.Lock()
 		m.closePorts()
+		m.closeNetwork()
 		m.waitErr = err
 		// Logged before done closes: whoever waits on done (a Stop, a
 		// test that then ends) must not race the machine's last words.
@@ -413,6 +419,7 @@ func (m *Machine) spawn() error {
 		}
 		m.mu.Lock()
 		m.closePorts()
+		m.closeNetwork()
 		m.mu.Unlock()
 		m.console.Close()
 		return fmt.Errorf("qemu: starting %s: %w", m.bin, err)
@@ -421,7 +428,7 @@ func (m *Machine) spawn() error {
 	// pipe end's, shared with QEMU: non-blocking, a console this process
 	// is slow to take waits in QEMU's UART (which retries once the pipe
 	// has room) instead of stopping QEMU's main loop.
-	if err := unix.SetNonblock(int(inherited[0].Fd()), true); err != nil {
+	if err := unix.SetNonblock(int(consoleEnd.Fd()), true); err != nil {
 		m.log.Warn("the console pipe stays blocking", "err", err)
 	}
 	return nil
@@ -460,13 +467,16 @@ func (m *Machine) copyConsole(log *logs.RotatingWriter, console *os.File, done c
 	}
 }
 
-// extraFiles opens what QEMU inherits, in the order Args numbers them
-// (extraFDs): the console pipe, the monitor's end of a new socket pair
-// (ours goes to m.monitorConn), the state file to restore from, then
-// QEMU's end of each port's socket pair (ours go to m.ports).
-func (m *Machine) extraFiles() ([]*os.File, error) {
+// extraFiles opens what QEMU inherits, walking inheritedFDs (the list Args
+// numbers them from): the console pipe (ours goes to m.console), the
+// monitor's end of a new socket pair (ours to m.monitorConn), the state
+// file to restore from, QEMU's end of each port's socket pair (ours to
+// m.ports) and of the NIC's (ours to m.network). consoleEnd is QEMU's end
+// of the console pipe, one of files. On failure nothing opened stays open.
+func (m *Machine) extraFiles() ([]*os.File, *os.File, error) {
 	var files []*os.File
-	fail := func(err error) ([]*os.File, error) {
+	var consoleEnd *os.File
+	fail := func(err error) ([]*os.File, *os.File, error) {
 		for _, f := range files {
 			f.Close()
 		}
@@ -479,59 +489,100 @@ func (m *Machine) extraFiles() ([]*os.File, error) {
 			m.console = nil
 		}
 		m.closePorts()
-		return nil, err
+		m.closeNetwork()
+		return nil, nil, err
 	}
-	// The console first (extraFDs' order): a blocking pipe, outside Go's
-	// poller, which would wake this process for each byte QEMU writes;
-	// copyConsole reads it in gathered chunks instead.
-	var cfds [2]int
-	if err := unix.Pipe2(cfds[:], unix.O_CLOEXEC); err != nil {
-		return fail(fmt.Errorf("qemu: console pipe: %w", err))
-	}
-	m.console = os.NewFile(uintptr(cfds[0]), "console")
-	files = append(files, os.NewFile(uintptr(cfds[1]), "console-qemu"))
-	// Room for seconds of a console at full speed, should this process be
-	// slow to read (best effort: the system may cap it).
-	unix.FcntlInt(uintptr(cfds[1]), unix.F_SETPIPE_SZ, consolePipeBytes)
-	if m.spec.Monitor {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return fail(fmt.Errorf("qemu: monitor socket pair: %w", err))
+	m.ports = map[string]net.Conn{}
+	for _, fd := range inheritedFDs(m.spec) {
+		var (
+			f   *os.File
+			err error
+		)
+		switch fd.kind {
+		case inheritConsole:
+			f, err = m.consolePipe()
+			consoleEnd = f
+		case inheritMonitor:
+			var c net.Conn
+			if c, f, err = socketPair("qmp"); err == nil {
+				m.monitorConn = c.(*net.UnixConn)
+			}
+		case inheritIncoming:
+			if f, err = os.Open(m.spec.RestoreFrom); err != nil {
+				err = fmt.Errorf("qemu: opening the state to restore: %w", err)
+			}
+		case inheritPort:
+			var c net.Conn
+			if c, f, err = socketPair("port-" + fd.name); err == nil {
+				m.ports[fd.name] = c
+			}
+		case inheritNetwork:
+			var c net.Conn
+			if c, f, err = socketPair("network"); err == nil {
+				m.network = c
+			}
+		default:
+			err = fmt.Errorf("qemu: no way to open an inherited descriptor of kind %d", fd.kind)
 		}
-		ours := os.NewFile(uintptr(fds[0]), "qmp")
-		c, err := net.FileConn(ours)
-		ours.Close()
 		if err != nil {
-			unix.Close(fds[1])
-			return fail(fmt.Errorf("qemu: monitor socket: %w", err))
-		}
-		m.monitorConn = c.(*net.UnixConn)
-		files = append(files, os.NewFile(uintptr(fds[1]), "qmp-qemu"))
-	}
-	if m.spec.RestoreFrom != "" {
-		f, err := os.Open(m.spec.RestoreFrom)
-		if err != nil {
-			return fail(fmt.Errorf("qemu: opening the state to restore: %w", err))
+			return fail(err)
 		}
 		files = append(files, f)
 	}
-	m.ports = map[string]net.Conn{}
-	for _, name := range m.spec.Ports {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return fail(fmt.Errorf("qemu: socket pair for port %s: %w", name, err))
-		}
-		ours := os.NewFile(uintptr(fds[0]), "port-"+name)
-		c, err := net.FileConn(ours)
-		ours.Close()
-		if err != nil {
-			unix.Close(fds[1])
-			return fail(fmt.Errorf("qemu: socket for port %s: %w", name, err))
-		}
-		m.ports[name] = c
-		files = append(files, os.NewFile(uintptr(fds[1]), "port-"+name+"-qemu"))
+	return files, consoleEnd, nil
+}
+
+// consolePipe makes the console pipe: the read end goes to m.console, the
+// write end (returned) to QEMU. A blocking pipe, outside Go's poller, which
+// would wake this process for each byte QEMU writes; copyConsole reads it
+// in gathered chunks instead.
+func (m *Machine) consolePipe() (*os.File, error) {
+	var cfds [2]int
+	if err := unix.Pipe2(cfds[:], unix.O_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("qemu: console pipe: %w", err)
 	}
-	return files, nil
+	m.console = os.NewFile(uintptr(cfds[0]), "console")
+	// Room for seconds of a console at full speed, should this process be
+	// slow to read (best effort: the system may cap it).
+	unix.FcntlInt(uintptr(cfds[1]), unix.F_SETPIPE_SZ, consolePipeBytes)
+	return os.NewFile(uintptr(cfds[1]), "console-qemu"), nil
+}
+
+// socketPair makes a connected stream socket pair: ours as a net.Conn
+// (through Go's poller), QEMU's as the file it inherits.
+func socketPair(what string) (ours net.Conn, qemus *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("qemu: socket pair for %s: %w", what, err)
+	}
+	f := os.NewFile(uintptr(fds[0]), what)
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("qemu: socket for %s: %w", what, err)
+	}
+	return c, os.NewFile(uintptr(fds[1]), what+"-qemu"), nil
+}
+
+// NetworkConn implements vmm.NetworkHolder: our end of the NIC's socket
+// pair, once; the caller owns it. QEMU's stream netdev puts each frame on
+// it after its length, 4 bytes big-endian, and reads them so.
+func (m *Machine) NetworkConn() (net.Conn, vmm.Framing, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.network
+	m.network = nil
+	return c, vmm.FramingStream4BE, c != nil
+}
+
+// closeNetwork closes the NIC's end if no one took it; m.mu held (or not
+// yet shared).
+func (m *Machine) closeNetwork() {
+	if m.network != nil {
+		m.network.Close()
+		m.network = nil
+	}
 }
 
 // Port implements vmm.PortHolder: our end of the port's socket pair, once;

@@ -2,7 +2,9 @@ package qemu
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/guestchan"
+	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/vmm"
 )
 
@@ -91,6 +94,10 @@ func fakeGuest(mode string, args []string) int {
 		fmt.Fprintf(os.Stderr, "fake qemu: connecting %q: %v\n", sock, err)
 		return 1
 	}
+	if err := signInheritedFDs(args); err != nil {
+		fmt.Fprintf(os.Stderr, "fake qemu: %v\n", err)
+		return 1
+	}
 	s, err := guestchan.Client(c, nil)
 	if err != nil {
 		return 1
@@ -107,6 +114,40 @@ func fakeGuest(mode string, args []string) int {
 	}()
 	<-s.Done()
 	return 0
+}
+
+// signInheritedFDs writes on each port's and the NIC's inherited
+// descriptor, found by the number its option names, who it is: "port
+// <name>\n" on a port, a frame "nic" (after its length, 4 bytes
+// big-endian) on the NIC. The host reads each where it expects it.
+func signInheritedFDs(args []string) error {
+	write := func(opt string, b []byte) error {
+		_, num, _ := strings.Cut(opt, "=")
+		n, err := strconv.Atoi(num)
+		if err != nil {
+			return fmt.Errorf("descriptor in %q: %v", opt, err)
+		}
+		if _, err := os.NewFile(uintptr(n), opt).Write(b); err != nil {
+			return fmt.Errorf("writing on descriptor %d: %v", n, err)
+		}
+		return nil
+	}
+	for i := 0; i+1 < len(args); i++ {
+		opts := strings.Split(args[i+1], ",")
+		var err error
+		switch {
+		case args[i] == "-chardev" && strings.HasPrefix(opts[1], "id="+portChardevPrefix) && i+3 < len(args):
+			// The port's name is on the device that follows.
+			_, name, _ := strings.Cut(args[i+3], ",name=")
+			err = write(opts[2], []byte("port "+name+"\n"))
+		case args[i] == "-netdev":
+			err = write(opts[len(opts)-1], []byte{0, 0, 0, 3, 'n', 'i', 'c'})
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // fakeLogEnv names a file the fake appends each argv to.
@@ -174,6 +215,92 @@ func vmOwner(dir string) int {
 }
 
 func noKVM() error { return errors.New("no kvm in tests") }
+
+// TestInheritedDescriptorsReachTheirOwners: QEMU finds each port's and
+// the NIC's socket at the descriptor its option names, and the host end
+// of each is the one Port and NetworkConn give (once).
+func TestInheritedDescriptorsReachTheirOwners(t *testing.T) {
+	t.Setenv(fakeEnv, "connect")
+	exe, _ := os.Executable()
+	dir := shortDir(t)
+	spec := fakeSpec(dir)
+	spec.Monitor = true
+	spec.RestoreFrom = filepath.Join(dir, "vm.state")
+	os.WriteFile(spec.RestoreFrom, []byte("state"), 0o600)
+	spec.Ports = []string{"org.capsem.workspace", "second"}
+	spec.Network = &vmm.Network{MAC: "5a:94:ef:e4:0c:ee"}
+	vm, err := (&Backend{Binary: exe, OpenKVM: noKVM, Log: testLogger(t)}).Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Stop(context.Background())
+	for _, name := range spec.Ports {
+		c, ok := vm.(vmm.PortHolder).Port(name)
+		if !ok {
+			t.Fatalf("no port %s", name)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if line, err := bufio.NewReader(c).ReadString('\n'); line != "port "+name+"\n" {
+			t.Errorf("port %s reads %q (%v)", name, line, err)
+		}
+		c.Close()
+	}
+	nic := vm.(vmm.NetworkHolder)
+	c, framing, ok := nic.NetworkConn()
+	if !ok || framing != vmm.FramingStream4BE {
+		t.Fatalf("NetworkConn: %v %v %v", c, framing, ok)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	frame := make([]byte, 7)
+	if _, err := io.ReadFull(c, frame); err != nil || string(frame) != "\x00\x00\x00\x03nic" {
+		t.Errorf("the NIC's end reads %q (%v)", frame, err)
+	}
+	if again, _, ok := nic.NetworkConn(); ok || again != nil {
+		t.Error("NetworkConn handed out the NIC's end twice")
+	}
+}
+
+// TestUntakenNetworkClosesWithQEMU: a NIC end no one took is closed once
+// QEMU is gone, and a machine without a NIC has none to give.
+func TestUntakenNetworkClosesWithQEMU(t *testing.T) {
+	t.Setenv(fakeEnv, "connect")
+	exe, _ := os.Executable()
+	spec := fakeSpec(shortDir(t))
+	spec.Network = &vmm.Network{MAC: "5a:94:ef:e4:0c:ee"}
+	vm, err := (&Backend{Binary: exe, OpenKVM: noKVM, Log: testLogger(t)}).Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := vm.(*Machine)
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	ours := m.network
+	m.mu.Unlock()
+	if ours == nil {
+		t.Fatal("no NIC end after Start")
+	}
+	m.Stop(context.Background())
+	if _, err := ours.Write([]byte{0}); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("write on the untaken NIC end after QEMU exited: %v, want closed", err)
+	}
+	if c, _, ok := m.NetworkConn(); ok || c != nil {
+		t.Error("NetworkConn after exit gave an end")
+	}
+	plain, _ := fakeMachine(t, "connect")
+	if err := plain.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Stop(context.Background())
+	if c, _, ok := plain.NetworkConn(); ok || c != nil {
+		t.Error("a machine without spec.Network gave a NIC end")
+	}
+}
 
 func fakeSpec(dir string) vmm.Spec {
 	s := minimalSpec()
@@ -429,4 +556,171 @@ func TestQEMUDiesWithItsOwner(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestBootWithNetwork boots the test guest with a NIC and proves it works
+// both ways: the guest sees the NIC with the spec's MAC and the default
+// MTU, every frame it sends is well formed and from that MAC, it asks for
+// the gateway's address (ARP), and once the host answers it sends its
+// ping to the MAC the host gave, which only the answer told it. Under
+// both firmwares: the NIC has no option ROM (romfile=) for either to load.
+func TestBootWithNetwork(t *testing.T) {
+	if _, err := os.Stat(FastFirmware); err != nil {
+		t.Fatalf("qboot (Debian package qemu-system-data): %v", err)
+	}
+	for name, firmware := range map[string]string{"seabios": "", "qboot": FastFirmware} {
+		t.Run(name, func(t *testing.T) { bootWithNetwork(t, firmware) })
+	}
+}
+
+func bootWithNetwork(t *testing.T, firmware string) {
+	dir := shortDir(t)
+	spec := bootSpec(t, dir)
+	spec.Firmware = firmware
+	spec.Network = &vmm.Network{MAC: guestwire.NetGuestMAC}
+	vm, err := realBackend(t).Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			log, _ := os.ReadFile(spec.ConsoleLog)
+			t.Logf("console log:\n%s", log)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := vm.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Stop(context.Background())
+	conn, framing, ok := vm.(vmm.NetworkHolder).NetworkConn()
+	if !ok || framing != vmm.FramingStream4BE {
+		t.Fatalf("NetworkConn: ok %v, framing %v", ok, framing)
+	}
+	defer conn.Close()
+	frames := make(chan []byte, 64)
+	go func() {
+		defer close(frames)
+		for {
+			f, err := readFrame(conn, DefaultMTU)
+			if err != nil {
+				t.Logf("reading frames: %v", err)
+				return
+			}
+			frames <- f
+		}
+	}()
+
+	// The guest's hello says what NIC it has; it powers off if no one
+	// takes its control stream.
+	ctl, err := vm.Channel().Listen(guestchan.PortControl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ctl.Accept()
+		acc <- c
+	}()
+	var control net.Conn
+	select {
+	case control = <-acc:
+	case <-vm.Done():
+		t.Fatalf("QEMU exited before the guest dialled: %v", vm.Wait())
+	case <-ctx.Done():
+		t.Fatal("the guest never dialled the control port")
+	}
+	defer control.Close()
+	rd := bufio.NewReader(control)
+	hello, err := rd.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("guest: %s", strings.TrimSpace(hello))
+	if want := "/" + guestwire.NetGuestMAC + "/" + strconv.Itoa(DefaultMTU); strings.Count(hello, "nic=") != 1 || !strings.Contains(hello, want) {
+		t.Errorf("hello %q: want one NIC with %q", hello, want)
+	}
+
+	guestMAC, _ := net.ParseMAC(guestwire.NetGuestMAC)
+	gatewayMAC, _ := net.ParseMAC(guestwire.NetGatewayMAC)
+	guestIP, gatewayIP := net.ParseIP(guestwire.NetGuestIP).To4(), net.ParseIP(guestwire.NetGatewayIP).To4()
+	var seen, arps int
+	answered := false
+	for {
+		var f []byte
+		select {
+		case f, ok = <-frames:
+			if !ok {
+				t.Fatalf("the NIC's connection ended after %d frames", seen)
+			}
+		case <-ctx.Done():
+			t.Fatalf("after %d frames (%d ARP requests for the gateway, answered %v), no ping to the gateway's MAC", seen, arps, answered)
+		}
+		seen++
+		if !bytes.Equal(f[6:12], guestMAC) {
+			t.Fatalf("frame %d from %s, not the guest's MAC: % x", seen, net.HardwareAddr(f[6:12]), f)
+		}
+		switch etherType := binary.BigEndian.Uint16(f[12:14]); {
+		case etherType == 0x0806 && isARPRequest(f[14:], guestIP, gatewayIP):
+			arps++
+			reply := arpReply(guestMAC, gatewayMAC, guestIP, gatewayIP)
+			if _, err := conn.Write(binary.BigEndian.AppendUint32(nil, uint32(len(reply)))); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Write(reply); err != nil {
+				t.Fatal(err)
+			}
+			answered = true
+		case etherType == 0x0800 && answered && bytes.Equal(f[0:6], gatewayMAC) && isPingTo(f[14:], guestIP, gatewayIP):
+			t.Logf("ping to the gateway's MAC after %d frames (%d ARP requests)", seen, arps)
+			fmt.Fprintln(control, "exit")
+			rd.ReadString('\n')
+			select {
+			case <-vm.Done():
+			case <-time.After(60 * time.Second):
+				t.Error("QEMU still running a minute after the guest powered off")
+			}
+			return
+		}
+	}
+}
+
+// readFrame reads one length-prefixed frame (vmm.FramingStream4BE) and
+// checks its length: an Ethernet header at least, an MTU's payload at most.
+func readFrame(r io.Reader, mtu int) ([]byte, error) {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return nil, err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size < 14 || size > uint32(mtu)+14 {
+		return nil, fmt.Errorf("a frame of %d bytes: want 14..%d", size, mtu+14)
+	}
+	f := make([]byte, size)
+	_, err := io.ReadFull(r, f)
+	return f, err
+}
+
+// isARPRequest: an Ethernet/IPv4 ARP request from ip asking for target.
+func isARPRequest(p []byte, ip, target net.IP) bool {
+	return len(p) >= 28 && binary.BigEndian.Uint16(p[0:2]) == 1 && binary.BigEndian.Uint16(p[2:4]) == 0x0800 &&
+		binary.BigEndian.Uint16(p[6:8]) == 1 && bytes.Equal(p[14:18], ip) && bytes.Equal(p[24:28], target)
+}
+
+// arpReply is the frame telling the guest (mac, ip) that target is at
+// targetMAC.
+func arpReply(mac, targetMAC net.HardwareAddr, ip, target net.IP) []byte {
+	f := slices.Concat(mac, targetMAC, []byte{0x08, 0x06})
+	f = append(f, 0, 1, 0x08, 0x00, 6, 4, 0, 2)
+	return slices.Concat(f, targetMAC, []byte(target), mac, []byte(ip))
+}
+
+// isPingTo: an IPv4 packet from ip to target carrying an ICMP echo request.
+func isPingTo(p []byte, ip, target net.IP) bool {
+	if len(p) < 20 || p[0]>>4 != 4 {
+		return false
+	}
+	hl := int(p[0]&0x0f) * 4
+	return len(p) > hl && p[9] == 1 && bytes.Equal(p[12:16], ip) && bytes.Equal(p[16:20], target) && p[hl] == 8
 }

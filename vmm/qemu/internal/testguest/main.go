@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -103,9 +104,19 @@ func run() error {
 }
 
 // probes reports what the boot test checks besides the channel: the first
-// bytes of the first disk and a write into the 9p share at /mnt.
+// bytes of the first disk, a write into the 9p share at /mnt, and each NIC
+// with its MAC and MTU.
 func probes() string {
 	var out []string
+	nics, _ := filepath.Glob("/sys/class/net/*")
+	for _, n := range nics {
+		if filepath.Base(n) == "lo" {
+			continue
+		}
+		mac, _ := os.ReadFile(filepath.Join(n, "address"))
+		mtu, _ := os.ReadFile(filepath.Join(n, "mtu"))
+		out = append(out, fmt.Sprintf("nic=%s/%s/%s", filepath.Base(n), strings.TrimSpace(string(mac)), strings.TrimSpace(string(mtu))))
+	}
 	if f, err := os.Open("/dev/vda"); err == nil {
 		b := make([]byte, 16)
 		n, _ := io.ReadFull(f, b)
