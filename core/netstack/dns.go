@@ -64,19 +64,30 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 		defer s.wg.Done()
 		defer func() { <-s.dns }()
 		defer c.Close()
-		c.SetReadDeadline(time.Now().Add(time.Second))
+		// Resolvers send several queries from one socket at once (A and
+		// AAAA): the endpoint now owns that 4-tuple, so it answers them
+		// all, until the guest is quiet for a moment or has sent a few.
 		buf := make([]byte, 1500)
-		n, err := c.Read(buf)
-		if err != nil {
-			return
-		}
-		reply := s.answer(buf[:n], addrOf(id.LocalAddress), true)
-		if reply != nil {
-			c.Write(reply)
+		for range udpQueriesPerFlow {
+			c.SetReadDeadline(time.Now().Add(udpFlowIdle))
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			if reply := s.answer(buf[:n], addrOf(id.LocalAddress), true); reply != nil {
+				c.Write(reply)
+			}
 		}
 	}()
 	return true
 }
+
+// A UDP flow to port 53 is served until it is idle for udpFlowIdle or has
+// sent udpQueriesPerFlow queries; the next query opens a new one.
+const (
+	udpFlowIdle       = 500 * time.Millisecond
+	udpQueriesPerFlow = 16
+)
 
 // serveDNSOverTCP answers length-prefixed queries on one connection (any
 // address, port 53) until the guest stops or is idle for a few seconds.

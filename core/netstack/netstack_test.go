@@ -400,3 +400,39 @@ func TestPolicyReloadAppliesToTheNextConnection(t *testing.T) {
 		t.Errorf("a name no longer allowed still resolves: %s", dns.RcodeToString[m.Rcode])
 	}
 }
+
+// TestDNSQueriesOnOneSocket: resolvers send A and AAAA at once from one
+// socket; both are answered at once, not the second after a retry.
+func TestDNSQueriesOnOneSocket(t *testing.T) {
+	r := newRig(t, basePolicy(), baseResolver(), testLimits())
+	r.query(t, "192.168.127.1", "allowed.example", dns.TypeA) // ARP settled
+	to := fullAddr(netip.MustParseAddrPort("192.168.127.1:53"))
+	c, err := guestUDP(r, &to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		m := new(dns.Msg)
+		m.SetQuestion("allowed.example.", qt)
+		m.Id = uint16(100 + i)
+		b, _ := m.Pack()
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[uint16]bool{}
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	for len(got) < 2 {
+		buf := make([]byte, 1500)
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("answers %v, then %v", got, err)
+		}
+		m := new(dns.Msg)
+		if err := m.Unpack(buf[:n]); err != nil {
+			t.Fatal(err)
+		}
+		got[m.Id] = true
+	}
+}
