@@ -116,6 +116,11 @@ func TestBootStateResumesVMs(t *testing.T) {
 			t.Errorf("%s's clock is %v off the host's", v.info.Name, d)
 		}
 	}
+	// A resumed VM's network works: the host's stack behind its NIC is
+	// this VM's own, and the guest's setup came with the saved boot.
+	if out, _ := vms[2].guestSh(t, `capsem-doctor -k net`); !strings.Contains(out, "RESULT: PASS") {
+		t.Errorf("the network of a resumed VM:\n%s", out)
+	}
 	// Each resumed VM has its own disk under its root.
 	vms[1].guestSh(t, `echo second > /root/mine && sync`)
 	if out, _ := vms[2].guestSh(t, `cat /root/mine 2>/dev/null || echo absent`); strings.TrimSpace(out) != "absent" {
