@@ -179,6 +179,11 @@ func TestHostileGuestWorkspaceMessages(t *testing.T) {
 	if err != nil || !strings.HasPrefix(o.stdout.String(), fmt.Sprintf("%x", sha256.Sum256(b))) {
 		t.Fatalf("the guest's file on the host: %v; the guest says %s", err, o.stdout.String())
 	}
+	// The workspace's opening is one line, its server's, with the usage
+	// and the bound.
+	if boot, err := os.ReadFile(v.log); err != nil || strings.Count(string(boot), `"limit_bytes"`) != 1 {
+		t.Errorf("want one line with the workspace's bound in process.log (%v):\n%s", err, boot)
+	}
 	resetHWM(t, v.info.PID)
 	hwm0, log0 := vmHWM(t, v.info.PID), fileSize(t, v.log)
 	o = v.exec(ctx, &api.ExecRequest{Command: "/tmp/chanflood -workspace"})
