@@ -255,11 +255,15 @@ func (c *ServiceClient) ExecStream(ctx context.Context, vm string, req api.ExecR
 // removes the VM.
 func (c *ServiceClient) RunStream(ctx context.Context, req api.RunRequest, events api.RunEvents, stdout, stderr io.Writer) (*api.ExecEvent, error) {
 	var ev *api.ExecEvent
+	answered := false
 	err := c.stream(ctx, api.RouteRunLive, req, func(body io.Reader) (err error) {
+		answered = true
 		ev, err = api.ReadRunStream(body, events, stdout, stderr)
 		return streamFailure(ev, err)
 	})
-	if olderService(err) {
+	// Only the route's own 404 says the service is older: a stream's
+	// failure (its VM gone meanwhile) must not run the command again.
+	if !answered && olderService(err) {
 		// A service from before the run stream: the output comes at the
 		// end, and no stage or ready VM is told.
 		r, err := c.Run(ctx, req)

@@ -95,6 +95,17 @@ func TestStreamFailuresKeepTheirCode(t *testing.T) {
 	mux.HandleFunc("POST "+api.RouteExec, execStream)
 	mux.HandleFunc("GET "+api.RouteVMFileContent, readStream)
 	mux.HandleFunc("GET "+api.RouteFileContent, readStream)
+	// A run whose VM went away meanwhile (404 not_found in its final
+	// event) is not taken for an older service's: its command does not
+	// run again.
+	mux.HandleFunc("POST "+api.RouteRunLive, func(w http.ResponseWriter, r *http.Request) {
+		api.NewExecStream(w).Final(api.ExecEvent{Error: `no VM named "vm-000000000001"`, Code: api.CodeNotFound})
+	})
+	ranAgain := false
+	mux.HandleFunc("POST "+api.RouteRun, func(w http.ResponseWriter, r *http.Request) {
+		ranAgain = true
+		json.NewEncoder(w).Encode(api.ExecResult{})
+	})
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
 	defer srv.Close()
@@ -119,10 +130,14 @@ func TestStreamFailuresKeepTheirCode(t *testing.T) {
 			return err
 		},
 	}
+	var se *StatusError
+	if _, err := svc.RunStream(context.Background(), api.RunRequest{Exec: api.ExecRequest{Command: "x"}}, api.RunEvents{}, io.Discard, io.Discard); ranAgain ||
+		!errors.As(err, &se) || se.Code != api.CodeNotFound {
+		t.Errorf("a run stream that failed not_found: %v, run again: %v", err, ranAgain)
+	}
 	for name, call := range calls {
 		code = api.CodeInterrupted
 		err := call()
-		var se *StatusError
 		if !errors.As(err, &se) || se.Status != http.StatusConflict || se.Code != api.CodeInterrupted ||
 			!strings.Contains(err.Error(), "control connection closed") || !strings.HasSuffix(err.Error(), "("+codeHints[api.CodeInterrupted]+")") {
 			t.Errorf("%s: %#v, want 409 interrupted with its hint", name, err)
