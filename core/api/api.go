@@ -80,6 +80,9 @@ type ExecEvent struct {
 	DurationMS      int64  `json:"duration_ms,omitempty"`
 	ExecID          string `json:"exec_id,omitempty"`
 	Error           string `json:"error,omitempty"`
+	// Code is Error's code (Error.Code): the stream's 200 went with its
+	// first event, so a failure after it says its kind here.
+	Code string `json:"code,omitempty"`
 }
 
 // MaxFileBytes bounds one file read or write through the API: the guest
@@ -98,8 +101,9 @@ const MaxJSONFileBytes = 16 << 20
 // with TrailerError set, and a client must check it; TrailerDigest is the
 // SHA-256 (hex) of the bytes the guest sent, which the ledger records too.
 const (
-	TrailerError  = "Capsem-Error"
-	TrailerDigest = "Capsem-Sha256"
+	TrailerError     = "Capsem-Error"
+	TrailerErrorCode = "Capsem-Error-Code" // TrailerError's code (Error.Code)
+	TrailerDigest    = "Capsem-Sha256"
 )
 
 // FileRequest stats or creates a directory in the guest. File contents
@@ -176,6 +180,28 @@ const (
 	CodeUnavailable = "unavailable" // 503: the VM is not running, or its guest stopped answering (it may have crashed: see capsem logs)
 	CodeInternal    = "internal"    // 500
 )
+
+// StatusOfCode is the status of a code (500 for one it does not know): a
+// failure reported after a stream's 200 (ExecEvent.Code,
+// TrailerErrorCode) has the status it would have had.
+func StatusOfCode(code string) int {
+	switch code {
+	case CodeBadRequest, CodeRefused:
+		return http.StatusBadRequest
+	case CodeNotFound:
+		return http.StatusNotFound
+	case CodeConflict, CodeInterrupted:
+		return http.StatusConflict
+	case CodeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case CodeNoSpace:
+		return http.StatusInsufficientStorage
+	case CodeUnavailable:
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
 
 // CodeOf is the default code of a status.
 func CodeOf(status int) string {

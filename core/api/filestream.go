@@ -40,7 +40,7 @@ func (f *FileStream) start() {
 	f.started = true
 	h := f.w.Header()
 	h.Set("Content-Type", "application/octet-stream")
-	h.Set("Trailer", TrailerError+", "+TrailerDigest)
+	h.Set("Trailer", TrailerError+", "+TrailerErrorCode+", "+TrailerDigest)
 	f.w.WriteHeader(http.StatusOK)
 }
 
@@ -60,10 +60,11 @@ func (f *FileStream) Bytes() int64 { return f.n }
 func (f *FileStream) Digest() string { return hex.EncodeToString(f.hash.Sum(nil)) }
 
 // Fail ends the read with err: as an Error body with status and code when
-// no byte has gone yet, else in the error trailer.
+// no byte has gone yet, else in the error trailers.
 func (f *FileStream) Fail(status int, code string, err error) {
 	if f.started {
 		f.w.Header().Set(TrailerError, err.Error())
+		f.w.Header().Set(TrailerErrorCode, code)
 		return
 	}
 	f.w.Header().Set("Content-Type", "application/json")

@@ -123,7 +123,8 @@ func (c *ProcessClient) Exec(ctx context.Context, r *api.ExecRequest, stdout, st
 	if resp.StatusCode/100 != 2 {
 		return nil, decode(api.RouteExec, resp, nil)
 	}
-	return api.ReadExecStream(resp.Body, stdout, stderr)
+	ev, err := api.ReadExecStream(resp.Body, stdout, stderr)
+	return ev, streamFailure(ev, err)
 }
 
 // ReadFileTo copies a guest file into w as it streams (GET files/content).
@@ -150,7 +151,7 @@ func (c *ProcessClient) ReadFileTo(ctx context.Context, path string, follow bool
 	}
 	n, digest, err := api.ReadFileStream(resp, w)
 	if err != nil {
-		return n, "", fmt.Errorf("%s: reading %s: %w", route, path, err)
+		return n, "", readFailure(resp, fmt.Sprintf("%s: reading %s", route, path), err)
 	}
 	return n, digest, nil
 }

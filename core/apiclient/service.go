@@ -23,7 +23,12 @@ type StatusError struct {
 	Status  int
 	Code    string
 	Message string
+	// Err is the failure behind it, when the client has one (a streamed
+	// read cut after its status: errors.Is finds api.ErrFileCut).
+	Err error
 }
+
+func (e *StatusError) Unwrap() error { return e.Err }
 
 // Error is the message, with what its code tells a person to do.
 func (e *StatusError) Error() string {
@@ -39,6 +44,28 @@ var codeHints = map[string]string{
 	api.CodeInterrupted: "the call was cut off by the VM's stop or removal, not refused: run it again once the VM runs",
 	api.CodeUnavailable: "the VM cannot take calls now; capsem logs shows its last output",
 	api.CodeNoSpace:     "the guest's file system is full",
+}
+
+// streamFailure is err, from a stream whose final event ev failed, as the
+// StatusError ev's code makes it: the stream's 200 went before the
+// failure, which says its kind in the event. An event without a code (a
+// sender from before codes) stays the plain error.
+func streamFailure(ev *api.ExecEvent, err error) error {
+	if err == nil || ev == nil || ev.Error == "" || ev.Code == "" {
+		return err
+	}
+	return &StatusError{Status: api.StatusOfCode(ev.Code), Code: ev.Code, Message: ev.Error}
+}
+
+// readFailure is err, a streamed read that did not end whole (msg says
+// which), as a StatusError when the sender gave the failure's code in
+// the trailers; else as msg wrapping err.
+func readFailure(resp *http.Response, msg string, err error) error {
+	code := resp.Trailer.Get(api.TrailerErrorCode)
+	if code == "" {
+		return fmt.Errorf("%s: %w", msg, err)
+	}
+	return &StatusError{Status: api.StatusOfCode(code), Code: code, Message: fmt.Sprintf("%s: %v", msg, err), Err: err}
 }
 
 // ServiceClient talks to the capsem service over its Unix socket.
@@ -216,7 +243,7 @@ func (c *ServiceClient) ExecStream(ctx context.Context, vm string, req api.ExecR
 	var ev *api.ExecEvent
 	err := c.stream(ctx, api.VMPath(api.RouteVMExecLive, vm), req, func(body io.Reader) (err error) {
 		ev, err = api.ReadExecStream(body, stdout, stderr)
-		return err
+		return streamFailure(ev, err)
 	})
 	return ev, err
 }
@@ -228,11 +255,15 @@ func (c *ServiceClient) ExecStream(ctx context.Context, vm string, req api.ExecR
 // removes the VM.
 func (c *ServiceClient) RunStream(ctx context.Context, req api.RunRequest, events api.RunEvents, stdout, stderr io.Writer) (*api.ExecEvent, error) {
 	var ev *api.ExecEvent
+	answered := false
 	err := c.stream(ctx, api.RouteRunLive, req, func(body io.Reader) (err error) {
+		answered = true
 		ev, err = api.ReadRunStream(body, events, stdout, stderr)
-		return err
+		return streamFailure(ev, err)
 	})
-	if olderService(err) {
+	// Only the route's own 404 says the service is older: a stream's
+	// failure (its VM gone meanwhile) must not run the command again.
+	if !answered && olderService(err) {
 		// A service from before the run stream: the output comes at the
 		// end, and no stage or ready VM is told.
 		r, err := c.Run(ctx, req)
@@ -350,7 +381,7 @@ func (c *ServiceClient) ReadFileTo(ctx context.Context, vm, path string, follow 
 	}
 	n, digest, err := api.ReadFileStream(resp, w)
 	if err != nil {
-		return n, "", fmt.Errorf("reading %s from VM %s: %w", path, vm, err)
+		return n, "", readFailure(resp, fmt.Sprintf("reading %s from VM %s", path, vm), err)
 	}
 	return n, digest, nil
 }

@@ -47,3 +47,9 @@ func StatusOf(err error) int {
 	}
 	return http.StatusInternalServerError
 }
+
+// failedEvent is the final event of a stream that err ended: its message
+// and code, which the stream's 200 could not carry.
+func failedEvent(err error) api.ExecEvent {
+	return api.ExecEvent{Error: err.Error(), Code: CodeOf(err)}
+}

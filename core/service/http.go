@@ -52,7 +52,7 @@ func (s *Service) Handler(stop func()) http.Handler {
 		case stream == nil:
 			writeJSON(w, http.StatusCreated, api.ExecEvent{VM: &vm})
 		case err != nil:
-			stream.Final(api.ExecEvent{Error: err.Error()})
+			stream.Final(failedEvent(err))
 		default:
 			stream.Ready(vm)
 		}
@@ -90,7 +90,7 @@ func (s *Service) Handler(stop func()) http.Handler {
 		case stream == nil:
 			writeError(w, err)
 		case err != nil:
-			stream.Final(api.ExecEvent{Error: err.Error()})
+			stream.Final(failedEvent(err))
 		default:
 			stream.Final(*ev)
 		}
@@ -144,7 +144,7 @@ func (s *Service) Handler(stop func()) http.Handler {
 		stream := api.NewExecStream(w)
 		ev, err := run(r.Context(), stream.Stdout(), stream.Stderr())
 		if err != nil {
-			stream.Final(api.ExecEvent{Error: err.Error()})
+			stream.Final(failedEvent(err))
 			return
 		}
 		stream.Final(*ev)

@@ -92,14 +92,19 @@ func (s *Service) vmError(v *vm, err error) error {
 	r := s.snapshot(v)
 	var se *apiclient.StatusError
 	isStatus := errors.As(err, &se)
+	if direct, ok := err.(*apiclient.StatusError); ok {
+		// Without the hint of the process's code: the answer gets its
+		// own code's.
+		err = errors.New(direct.Message)
+	}
 	switch {
 	case isStatus && se.Status == http.StatusRequestEntityTooLarge:
 		return &Error{Status: se.Status, Code: api.CodeTooLarge, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
 	case isStatus && se.Status == http.StatusInsufficientStorage:
 		return &Error{Status: se.Status, Code: api.CodeNoSpace, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
-	case isStatus && se.Status/100 == 4:
+	case isStatus && se.Status/100 == 4 && se.Code != api.CodeInterrupted:
 		return &Error{Status: http.StatusBadRequest, Code: api.CodeRefused, Err: fmt.Errorf("VM %s: %v", r.Label(), err)}
-	case stopping:
+	case stopping, isStatus && se.Code == api.CodeInterrupted:
 		return &Error{Status: http.StatusConflict, Code: api.CodeInterrupted,
 			Err: fmt.Errorf("VM %s was stopped or removed during the call, which ended it: %v", r.Label(), err)}
 	case r.State != api.StateRunning:

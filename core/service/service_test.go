@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/testkit"
 	"github.com/capsem/capsem/core/unixsock"
 	"github.com/capsem/capsem/core/vmrecord"
@@ -386,5 +387,47 @@ func TestStreamedCreateThatFailsAfterAStage(t *testing.T) {
 	records, _ := os.ReadDir(s.reg.Dir)
 	if len(s.List()) != 0 || len(sessions) != 0 || len(records) != 0 {
 		t.Fatalf("a failed start left %d VMs, %d session dirs and %d records", len(s.List()), len(sessions), len(records))
+	}
+}
+
+// vmError says whose a per-VM API failure is, with one hint, its own
+// code's: a call the process says a stop cut off (a stream's failure
+// carries its code) is 409 interrupted, not the guest's refusal; a guest
+// that went away is 503 with the process's reason; a dead process is 503.
+func TestVMErrorSaysWhoseTheFailureIs(t *testing.T) {
+	s := newTestService(t)
+	cut := &apiclient.StatusError{Status: http.StatusConflict, Code: api.CodeInterrupted, Message: "guestctl: control connection closed: the guest closed it"}
+	panicked := &apiclient.StatusError{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Message: "the guest's kernel panicked during the call (Kernel panic - not syncing: x), which stopped the VM"}
+	gone := &apiclient.StatusError{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Message: "guestctl: control connection closed: the guest channel closed"}
+	refused := &apiclient.StatusError{Status: http.StatusUnprocessableEntity, Code: api.CodeRefused, Message: "read /x: no such file or directory"}
+	cases := []struct {
+		name     string
+		state    string
+		stopping bool
+		err      error
+		status   int
+		code     string
+		has      string
+	}{
+		{"a stop the process saw", api.StateRunning, false, cut, 409, api.CodeInterrupted, "VM dev was stopped or removed during the call, which ended it: guestctl"},
+		{"a stop the service asked for", api.StateRunning, true, gone, 409, api.CodeInterrupted, "VM dev was stopped or removed during the call, which ended it: guestctl"},
+		{"the guest's refusal", api.StateRunning, false, refused, 400, api.CodeRefused, "VM dev: read /x: no such file"},
+		{"the guest's panic", api.StateRunning, false, panicked, 503, api.CodeUnavailable, "VM dev: the guest's kernel panicked"},
+		{"the guest's panic, the VM defunct already", api.StateDefunct, false, panicked, 503, api.CodeUnavailable, "VM dev is defunct: the call ended with it: the guest's kernel panicked"},
+		{"a process that died", api.StateRunning, false, errors.New("EOF"), 503, api.CodeUnavailable, "its process stopped answering"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := &vm{rec: &vmrecord.Record{VM: api.VM{ID: "vm-000000000001", Name: "dev", State: tc.state}}, stopping: tc.stopping}
+			err := s.vmError(v, tc.err)
+			if StatusOf(err) != tc.status || CodeOf(err) != tc.code || !strings.Contains(err.Error(), tc.has) {
+				t.Fatalf("%d %s %q, want %d %s saying %q", StatusOf(err), CodeOf(err), err, tc.status, tc.code, tc.has)
+			}
+			// The answer's code gives the hint (apiclient): none of the
+			// process's is left in the message.
+			if strings.Count((&apiclient.StatusError{Code: CodeOf(err), Message: err.Error()}).Error(), " (the ") > 1 {
+				t.Fatalf("more than one hint: %q", err)
+			}
+		})
 	}
 }

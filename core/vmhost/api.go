@@ -51,10 +51,13 @@ func writeError(w http.ResponseWriter, status int, err error) {
 }
 
 // codeOf is the api.Error code of a status this process answers with: a
-// 422 is always the guest's refusal.
+// 422 is always the guest's refusal, a 409 a call the VM's stop cut off.
 func codeOf(status int) string {
-	if status == http.StatusUnprocessableEntity {
+	switch status {
+	case http.StatusUnprocessableEntity:
 		return api.CodeRefused
+	case http.StatusConflict:
+		return api.CodeInterrupted
 	}
 	return api.CodeOf(status)
 }
@@ -125,12 +128,13 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 		}
 		err = v.control().Mkdir(ctx, req.Path, mode, true)
 	}
+	err = v.cutOff(ctx, err)
 	if lerr := v.recordFileOp(ctx, row, err); lerr != nil {
 		writeError(w, http.StatusServiceUnavailable, lerr)
 		return
 	}
 	if err != nil {
-		writeError(w, fileErrorStatus(err), err)
+		writeError(w, guestErrorStatus(err), err)
 		return
 	}
 	if info != nil {
@@ -141,9 +145,12 @@ func (v *VM) handleFile(w http.ResponseWriter, r *http.Request) {
 }
 
 // recordFileOp completes row with err's outcome and commits it before the
-// answer goes out. A row that cannot be committed is the error the caller
-// answers with: the operation may have happened, but nobody is told it
-// worked without a record of it.
+// answer goes out. When the operation worked, a row that cannot be
+// committed is the error the caller answers with: the operation may have
+// happened, but nobody is told it worked without a record of it. A failed
+// operation is answered with its own failure, which says what happened
+// (a call cut off by a stop or a guest panic outlives the ledger, which
+// the VM's stop closes); the row's is only logged.
 func (v *VM) recordFileOp(ctx context.Context, row *ledger.FSEvent, err error) error {
 	row.Outcome = ledger.OutcomeOK
 	if err != nil {
@@ -157,15 +164,22 @@ func (v *VM) recordFileOp(ctx context.Context, row *ledger.FSEvent, err error) e
 		return nil
 	}
 	v.log.Error("fs_events row not written", "operation", row.Operation, "path", row.Path, "err", lerr)
+	if err != nil {
+		return nil
+	}
 	return fmt.Errorf("%s %s: recording it in the ledger failed: %w", row.Operation, row.Path, lerr)
 }
 
-// fileErrorStatus is the status of a failed file operation: the guest's
+// guestErrorStatus is the status of a failed guest call: the guest's
 // refusal (no such file, too large, disk full) is the request's problem;
-// a guest that is gone is the service's.
-func fileErrorStatus(err error) int {
+// a call cut off by a stop is 409 (cutOff); a guest that is gone is the
+// service's.
+func guestErrorStatus(err error) int {
 	var we *guestwire.Error
+	var cut *cutError
 	switch {
+	case errors.As(err, &cut):
+		return cut.status
 	case errors.As(err, &we) && we.Code == guestwire.CodeTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case errors.As(err, &we) && we.Code == guestwire.CodeNoSpace:
@@ -207,13 +221,14 @@ func (v *VM) handleReadContent(w http.ResponseWriter, r *http.Request) {
 	row := &ledger.FSEvent{Operation: "read", Path: path, Direction: ledger.FromGuest, TraceID: q.Get("trace_id")}
 	body := api.NewFileStream(w)
 	_, err := v.control().ReadFileTo(r.Context(), req, body)
+	err = v.cutOff(r.Context(), err)
 	row.Size, row.Digest = body.Bytes(), body.Digest()
 	if lerr := v.recordFileOp(r.Context(), row, err); lerr != nil {
 		body.Fail(http.StatusServiceUnavailable, api.CodeUnavailable, lerr)
 		return
 	}
 	if err != nil {
-		status := fileErrorStatus(err)
+		status := guestErrorStatus(err)
 		body.Fail(status, codeOf(status), err)
 		return
 	}
@@ -250,6 +265,7 @@ func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	body := &hashingReader{r: r.Body, hash: sha256.New(), abandon: func() { rc.SetReadDeadline(time.Now()) }}
 	_, err := v.control().WriteFileFrom(r.Context(), &guestwire.FileRequest{Path: path, Mode: mode, Parents: true, MaxSize: api.MaxFileBytes}, body)
+	err = v.cutOff(r.Context(), err)
 	row.Size, row.Digest = body.n, hex.EncodeToString(body.hash.Sum(nil))
 	if lerr := v.recordFileOp(r.Context(), row, err); lerr != nil {
 		writeError(w, http.StatusServiceUnavailable, lerr)
@@ -257,7 +273,7 @@ func (v *VM) handleWriteContent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeError(w, fileErrorStatus(err), err)
+		writeError(w, guestErrorStatus(err), err)
 		httpserve.Linger(w, r)
 		return
 	}

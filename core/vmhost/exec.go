@@ -58,7 +58,7 @@ func (p *previewWriter) String() string {
 // does not run. Cancelling ctx kills the guest command.
 func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.Writer) api.ExecEvent {
 	if why := v.unresponsive(); why != "" {
-		return api.ExecEvent{Error: fmt.Sprintf("the guest does not answer (%s); commands run again as soon as it does", why)}
+		return api.ExecEvent{Error: fmt.Sprintf("the guest does not answer (%s); commands run again as soon as it does", why), Code: api.CodeUnavailable}
 	}
 	command := req.Command
 	if command == "" {
@@ -69,7 +69,7 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 	// leave the row pending for a command that never ran.
 	if err := v.ledger.Write(context.WithoutCancel(ctx), row); err != nil {
 		v.log.Error("exec_events row not written; the command does not run", "err", err)
-		return api.ExecEvent{Error: fmt.Sprintf("the command was not run: recording it in the ledger failed: %v", err)}
+		return api.ExecEvent{Error: fmt.Sprintf("the command was not run: recording it in the ledger failed: %v", err), Code: api.CodeUnavailable}
 	}
 	out, errOut := &previewWriter{w: stdout}, &previewWriter{w: stderr}
 	start := time.Now()
@@ -79,7 +79,8 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 	row.StdoutPreview, row.StderrPreview = out.String(), errOut.String()
 	final := api.ExecEvent{Done: true}
 	if err != nil {
-		final = api.ExecEvent{Error: err.Error()}
+		err = v.cutOff(ctx, err)
+		final = api.ExecEvent{Error: err.Error(), Code: codeOf(guestErrorStatus(err))}
 		row.StderrPreview = "exec failed: " + err.Error()
 	} else {
 		final.ExitCode, final.Signal, final.TimedOut = res.ExitCode, res.Signal, res.TimedOut

@@ -79,6 +79,19 @@ func checkChannelServes(ctx context.Context, t *testing.T, v *vmProc, when strin
 	}
 }
 
+// installChanflood puts the guest attack tool (testdata/chanflood) at
+// /tmp/chanflood in v's guest.
+func installChanflood(ctx context.Context, t *testing.T, v *vmProc) {
+	t.Helper()
+	bin, err := os.ReadFile(testkit.GuestProgram(t, "./testdata/chanflood", "chanflood"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.client.WriteFile(ctx, "/tmp/chanflood", bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestHostileGuestChannelStreams: root in the guest takes PID 1's channel
 // descriptor (pidfd_getfd) and opens 30,000 bare multiplexer streams behind
 // the agent's back (testdata/chanflood): without a header, stalled in it,
@@ -90,13 +103,7 @@ func TestHostileGuestChannelStreams(t *testing.T) {
 	defer v.stop(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	bin, err := os.ReadFile(testkit.GuestProgram(t, "./testdata/chanflood", "chanflood"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.client.WriteFile(ctx, "/tmp/chanflood", bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	installChanflood(ctx, t, v)
 	checkChannelServes(ctx, t, v, "before the attack")
 	resetHWM(t, v.info.PID)
 	hwm0, log0 := vmHWM(t, v.info.PID), fileSize(t, v.log)
@@ -163,13 +170,7 @@ func TestHostileGuestWorkspaceMessages(t *testing.T) {
 	defer v.stop(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	bin, err := os.ReadFile(testkit.GuestProgram(t, "./testdata/chanflood", "chanflood"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := v.client.WriteFile(ctx, "/tmp/chanflood", bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	installChanflood(ctx, t, v)
 	o := v.exec(ctx, &api.ExecRequest{Command: "dd if=/dev/urandom of=/root/workspace/probe bs=1M count=4 2>/dev/null && sha256sum /root/workspace/probe"})
 	if o.err != nil || o.ev.ExitCode != 0 {
 		t.Fatalf("the workspace before the attack: %v %+v %s", o.err, o.ev, o.stderr.String())
@@ -177,6 +178,11 @@ func TestHostileGuestWorkspaceMessages(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(paths.Session{Dir: v.sessionDir}.Workspace(), "probe"))
 	if err != nil || !strings.HasPrefix(o.stdout.String(), fmt.Sprintf("%x", sha256.Sum256(b))) {
 		t.Fatalf("the guest's file on the host: %v; the guest says %s", err, o.stdout.String())
+	}
+	// The workspace's opening is one line, its server's, with the usage
+	// and the bound.
+	if boot, err := os.ReadFile(v.log); err != nil || strings.Count(string(boot), `"limit_bytes"`) != 1 {
+		t.Errorf("want one line with the workspace's bound in process.log (%v):\n%s", err, boot)
 	}
 	resetHWM(t, v.info.PID)
 	hwm0, log0 := vmHWM(t, v.info.PID), fileSize(t, v.log)

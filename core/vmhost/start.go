@@ -264,6 +264,7 @@ func (v *VM) startGuest(ctx context.Context, spec vmm.Spec, plan bootPlan) (save
 		hook = &wakeHook{v: v, saver: m.(vmm.StateSaver), plan: plan, checked: checked}
 		m.(vmm.ChannelHooker).SetBeforeChannel(hook.run)
 	}
+	v.consoleStart = consoleSize(spec.ConsoleLog)
 	if err := m.Start(ctx); err != nil {
 		return false, fmt.Errorf("starting the VM: %w", err)
 	}

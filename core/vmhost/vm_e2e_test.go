@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -367,6 +368,11 @@ func TestKillingQEMUFailsTheExecAtOnce(t *testing.T) {
 	case o := <-done:
 		if o.err == nil {
 			t.Fatalf("exec survived QEMU's death: %+v", o.ev)
+		}
+		// It says what happened, with the code a guest that is gone has.
+		var se *apiclient.StatusError
+		if !errors.As(o.err, &se) || se.Code != api.CodeUnavailable || !strings.Contains(se.Message, "QEMU exited during the call") {
+			t.Fatalf("exec when QEMU died: %v", o.err)
 		}
 		if d := time.Since(killed); d > time.Second {
 			t.Fatalf("exec failed %v after QEMU died, want < 1s", d)

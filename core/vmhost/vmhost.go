@@ -107,10 +107,14 @@ type VM struct {
 	// once Boot succeeded).
 	endLife context.CancelFunc
 	// lost is closed, with lostErr set, when the guest can no longer be
-	// reached at all (its channel closed): the VM is then stopped.
+	// reached at all (its channel closed, or QEMU exited unasked): the VM
+	// is then stopped.
 	lostOnce sync.Once
 	lost     chan struct{}
 	lostErr  error
+	// consoleStart is the console log's size when the machine started:
+	// what follows is this boot's output (consolePanic).
+	consoleStart int64
 }
 
 // Boot prepares assets, starts the VM and waits for the guest agent; the
@@ -442,6 +446,9 @@ func (v *VM) ServeAPI(ctx context.Context, sock string, listening func()) error 
 		if !v.stopping.Load() {
 			exitErr = errors.New("the VM exited unexpectedly")
 			v.log.Error("the VM exited", "err", v.machine.Wait())
+			// Before the stop: calls cut off meanwhile tell the guest's
+			// going away from a stop asked for (cutOff).
+			v.loseGuest(exitErr)
 		}
 	case <-v.lost:
 		exitErr = v.lostErr

@@ -30,13 +30,12 @@ func openWorkspace(ctx context.Context, v *VM, dir string) (*workspace, error) {
 		mib = DefaultWorkspaceMiB
 	}
 	// What the guest can make the server log (refusals, bad messages) is
-	// rate-limited.
+	// rate-limited. The server logs what it found ("workspacefs: opened",
+	// with the usage and the bound).
 	fs, err := workspacefs.Open(ctx, dir, workspacefs.Limits{Bytes: int64(mib) << 20}, logs.Limited(v.log, logs.LimitBurst, logs.LimitInterval))
 	if err != nil {
 		return nil, fmt.Errorf("the workspace %s: %w", dir, err)
 	}
-	u := fs.Usage()
-	v.log.Info("workspace", "path", dir, "used_bytes", u.Bytes, "limit_bytes", u.Limits.Bytes, "files", u.Inodes, "files_limit", u.Limits.Inodes)
 	return &workspace{fs: fs}, nil
 }
 

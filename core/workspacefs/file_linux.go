@@ -80,6 +80,9 @@ func validName(name string) error {
 	return nil
 }
 
+// qidType is the QID type of a file whose mode's type bits (st_mode &
+// S_IFMT) are typ; a directory entry's d_type is typ >> 12 (IFTODT in
+// <dirent.h>).
 func qidType(typ uint32) p9.QIDType {
 	switch typ {
 	case unix.S_IFDIR:
@@ -795,7 +798,7 @@ func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
 			dOff := binary.NativeEndian.Uint64(b[8:16])
 			dtype := b[18]
 			out = append(out, p9.Dirent{
-				QID:    p9.QID{Type: direntQIDType(dtype), Path: f.fs.qidPath(f.dev, ino)},
+				QID:    p9.QID{Type: qidType(uint32(dtype) << 12), Path: f.fs.qidPath(f.dev, ino)},
 				Offset: dOff,
 				Type:   p9.QIDType(dtype), // the Linux client reads d_type here
 				Name:   name,
@@ -805,16 +808,6 @@ func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
 			b = b[reclen:]
 		}
 	}
-}
-
-func direntQIDType(dtype uint8) p9.QIDType {
-	switch dtype {
-	case unix.DT_DIR:
-		return p9.TypeDir
-	case unix.DT_LNK:
-		return p9.TypeSymlink
-	}
-	return p9.TypeRegular
 }
 
 // Readlink implements p9.File.Readlink.

@@ -890,3 +890,40 @@ func TestCloseRefusesServe(t *testing.T) {
 		t.Fatal("Serve after Close")
 	}
 }
+
+// A directory's entries carry the QIDs a walk to them gives (type and
+// path), so the guest's kernel sees one file, not two.
+func TestReaddirQIDsAreTheWalksQIDs(t *testing.T) {
+	fs, root := testFS(t, Limits{})
+	os.WriteFile(filepath.Join(root, "file"), []byte("x"), 0o644)
+	os.Mkdir(filepath.Join(root, "dir"), 0o755)
+	os.Symlink("file", filepath.Join(root, "link"))
+	_, r := attach(t, fs)
+	d := walk(t, r)
+	if _, _, err := d.Open(p9.ReadOnly); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := d.Readdir(0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]p9.QIDType{"file": p9.TypeRegular, "dir": p9.TypeDir, "link": p9.TypeSymlink}
+	for _, e := range ents {
+		typ, ok := want[e.Name]
+		if !ok {
+			continue
+		}
+		delete(want, e.Name)
+		qids, f, err := r.Walk([]string{e.Name})
+		if err != nil || len(qids) != 1 {
+			t.Fatalf("walk %s: %v %v", e.Name, qids, err)
+		}
+		f.Close()
+		if e.QID.Type != typ || e.QID != qids[0] {
+			t.Errorf("%s: readdir QID %+v, walk QID %+v, want type %v", e.Name, e.QID, qids[0], typ)
+		}
+	}
+	if len(want) > 0 {
+		t.Fatalf("not in readdir: %v", want)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,8 +30,10 @@ import (
 // fs_events row with its digest, a write cut short or refused by a full
 // disk leaves the old file, a guest that runs out of memory loses the
 // greedy command and not PID 1, a command is in the ledger while it runs
-// and after its VM's process is killed, and a call cut off by a stop is
-// 409 interrupted, not a 400.
+// and after its VM's process is killed, and a call cut off by a stop or
+// a removal is 409 interrupted, not a 400, and one cut off by a guest
+// kernel panic is 503 unavailable, naming the panic, with the VM defunct
+// (the CLI, capsem mcp and the service's API each say so).
 func TestFilesAndCommandsUnderAttack(t *testing.T) {
 	env, runDir := testkit.ServiceEnv(t)
 	testkit.GuestBinary(t)
@@ -38,6 +41,7 @@ func TestFilesAndCommandsUnderAttack(t *testing.T) {
 	ctx := context.Background()
 	c.must("create", "dev", "--ram-mb", "512", "--cpus", "1", "--disk-gb", "1")
 	svc := apiclient.NewServiceClient(filepath.Join(runDir, "service.sock"), nil)
+	agent := startMCP(t, env)
 
 	// A 60 MB file of random bytes in the guest, and its digest there.
 	c.must("exec", "dev", "--", "sh", "-c", "head -c 62914560 /dev/urandom > /root/big")
@@ -193,6 +197,42 @@ func TestFilesAndCommandsUnderAttack(t *testing.T) {
 		c.must("resume", "dev")
 	})
 
+	t.Run("a guest panic mid-call is 503 unavailable and leaves the VM defunct", func(t *testing.T) {
+		vm, err := svc.Info(ctx, "dev")
+		if err != nil || vm.Process == nil {
+			t.Fatalf("info: %+v %v", vm, err)
+		}
+		calls := startCutCalls(t, c, agent, svc, "panic")
+		_, errOut, code := c.run("exec", "dev", "--", "sh", "-c", "echo c > /proc/sysrq-trigger")
+		const panicked = "the guest's kernel panicked during the call (Kernel panic - not syncing: sysrq triggered crash), which stopped the VM"
+		if code == 0 || !strings.Contains(errOut, panicked) {
+			t.Errorf("the command that panicked the guest: exit %d %q", code, errOut)
+		}
+		calls.check(t, http.StatusServiceUnavailable, api.CodeUnavailable, panicked, "capsem logs shows its last output")
+		// Not half alive: the VM is defunct, its processes are gone, and
+		// a call says so.
+		deadline := time.Now().Add(30 * time.Second)
+		for state(t, c, "dev") != api.StateDefunct {
+			if time.Now().After(deadline) {
+				t.Fatalf("the VM whose guest panicked is %q, not defunct", state(t, c, "dev"))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if left := testkit.VMProcesses(runDir); len(left) > 0 {
+			t.Errorf("the VM's process outlived its guest's panic: %v", left)
+		}
+		if err := syscall.Kill(vm.Process.QEMUPID, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("QEMU (pid %d) outlived its guest's panic: %v", vm.Process.QEMUPID, err)
+		}
+		if _, errOut, code := c.run("exec", "dev", "--", "true"); code == 0 || !strings.Contains(errOut, "defunct") {
+			t.Errorf("exec on the VM whose guest panicked: exit %d %q", code, errOut)
+		}
+		c.must("resume", "dev")
+		if out := c.must("exec", "dev", "--", "echo", "back"); out != "back\n" {
+			t.Fatalf("after the resume: %q", out)
+		}
+	})
+
 	t.Run("a running command is in the ledger, and stays there when its process dies", func(t *testing.T) {
 		cmdDone := make(chan string, 1)
 		go func() {
@@ -239,6 +279,137 @@ func TestFilesAndCommandsUnderAttack(t *testing.T) {
 			t.Fatalf("after the process died, the command's row is %v, want pending", r)
 		}
 	})
+
+	t.Run("a call cut off by a removal is 409 interrupted", func(t *testing.T) {
+		if state(t, c, "dev") != api.StateRunning {
+			c.must("resume", "dev") // the last subtest killed its process
+		}
+		calls := startCutCalls(t, c, agent, svc, "removal")
+		c.must("rm", "dev")
+		calls.check(t, http.StatusConflict, api.CodeInterrupted, "VM dev was stopped or removed during the call", "run it again once the VM runs")
+	})
+}
+
+// state is a VM's state as capsem info tells it.
+func state(t *testing.T, c capsemCLI, vm string) string {
+	t.Helper()
+	var v api.VM
+	if err := json.Unmarshal([]byte(c.must("info", vm, "--json")), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v.State
+}
+
+// cutCalls are calls in flight in VM dev, each through a client of its
+// own, for a stop, a removal or a guest panic to cut off: a command
+// through the CLI (its streamed exec), one through capsem mcp's
+// capsem_exec, one through the service's JSON exec, and a streamed read
+// of a 60 MB file that its reader slows to last far longer than the test.
+type cutCalls struct {
+	cli   chan string // exit status and stderr
+	agent chan string // the tool error
+	exec  chan error
+	read  chan error
+}
+
+// startCutCalls starts the calls (label tells their commands apart in the
+// ledger) and returns once each is under way in the guest.
+func startCutCalls(t *testing.T, c capsemCLI, agent capsemMCP, svc *apiclient.ServiceClient, label string) *cutCalls {
+	t.Helper()
+	ctx := context.Background()
+	cc := &cutCalls{cli: make(chan string, 1), agent: make(chan string, 1), exec: make(chan error, 1), read: make(chan error, 1)}
+	cliCmd, agentCmd, execCmd := "sleep 60 # cli "+label, "sleep 60 # mcp "+label, "sleep 60 # api "+label
+	// Its own file, sparse: the guest kernel's panic and the process's
+	// SIGKILL of the subtests before lose whatever the guest did not sync.
+	c.must("exec", "dev", "--", "truncate", "-s", "60000000", "/root/cut")
+	go func() {
+		_, errOut, code := c.run("exec", "dev", "--", "sh", "-c", cliCmd)
+		cc.cli <- fmt.Sprintf("exit %d: %s", code, errOut)
+	}()
+	go func() { cc.agent <- agent.call("capsem_exec", map[string]any{"id": "dev", "command": agentCmd}, nil) }()
+	go func() {
+		_, err := svc.Exec(ctx, "dev", api.ExecRequest{Command: execCmd})
+		cc.exec <- err
+	}()
+	reading := make(chan struct{})
+	go func() {
+		_, _, err := svc.ReadFileTo(ctx, "dev", "/root/cut", false, &slowWriter{first: reading})
+		cc.read <- err
+	}()
+	select {
+	case <-reading:
+	case err := <-cc.read:
+		t.Fatalf("the read ended before it was cut off: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the read sent nothing")
+	}
+	sql := fmt.Sprintf("SELECT COUNT(*) FROM exec_events WHERE pending = 1 AND command IN ('sh -c %s', '%s', '%s')", cliCmd, agentCmd, execCmd)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := svc.Inspect(ctx, "dev", api.InspectRequest{SQL: sql})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Rows[0][0] == float64(3) {
+			return cc
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v of the 3 commands run after 30 s", res.Rows[0][0])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// check waits for every call's end and checks each says what cut it off
+// (why), the clients with the hint the code gives (hint), and the
+// service's API with status and code.
+func (cc *cutCalls) check(t *testing.T, status int, code, why, hint string) {
+	t.Helper()
+	wait := func(what string, c <-chan error) error {
+		select {
+		case err := <-c:
+			return err
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: no answer a minute after it was cut off", what)
+			return nil
+		}
+	}
+	for what, c := range map[string]chan error{"the JSON exec": cc.exec, "the streamed read": cc.read} {
+		err := wait(what, c)
+		var se *apiclient.StatusError
+		if !errors.As(err, &se) || se.Status != status || se.Code != code || !strings.Contains(se.Message, why) {
+			t.Errorf("%s: %v, want %d %s saying %q", what, err, status, code, why)
+		}
+	}
+	for what, c := range map[string]chan string{"capsem exec": cc.cli, "capsem mcp's capsem_exec": cc.agent} {
+		var msg string
+		select {
+		case msg = <-c:
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: no answer a minute after it was cut off", what)
+		}
+		if !strings.Contains(msg, why) || !strings.Contains(msg, hint) || strings.HasPrefix(msg, "exit 0:") {
+			t.Errorf("%s said %q, want it to fail saying %q and %q", what, msg, why, hint)
+		}
+		t.Logf("%s said: %s", what, msg)
+	}
+}
+
+// slowWriter takes 1 MiB a second (first is closed at its first write):
+// a 60 MB transfer into it stays in flight for a minute, and never waits
+// on it for long.
+type slowWriter struct {
+	first   chan struct{}
+	started bool
+}
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	if !w.started {
+		w.started = true
+		close(w.first)
+	}
+	time.Sleep(time.Duration(len(p)) * time.Second / (1 << 20))
+	return len(p), nil
 }
 
 type failingReader struct{}

@@ -8,19 +8,34 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/hostmcp"
 	"github.com/capsem/capsem/core/testkit"
 )
 
 // TestStalledGuestComesBack stalls a VM's guest past its heartbeat, as a
 // fork bomb or a loaded host does: QEMU is stopped (SIGSTOP) until the
-// service lists the VM as unresponsive, with the reason in capsem info,
-// and commands are refused meanwhile. Once QEMU runs again (SIGCONT) the
-// agent connects again and the VM runs commands, with no stop and resume.
+// service lists the VM as unresponsive, with the reason in capsem info
+// and in capsem mcp's capsem_info and capsem_list, and commands are
+// refused meanwhile, saying why, at the CLI and to an agent. Once QEMU
+// runs again (SIGCONT) the agent connects again and the VM runs
+// commands, with no stop and resume.
 func TestStalledGuestComesBack(t *testing.T) {
 	env, _ := testkit.ServiceEnv(t)
 	testkit.GuestBinary(t)
 	c := capsemCLI{t: t, env: env}
 	c.must("create", "stall", "--ram-mb", "512", "--cpus", "1")
+	agent := startMCP(t, env)
+	mcpInfo := func() hostmcp.VMOut {
+		t.Helper()
+		var vm hostmcp.VMOut
+		if msg := agent.call("capsem_info", map[string]any{"id": "stall"}, &vm); msg != "" {
+			t.Fatalf("capsem_info: %s", msg)
+		}
+		return vm
+	}
+	if vm := mcpInfo(); vm.State != api.StateRunning || vm.StateReason != "" {
+		t.Fatalf("capsem_info before the stall: %+v", vm)
+	}
 	t.Cleanup(func() { c.run("rm", "stall") })
 	if out := c.must("exec", "stall", "--", "echo", "before"); out != "before\n" {
 		t.Fatalf("exec before the stall: %q", out)
@@ -77,6 +92,17 @@ func TestStalledGuestComesBack(t *testing.T) {
 	if _, errOut, code := c.run("exec", "stall", "--", "true"); code == 0 || !strings.Contains(errOut, "does not answer") {
 		t.Fatalf("exec on the stalled VM: exit %d %q", code, errOut)
 	}
+	// An agent sees the same, through the real capsem mcp.
+	if vm := mcpInfo(); vm.State != api.StateUnresponsive || !strings.Contains(vm.StateReason, "heartbeat") {
+		t.Fatalf("capsem_info of the stalled VM: %+v", vm)
+	}
+	var all hostmcp.ListOut
+	if msg := agent.call("capsem_list", map[string]any{}, &all); msg != "" || len(all.VMs) != 1 || all.VMs[0].State != api.StateUnresponsive {
+		t.Fatalf("capsem_list of the stalled VM: %+v %s", all, msg)
+	}
+	if msg := agent.call("capsem_exec", map[string]any{"id": "stall", "command": "true"}, nil); !strings.Contains(msg, "does not answer") {
+		t.Fatalf("capsem_exec on the stalled VM: %q, want a tool error saying the guest does not answer", msg)
+	}
 
 	resume()
 	back := time.Now()
@@ -94,6 +120,9 @@ func TestStalledGuestComesBack(t *testing.T) {
 	t.Logf("a command ran again %v after the guest did", time.Since(back).Round(time.Second))
 	if state := listed(); state != api.StateRunning {
 		t.Fatalf("listed %q after the guest came back", state)
+	}
+	if vm := mcpInfo(); vm.State != api.StateRunning || vm.StateReason != "" {
+		t.Fatalf("capsem_info after the guest came back: %+v", vm)
 	}
 	if out := c.must("exec", "stall", "--", "cat", "/proc/1/comm"); strings.TrimSpace(out) == "" {
 		t.Fatal("no PID 1 after the stall")
