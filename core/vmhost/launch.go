@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/capsem/capsem/vmm"
 	"io"
 	"os"
 	"os/exec"
@@ -38,6 +39,7 @@ type ProcessConfig struct {
 	WorkspaceMiB int    `name:"workspace-mib" default:"0" help:"Bound on what the workspace may take on the host, in MiB (0: 16384); the guest gets ENOSPC at it."`
 	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
 	NoNetwork    bool   `name:"no-network" help:"Give the VM no network interface at all (by default it has one, behind the [net] policy)."`
+	NetMTU       int    `name:"net-mtu" default:"0" help:"MTU of the VM's network interface (0: 65520, the fastest over QEMU's stream; 1280..65520)."`
 	// NetLoopbackOnly is a test's world: only loopback destinations.
 	NetLoopbackOnly bool   `name:"net-loopback-only" hidden:"" help:"Let the VM's network dial loopback addresses only; every other dial is refused and logged."`
 	NoBootState     bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
@@ -60,6 +62,8 @@ func (c ProcessConfig) Check() error {
 		return errors.New("no session directory")
 	case c.Socket == "":
 		return errors.New("no API socket")
+	case c.NetMTU != 0 && (c.NetMTU < vmm.MinMTU || c.NetMTU > vmm.MaxMTU):
+		return fmt.Errorf("net MTU %d: want 0 (the default) or %d to %d", c.NetMTU, vmm.MinMTU, vmm.MaxMTU)
 	}
 	return Resources{CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, DiskGiB: c.DiskGiB, WorkspaceMiB: c.WorkspaceMiB}.Check()
 }

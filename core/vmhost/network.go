@@ -55,6 +55,7 @@ func openNetwork(v *VM) (*network, error) {
 		Resolver: net.DefaultResolver,
 		Dialer:   dialer,
 		Recorder: ledgerRecorder{v: v},
+		MTU:      v.opts.NetMTU,
 		// What the guest can make the stack log is rate-limited.
 		Logger: logs.Limited(v.log, logs.LimitBurst, logs.LimitInterval),
 	})

@@ -72,6 +72,8 @@ type Options struct {
 	WorkspaceMiB int
 	// NoNetwork gives the VM no NIC at all.
 	NoNetwork bool
+	// NetMTU is the NIC's MTU (0: the backend's default).
+	NetMTU int
 	// NetLoopbackOnly lets the VM's network dial loopback addresses only
 	// (tests: every other dial is refused and logged).
 	NetLoopbackOnly bool
@@ -291,7 +293,7 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		if v.net, err = openNetwork(v); err != nil {
 			return vmm.Spec{}, false, err
 		}
-		nic = &vmm.Network{MAC: guestwire.NetGuestMAC}
+		nic = &vmm.Network{MAC: guestwire.NetGuestMAC, MTU: o.NetMTU}
 		storageArgs += networkCmdline
 	}
 	spec := vmm.Spec{

@@ -150,6 +150,9 @@ func vmBench(capsem string, runs int) error {
 	if err := warmVM(capsem, home, guest); err != nil {
 		return err
 	}
+	if err := netBench(capsem, home, guest, runs); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
 	return serviceBench(capsem, home, guest, assets.Dir, runs)
 }
 
