@@ -302,3 +302,81 @@ func dump(db *sql.DB, table string) string {
 }
 
 var _ = api.ExecRequest{}
+
+// TestHostileGuestNetworkFlood: root in the guest opens 10,000 silent
+// connections at once to an allowed name's address and floods the
+// resolver with 20,000 queries for names the policy refuses
+// (testdata/netflood). Past its bounds the guest gets refusals; the per-VM
+// process's memory grows by a bounded amount and its log by a few lines;
+// the VM's network still works afterwards, and another VM is unaffected
+// meanwhile.
+func TestHostileGuestNetworkFlood(t *testing.T) {
+	w := newNetWorld(t)
+	cfg := filepath.Join(t.TempDir(), "net.toml")
+	if err := os.WriteFile(cfg, []byte(w.policy(false)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := startVM(t, "netflood", func(c *vmhost.ProcessConfig) { c.Config = cfg; c.NetLoopbackOnly = true })
+	defer v.stop(t)
+	other := sharedVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	bin, err := os.ReadFile(testkit.GuestProgram(t, "./testdata/netflood", "netflood"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.client.WriteFile(ctx, "/tmp/netflood", bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, silentPort, _ := net.SplitHostPort(w.silent.Addr().String())
+	out, _, code := v.guestRun(t, "nslookup silent.test | awk '/^Address: 198/{print $2}'")
+	addr := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(addr, "198.18.") {
+		t.Fatalf("silent.test resolved to %q (%d)", addr, code)
+	}
+	resetHWM(t, v.info.PID)
+	hwm0, log0 := vmHWM(t, v.info.PID), fileSize(t, v.log)
+
+	// Another VM works while this one floods.
+	otherDone := make(chan string, 1)
+	go func() {
+		time.Sleep(2 * time.Second)
+		o := other.exec(ctx, &api.ExecRequest{Command: "capsem-doctor -k net"})
+		otherDone <- o.stdout.String() + o.stderr.String()
+	}()
+	flood := v.exec(ctx, &api.ExecRequest{Command: "/tmp/netflood -conns 10000 -addr " + addr + ":" + silentPort + " -hold 3s -dns 20000 -suffix evil.test"})
+	if flood.err != nil || flood.ev.ExitCode != 0 {
+		t.Fatalf("netflood: %v\n%s\n%s", flood.err, flood.stdout.String(), flood.stderr.String())
+	}
+	res := flood.stdout.String()
+	t.Logf("netflood: %s", res)
+	var established, refused, otherErr, sent, answered int
+	fmt.Sscanf(res[strings.Index(res, "conns "):], "conns established=%d refused=%d other=%d", &established, &refused, &otherErr)
+	fmt.Sscanf(res[strings.Index(res, "dns "):], "dns sent=%d answered=%d", &sent, &answered)
+	if established > 1024 || refused == 0 {
+		t.Errorf("%d connections held at once, %d refused: the flow bound (1,024) did not hold", established, refused)
+	}
+	if sent != 20000 || answered == 0 {
+		t.Errorf("DNS flood: %d sent, %d answered", sent, answered)
+	}
+	if n := w.silentAccept.Load(); n != 0 {
+		t.Errorf("the host dialled %d silent connections", n)
+	}
+	growth := vmHWM(t, v.info.PID) - hwm0
+	logGrowth := fileSize(t, v.log) - log0
+	t.Logf("per-VM process peak RSS +%d MiB, process.log +%d KiB", growth>>20, logGrowth>>10)
+	if growth > 128<<20 {
+		t.Errorf("the per-VM process grew by %d MiB under the flood; the bound is 128 MiB", growth>>20)
+	}
+	if logGrowth > 256<<10 {
+		t.Errorf("process.log grew by %d KiB under the flood", logGrowth>>10)
+	}
+	if got := <-otherDone; !strings.Contains(got, "RESULT: PASS") {
+		t.Errorf("another VM's network during the flood:\n%s", got)
+	}
+	// The flooded VM's own network still serves.
+	out, errOut, code := v.guestRun(t, "wget -q -O - http://web.test:"+port(w.web)+"/after")
+	if code != 0 || !strings.Contains(out, "hello from web.test") {
+		t.Errorf("after the flood (%d): %s%s", code, out, errOut)
+	}
+}
