@@ -59,7 +59,11 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 		return true
 	}
 	c := gonet.NewUDPConn(&wq, ep)
-	s.wg.Add(1)
+	if !s.track() {
+		c.Close()
+		<-s.dns
+		return true
+	}
 	go func() {
 		defer s.wg.Done()
 		defer func() { <-s.dns }()
@@ -101,7 +105,9 @@ func (s *Stack) serveDNSOverTCP(r *tcp.ForwarderRequest) {
 	}
 	r.Complete(false)
 	c := gonet.NewTCPConn(&wq, ep)
-	defer c.Close()
+	// Reset, not closed gracefully: a guest that never acknowledges our
+	// FIN would keep the endpoint long after its flow ended.
+	defer func() { ep.Abort(); c.Close() }()
 	stop := context.AfterFunc(s.ctx, func() { c.Close() })
 	defer stop()
 	server := addrOf(id.LocalAddress)
@@ -208,6 +214,14 @@ func (s *Stack) resolve(q *dns.Msg) (*dns.Msg, DNSEvent) {
 		return reply, ev
 	}
 	ev.Name = name
+	if _, err := netip.ParseAddr(name); err == nil {
+		// An address is not a name: the resolver would hand it back as
+		// its own answer, pinning any address to itself. Connections to
+		// an address are decided by the policy's address entries.
+		reply.SetRcode(q, dns.RcodeNameError)
+		ev.Rule, ev.Reason = RuleAddressName, name+" is an address, not a name"
+		return reply, ev
+	}
 	pol := s.policy()
 	v := pol.Name(name)
 	ev.Verdict = v
@@ -271,7 +285,9 @@ func (s *Stack) lookup(pol Policy, name string) ([]netip.Addr, error) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Limits.LookupTimeout)
 	defer cancel()
-	addrs, err := s.cfg.Resolver.LookupNetIP(ctx, "ip4", name)
+	// Rooted: the host's search domains must not turn the guest's name
+	// into another one.
+	addrs, err := s.cfg.Resolver.LookupNetIP(ctx, "ip4", name+".")
 	for i := range addrs {
 		addrs[i] = addrs[i].Unmap()
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,20 +59,26 @@ const (
 	RuleNoName       = "no-name"         // no SNI or Host in the first flight
 	RulePrivate      = "private-address" // not public, and the name may not be private
 	RuleFlowLimit    = "flow-limit"
+	RuleAddressName  = "address-as-name" // an IP address where a name belongs
+	RuleECH          = "encrypted-client-hello"
 )
 
 func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	dst := netip.AddrPortFrom(addrOf(id.LocalAddress), id.LocalPort)
 	start := time.Now()
+	if !s.track() {
+		r.Complete(true)
+		return
+	}
 	select {
 	case s.flows <- struct{}{}:
 	default:
+		s.wg.Done()
 		r.Complete(true)
 		s.overLimit("flows", &s.overFlows)
 		return
 	}
-	s.wg.Add(1)
 	defer func() {
 		<-s.flows
 		s.wg.Done()
@@ -187,6 +194,11 @@ func (s *Stack) readFirstFlight(c net.Conn) ([]byte, firstFlight, error) {
 			}
 			return nil, ff, errNotTLSOrHTTP
 		}
+		if req.URL.Host != "" || req.Method == http.MethodConnect {
+			// A proxy's request form names its target apart from the
+			// Host header: only origin-form requests are decided.
+			return nil, ff, errors.New("an HTTP request in proxy form (absolute URL or CONNECT): the guest's network is not a proxy")
+		}
 		ff.method, ff.path = req.Method, req.URL.Path
 		host := req.Host
 		if h, _, err := net.SplitHostPort(host); err == nil {
@@ -243,13 +255,19 @@ func errOrDeadline(err error) error {
 
 var errHelloRead = errors.New("stop after the ClientHello")
 
+// extensionECH is TLS's encrypted_client_hello extension.
+const extensionECH = 0xfe0d
+
+var errECH = errors.New("the TLS ClientHello encrypts its real server name (ECH), so the name it shows decides nothing")
+
 // clientHelloServerName reads a TLS ClientHello from br (it may span
 // records and segments: crypto/tls assembles it) and returns its SNI.
 func clientHelloServerName(br *bufio.Reader) (string, error) {
 	var name string
 	var seen bool
+	var ech bool
 	cfg := &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		name, seen = h.ServerName, true
+		name, seen, ech = h.ServerName, true, slices.Contains(h.Extensions, extensionECH)
 		return nil, errHelloRead
 	}}
 	err := tls.Server(readOnlyConn{br}, cfg).Handshake()
@@ -261,6 +279,11 @@ func clientHelloServerName(br *bufio.Reader) (string, error) {
 	}
 	if name == "" {
 		return "", errors.New("the TLS ClientHello has no server name (SNI)")
+	}
+	if ech {
+		// The name that decides would be the outer one, and the real
+		// destination hidden: refused.
+		return "", errECH
 	}
 	return name, nil
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"sync/atomic"
+
+	"github.com/capsem/capsem/core/guestwire"
 )
 
 // Ethernet frame bounds on the link: a header of 14 bytes, and at most the
@@ -15,12 +17,32 @@ const (
 	frameSlack   = ethHeaderLen + 4
 )
 
+// guestMAC is the only source address a frame from the guest may carry:
+// the switch learns every source it sees and never forgets one, so frames
+// from made-up addresses would grow its table without bound.
+var guestMAC = func() [6]byte {
+	hw, err := net.ParseMAC(guestwire.NetGuestMAC)
+	if err != nil || len(hw) != 6 {
+		panic("guestwire.NetGuestMAC is not a MAC address")
+	}
+	return [6]byte(hw)
+}()
+
+// validFrame reports whether an Ethernet frame from the guest may reach
+// the switch: a whole header, within the link's size, from the guest's
+// own address.
+func validFrame(frame []byte, max int) bool {
+	return len(frame) >= ethHeaderLen && len(frame) <= max && [6]byte(frame[6:12]) == guestMAC
+}
+
 // frameFilter sits between the hypervisor's stream (frames behind a 4-byte
 // big-endian length) and the switch, which trusts what it reads: a frame
-// shorter than an Ethernet header would make it index past the end, and a
-// length of gigabytes would make it allocate that much. Frames out of bounds
-// are skipped and counted, so a hostile guest (or hypervisor) costs the
-// host a counter, not the process. Writes pass through.
+// shorter than an Ethernet header would make it index past the end, a
+// length of gigabytes would make it allocate that much, and every new
+// source address would stay in its table. Frames out of bounds or from
+// another address are skipped and counted, so a hostile guest (or
+// hypervisor) costs the host a counter, not the process. Writes pass
+// through.
 type frameFilter struct {
 	net.Conn
 	max     int    // largest frame accepted
@@ -61,6 +83,30 @@ func (f *frameFilter) next() error {
 	if _, err := io.ReadFull(f.Conn, f.buf[4:4+size]); err != nil {
 		return err
 	}
+	if !validFrame(f.buf[4:4+size], f.max) {
+		f.dropped.Add(1)
+		return nil
+	}
 	f.pending = f.buf[:4+size]
 	return nil
+}
+
+// datagramFilter is frameFilter for a link of one frame per datagram.
+type datagramFilter struct {
+	net.Conn
+	max     int
+	dropped *atomic.Int64
+}
+
+func (f datagramFilter) Read(p []byte) (int, error) {
+	for {
+		n, err := f.Conn.Read(p)
+		if err != nil {
+			return n, err
+		}
+		if validFrame(p[:n], f.max) {
+			return n, nil
+		}
+		f.dropped.Add(1)
+	}
 }

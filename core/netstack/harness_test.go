@@ -69,7 +69,12 @@ func (p *testPolicy) FixedHost(n string) (netip.Addr, bool) {
 type fakeResolver map[string][]netip.Addr
 
 func (r fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	addrs, ok := r[host]
+	rooted, ok := strings.CutSuffix(host, ".")
+	if !ok {
+		// The host's search domains would apply to it.
+		return nil, fmt.Errorf("test resolver: %q is not rooted", host)
+	}
+	addrs, ok := r[rooted]
 	if !ok {
 		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 	}

@@ -3,6 +3,7 @@ package netstack
 import (
 	"context"
 	"encoding/binary"
+	"io"
 	"net"
 	"runtime"
 	"testing"
@@ -100,23 +101,31 @@ func TestHostileFrames(t *testing.T) {
 	in, out := net.Pipe()
 	f.Conn = out
 	go func() {
-		frame := func(size int) []byte {
+		frame := func(size int, src [6]byte) []byte {
 			b := binary.BigEndian.AppendUint32(nil, uint32(size))
-			return append(b, make([]byte, size)...)
+			body := make([]byte, size)
+			if size >= 12 {
+				copy(body[6:12], src[:])
+			}
+			return append(b, body...)
 		}
-		in.Write(frame(0))
-		in.Write(frame(5))
-		in.Write(frame(1500 + frameSlack + 1))
-		in.Write(frame(64))
+		in.Write(frame(0, guestMAC))
+		in.Write(frame(5, guestMAC))
+		in.Write(frame(1500+frameSlack+1, guestMAC))
+		// Made-up source addresses would each stay in the switch's table.
+		for i := range 1000 {
+			in.Write(frame(64, [6]byte{0x02, 0, 0, 0, byte(i >> 8), byte(i)}))
+		}
+		in.Write(frame(64, guestMAC))
 		in.Close()
 	}()
 	buf := make([]byte, 128)
-	n, err := f.Read(buf)
+	n, err := io.ReadFull(f, buf[:4+64])
 	if err != nil || n != 4+64 || binary.BigEndian.Uint32(buf) != 64 {
 		t.Fatalf("read %d bytes (%x), %v; want the 64-byte frame", n, buf[:min(n, 8)], err)
 	}
-	if d := f.dropped.Load(); d != 3 {
-		t.Errorf("%d frames dropped, want 3", d)
+	if d := f.dropped.Load(); d != 1003 {
+		t.Errorf("%d frames dropped, want 1003", d)
 	}
 	if _, err := f.Read(buf); err == nil {
 		t.Error("read past the end of the stream")

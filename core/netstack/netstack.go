@@ -151,6 +151,7 @@ type Stack struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
+	closed  bool // Close began: no new flow or query goroutine
 	filters []*frameFilter
 	// standIn maps the addresses DNS gave the guest in place of ones it
 	// cannot reach as they are (see standIns) to the real ones, and real
@@ -195,6 +196,11 @@ func (s *Stack) standIns(addrs []netip.Addr) []netip.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, a := range addrs {
+		if standInPrefix.Contains(a) {
+			// A real answer in the stand-ins' range would be taken for
+			// a stand-in (and dialled to another address): never given.
+			continue
+		}
 		if !a.IsLoopback() && !guestNet.Contains(a) && !a.IsUnspecified() {
 			out = append(out, a)
 			continue
@@ -228,6 +234,11 @@ func (s *Stack) realAddr(dst netip.Addr) netip.Addr {
 	}
 	return dst
 }
+
+// flowBuffer bounds each direction of a flow's buffering in the stack.
+const flowBuffer = 256 << 10
+
+func ptr[T any](v T) *T { return &v }
 
 // nicID is the stack's one NIC, toward the guest.
 const nicID tcpip.NICID = 1
@@ -309,7 +320,23 @@ func (s *Stack) build() error {
 		return fmt.Errorf("netstack: subnet: %w", e2)
 	}
 	st.SetRouteTable([]tcpip.Route{{Destination: subnet, NIC: nicID}})
-	tcpFwd := tcp.NewForwarder(st, 0, s.cfg.Limits.Handshakes, s.handleTCP)
+	// A flow's buffers in the stack are bounded (gVisor's defaults let
+	// each grow to 4 MiB a side), and a connection the guest stops
+	// acknowledging is given up in seconds rather than minutes, so
+	// neither the bytes nor the endpoints a guest can leave behind
+	// outgrow the flow bound.
+	for _, opt := range []tcpip.SettableTransportProtocolOption{
+		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: flowBuffer, Max: flowBuffer},
+		&tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: flowBuffer, Max: flowBuffer},
+		ptr(tcpip.TCPLingerTimeoutOption(10 * time.Second)),
+		ptr(tcpip.TCPTimeWaitTimeoutOption(5 * time.Second)),
+		ptr(tcpip.TCPMaxRetriesOption(8)),
+	} {
+		if e := st.SetTransportProtocolOption(tcp.ProtocolNumber, opt); e != nil {
+			return fail(fmt.Sprintf("TCP option %T", opt), e)
+		}
+	}
+	tcpFwd := tcp.NewForwarder(st, flowBuffer, s.cfg.Limits.Handshakes, s.handleTCP)
 	st.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)
 	udpFwd := udp.NewForwarder(st, s.handleUDP)
 	st.SetTransportProtocolHandler(udp.ProtocolNumber, udpFwd.HandlePacket)
@@ -330,6 +357,11 @@ func (s *Stack) Serve(ctx context.Context, conn net.Conn, framing vmm.Framing) e
 		conn = f
 	case vmm.FramingDatagram:
 		proto = types.VfkitProtocol
+		f := &frameFilter{max: s.cfg.MTU + frameSlack}
+		s.mu.Lock()
+		s.filters = append(s.filters, f)
+		s.mu.Unlock()
+		conn = datagramFilter{Conn: conn, max: f.max, dropped: &f.dropped}
 	default:
 		conn.Close()
 		return fmt.Errorf("netstack: unknown framing %v", framing)
@@ -352,6 +384,9 @@ func (s *Stack) Serve(ctx context.Context, conn net.Conn, framing vmm.Framing) e
 
 // Close stops every flow and the stack, and waits for them.
 func (s *Stack) Close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 	s.cancel()
 	s.stack.Close()
 	s.wg.Wait()
@@ -389,6 +424,17 @@ func (s *Stack) overLimit(what string, counter *atomic.Int64) {
 }
 
 func (s *Stack) policy() Policy { return s.cfg.Policy() }
+
+// track counts a goroutine Close must wait for; false once Close began.
+func (s *Stack) track() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
 
 func addrOf(a tcpip.Address) netip.Addr {
 	ip, _ := netip.AddrFromSlice(a.AsSlice())

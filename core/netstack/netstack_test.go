@@ -436,3 +436,95 @@ func TestDNSQueriesOnOneSocket(t *testing.T) {
 		got[m.Id] = true
 	}
 }
+
+// TestEvasions: what a hostile guest tries to get a name decided that is
+// not the destination.
+func TestEvasions(t *testing.T) {
+	pol := basePolicy()
+	pol.allow["203.0.113.10"] = true // allowed as a name by a careless default
+	pol.allow["collide.example"] = true
+	pol.private["collide.example"] = true
+	pol.fixed["collide.example"] = netip.MustParseAddr("198.18.0.1")
+	r := newRig(t, pol, baseResolver(), testLimits())
+	r.servers(t)
+	t.Run("an address asked as a name", func(t *testing.T) {
+		m := r.query(t, "192.168.127.1", "203.0.113.10", dns.TypeA)
+		if m.Rcode != dns.RcodeNameError || len(answers(m)) != 0 {
+			t.Fatalf("rcode %s, answers %v", dns.RcodeToString[m.Rcode], answers(m))
+		}
+		if r.host.pins.has(allowedIP, "203.0.113.10") {
+			t.Error("an address was pinned to itself")
+		}
+	})
+	t.Run("a real answer in the stand-ins' range", func(t *testing.T) {
+		// private.example takes stand-in 198.18.0.1 for the host's
+		// loopback; collide.example's real 198.18.0.1 must not become a
+		// way to it.
+		answers(r.query(t, "192.168.127.1", "private.example", dns.TypeA))
+		if got := answers(r.query(t, "192.168.127.1", "collide.example", dns.TypeA)); len(got) != 0 {
+			t.Fatalf("collide.example answered %v", got)
+		}
+	})
+	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	t.Run("HTTP in proxy form", func(t *testing.T) {
+		c, err := r.dial(ctx, "203.0.113.10:80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprint(c, "GET http://allowed.example/ HTTP/1.1\r\nHost: blocked.example\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := c.Read(make([]byte, 64)); err == nil {
+			t.Fatalf("a proxy-form request got %d bytes back", n)
+		}
+	})
+	t.Run("TLS with an encrypted ClientHello", func(t *testing.T) {
+		c, err := r.dial(ctx, "203.0.113.10:443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		hello := clientHelloWithECH(t, "allowed.example")
+		c.Write(hello)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := c.Read(make([]byte, 64)); err == nil {
+			t.Fatalf("an ECH ClientHello got %d bytes back", n)
+		}
+		r.ev.waitConn(t, func(e ConnEvent) bool { return strings.Contains(e.Reason, "ECH") })
+	})
+}
+
+// clientHelloWithECH is a real ClientHello for name (Go's client) with an
+// outer encrypted_client_hello extension added, as a client hiding its
+// real destination sends.
+func clientHelloWithECH(t *testing.T, name string) []byte {
+	t.Helper()
+	a, b := net.Pipe()
+	go tls.Client(a, &tls.Config{ServerName: name, InsecureSkipVerify: true}).Handshake()
+	defer a.Close()
+	defer b.Close()
+	head := make([]byte, 5)
+	if _, err := io.ReadFull(b, head); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, binary.BigEndian.Uint16(head[3:]))
+	if _, err := io.ReadFull(b, body); err != nil {
+		t.Fatal(err)
+	}
+	// body: handshake type, length(3), version(2), random(32), session id,
+	// cipher suites, compression methods, extensions.
+	p := 4 + 2 + 32
+	p += 1 + int(body[p])
+	p += 2 + int(binary.BigEndian.Uint16(body[p:]))
+	p += 1 + int(body[p])
+	ext := []byte{0xfe, 0x0d, 0, 11, 0, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0}
+	extLen := binary.BigEndian.Uint16(body[p:])
+	binary.BigEndian.PutUint16(body[p:], extLen+uint16(len(ext)))
+	body = append(body, ext...)
+	hsLen := len(body) - 4
+	body[1], body[2], body[3] = byte(hsLen>>16), byte(hsLen>>8), byte(hsLen)
+	binary.BigEndian.PutUint16(head[3:], uint16(len(body)))
+	return append(head, body...)
+}
