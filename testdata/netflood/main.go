@@ -5,7 +5,10 @@
 // once and sends nothing on them (so the host holds each while it waits for
 // a first flight), then sends -dns DNS queries for random names under
 // -suffix as fast as it can from several sockets. It prints
-// "conns established=N refused=N other=N" and "dns sent=N answered=N".
+// "conns established=N refused=N other=N window=N" and "dns sent=N
+// answered=N", where window is the most connections established within
+// any -window (the host holds a silent connection for a few seconds, so
+// that many were open at once).
 package main
 
 import (
@@ -16,6 +19,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,19 +32,21 @@ func main() {
 	conns := flag.Int("conns", 0, "TCP connections to open at once")
 	addr := flag.String("addr", "", "where to connect (ip:port)")
 	hold := flag.Duration("hold", 3*time.Second, "how long to keep them open")
+	window := flag.Duration("window", 4*time.Second, "the window of the most-established count")
 	queries := flag.Int("dns", 0, "DNS queries to send")
 	suffix := flag.String("suffix", "flood.test", "the names' suffix")
 	flag.Parse()
 	unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 1 << 16, Max: 1 << 16})
 	if *conns > 0 {
-		flood(*conns, *addr, *hold)
+		flood(*conns, *addr, *hold, *window)
 	}
 	if *queries > 0 {
 		dnsFlood(*queries, *suffix)
 	}
 }
 
-func flood(n int, addr string, hold time.Duration) {
+func flood(n int, addr string, hold, window time.Duration) {
+	var times []time.Time
 	var established, refused, other atomic.Int64
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -57,6 +63,7 @@ func flood(n int, addr string, hold time.Duration) {
 			case err == nil:
 				established.Add(1)
 				mu.Lock()
+				times = append(times, time.Now())
 				open = append(open, c)
 				mu.Unlock()
 			case errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET):
@@ -71,7 +78,15 @@ func flood(n int, addr string, hold time.Duration) {
 	for _, c := range open {
 		c.Close()
 	}
-	fmt.Printf("conns established=%d refused=%d other=%d\n", established.Load(), refused.Load(), other.Load())
+	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	most, lo := 0, 0
+	for hi := range times {
+		for times[hi].Sub(times[lo]) > window {
+			lo++
+		}
+		most = max(most, hi-lo+1)
+	}
+	fmt.Printf("conns established=%d refused=%d other=%d window=%d\n", established.Load(), refused.Load(), other.Load(), most)
 }
 
 func dnsFlood(n int, suffix string) {
