@@ -43,6 +43,7 @@ func main() {
 	vmRuns := flag.Int("vm-runs", 5, "boots per VM figure (0 skips the VM section)")
 	gatewaySection := flag.Bool("gateway", true, "run the MCP gateway section")
 	levels := flag.String("levels", "1,16,64", "comma-separated concurrency levels of the gateway section (for profiling one)")
+	netOnly := flag.Bool("net-only", false, "run only the guest network's figures (for working on it)")
 	flag.Parse()
 	for _, f := range strings.Split(*levels, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -51,6 +52,16 @@ func main() {
 			os.Exit(2)
 		}
 		concurrencyLevels = append(concurrencyLevels, n)
+	}
+	if *netOnly {
+		capsem := os.Getenv("CAPSEM_TEST_BIN")
+		root, _ := os.Getwd()
+		home := filepath.Join(root, ".tools", "capsem-home")
+		if err := netBench(capsem, home, filepath.Join(filepath.Dir(capsem), "capsem-guest"), *vmRuns); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport: network:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if *gatewaySection {
 		if err := run(*duration); err != nil {
