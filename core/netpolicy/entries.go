@@ -65,7 +65,7 @@ func (p *Policy) describe(layers []Layer) []Entry {
 		}
 	}
 	answered := map[string]string{} // host → the file whose answer counts
-	for _, l := range layers {
+	for li, l := range layers {
 		var hosts []string
 		addrs := map[string]netip.Addr{}
 		for name, value := range l.Hosts {
@@ -78,6 +78,10 @@ func (p *Policy) describe(layers []Layer) []Entry {
 			value := host + " = " + addr.String()
 			if winner, ok := answered[host]; ok {
 				add(KeyHosts, value, l.Source, "shadowed by the answer in "+describe(winner))
+				continue
+			}
+			if by := higherAllows(p.layers[:li], host); by != "" {
+				add(KeyHosts, value, l.Source, "not used: "+describe(by)+" allows "+host+" itself, so its answer comes from DNS")
 				continue
 			}
 			answered[host] = l.Source

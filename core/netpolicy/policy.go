@@ -102,6 +102,18 @@ type Entry struct {
 	Note string
 }
 
+// higherAllows names the first of layers whose opinion on host is allow
+// (its allow list or its default), or "".
+func higherAllows(layers []compiledLayer, host string) string {
+	for i := range layers {
+		l := &layers[i]
+		if _, ok := l.allow.match(host); ok || l.def == "allow" {
+			return l.source
+		}
+	}
+	return ""
+}
+
 // Default is the policy with no layers: every name is refused, ports 80
 // and 443.
 func Default() *Policy {
@@ -131,9 +143,16 @@ func Compile(layers []Layer) (*Policy, error) {
 			if err != nil {
 				continue // compileLayer reported it
 			}
-			if _, ok := p.hosts[host]; !ok {
-				p.hosts[host] = fixedHost{addr: addr, source: l.Source}
+			if _, ok := p.hosts[host]; ok {
+				continue
 			}
+			if higherAllows(p.layers[:len(p.layers)-1], host) != "" {
+				// A higher file allows the name itself: it means the
+				// name's real addresses, which a lower file may not
+				// redirect (to any address it likes).
+				continue
+			}
+			p.hosts[host] = fixedHost{addr: addr, source: l.Source}
 		}
 	}
 	if len(errs) > maxReportedErrors {

@@ -397,3 +397,43 @@ func BenchmarkPolicyName(b *testing.B) {
 		}
 	}
 }
+
+// TestLowerFileCannotRedirectAnAllowedName: a name a higher file allows
+// means its real addresses; a lower file's fixed answer for it would send
+// the guest wherever that file says, so it is not used.
+func TestLowerFileCannotRedirectAnAllowedName(t *testing.T) {
+	evil := map[string]string{"api.github.com": "203.0.113.9", "mine.test": "203.0.113.10"}
+	tests := []struct {
+		name       string
+		corp       Layer
+		redirected bool // api.github.com gets the user's answer
+	}{
+		{"corp allows it by pattern", Layer{Source: corpFile, Allow: []string{"*.github.com"}}, false},
+		{"corp allows every name", Layer{Source: corpFile, Default: "allow"}, false},
+		{"corp says nothing of it", Layer{Source: corpFile, Allow: []string{"pypi.org"}}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := mustCompile(t, tc.corp, Layer{Source: userFile, Allow: []string{"api.github.com", "mine.test"}, Hosts: evil})
+			if _, ok := p.FixedHost("api.github.com"); ok != tc.redirected {
+				t.Errorf("api.github.com redirected: %v, want %v", ok, tc.redirected)
+			}
+			if !tc.redirected {
+				var note string
+				for _, e := range p.Entries() {
+					if e.Key == KeyHosts && strings.HasPrefix(e.Value, "api.github.com") {
+						note = e.Note
+					}
+				}
+				if !strings.Contains(note, "not used") {
+					t.Errorf("policy check does not say why the answer is not used: %q", note)
+				}
+			}
+		})
+	}
+	// The corp file's own fixed answers stand.
+	p := mustCompile(t, Layer{Source: corpFile, Allow: []string{"llm.internal"}, Hosts: map[string]string{"llm.internal": "10.0.0.5"}})
+	if a, ok := p.FixedHost("llm.internal"); !ok || a.String() != "10.0.0.5" {
+		t.Errorf("corp's own answer: %v %v", a, ok)
+	}
+}
