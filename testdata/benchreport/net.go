@@ -1,3 +1,7 @@
+// busybox wget's TLS 1.2 ClientHello has no signature_algorithms, which Go's
+// server takes as SHA-1 only, refused by default since Go 1.25.
+//go:debug tlssha1=1
+
 package main
 
 import (
