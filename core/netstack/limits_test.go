@@ -43,8 +43,10 @@ func TestFlowLimit(t *testing.T) {
 	if len(held) != lim.Flows || refused != 12-lim.Flows {
 		t.Fatalf("%d connections held, %d refused; want %d held", len(held), refused, lim.Flows)
 	}
-	if st := r.host.Stats(); st.FlowsOverLimit != int64(refused) || st.OpenFlows != lim.Flows {
-		t.Errorf("stats %+v", st)
+	// The counter counts SYNs: a guest that retransmits a SYN before its
+	// reset arrives is refused again, so at least one per connection.
+	if st := r.host.Stats(); st.FlowsOverLimit < int64(refused) || st.OpenFlows != lim.Flows {
+		t.Errorf("stats %+v, %d connections refused", st, refused)
 	}
 	// Once the held flows end, new ones get through again.
 	for _, c := range held {

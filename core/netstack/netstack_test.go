@@ -422,7 +422,9 @@ func TestDNSQueriesOnOneSocket(t *testing.T) {
 		}
 	}
 	got := map[uint16]bool{}
-	c.SetReadDeadline(time.Now().Add(time.Second))
+	// Neither query is sent again: without the fix the second answer
+	// never comes, whatever the wait.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	for len(got) < 2 {
 		buf := make([]byte, 1500)
 		n, err := c.Read(buf)
