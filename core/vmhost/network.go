@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -35,6 +36,9 @@ const recordTimeout = 10 * time.Second
 
 // openNetwork builds the stack; nothing is attached before serve.
 func openNetwork(v *VM) (*network, error) {
+	// What the guest can make the stack (or its recorder) log is
+	// rate-limited.
+	limited := logs.Limited(v.log, logs.LimitBurst, logs.LimitInterval)
 	dialer := &net.Dialer{Timeout: netstack.DefaultLimits.DialTimeout, KeepAlive: 30 * time.Second}
 	if v.opts.NetLoopbackOnly {
 		// A test's world: every destination is a server of its own on
@@ -44,7 +48,7 @@ func openNetwork(v *VM) (*network, error) {
 		dialer.Control = func(_, address string, _ syscall.RawConn) error {
 			ap, err := netip.ParseAddrPort(address)
 			if err != nil || !ap.Addr().IsLoopback() {
-				v.log.Warn("net: refused a dial outside loopback (--net-loopback-only)", "address", address)
+				limited.Warn("net: refused a dial outside loopback (--net-loopback-only)", "address", address)
 				return fmt.Errorf("dial %s refused: this VM may reach loopback only", address)
 			}
 			return nil
@@ -54,10 +58,9 @@ func openNetwork(v *VM) (*network, error) {
 		Policy:   v.netPolicy,
 		Resolver: net.DefaultResolver,
 		Dialer:   dialer,
-		Recorder: ledgerRecorder{v: v},
+		Recorder: ledgerRecorder{v: v, log: limited},
 		MTU:      v.opts.NetMTU,
-		// What the guest can make the stack log is rate-limited.
-		Logger: logs.Limited(v.log, logs.LimitBurst, logs.LimitInterval),
+		Logger:   limited,
 	})
 	if err != nil {
 		return nil, err
@@ -126,13 +129,16 @@ func (n *network) close() {
 
 // ledgerRecorder writes the stack's decisions as net_events and
 // dns_events rows, each committed before the connection or answer goes on.
-type ledgerRecorder struct{ v *VM }
+type ledgerRecorder struct {
+	v   *VM
+	log *slog.Logger
+}
 
 func (r ledgerRecorder) write(row ledger.Row) {
 	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
 	defer cancel()
 	if err := r.v.ledger.Write(ctx, row); err != nil {
-		r.v.log.Warn("net: recording in the ledger", "err", err)
+		r.log.Warn("net: recording in the ledger", "err", err)
 	}
 }
 
