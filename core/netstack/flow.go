@@ -132,7 +132,11 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	first, hello, err := s.readFirstFlight(guest)
 	if err != nil {
-		abort(netpolicy.Verdict{Rule: RuleNoName, Reason: err.Error()}, KindTCP)
+		rule := RuleNoName
+		if errors.Is(err, errECH) {
+			rule = RuleECH
+		}
+		abort(netpolicy.Verdict{Rule: rule, Reason: err.Error()}, KindTCP)
 		return
 	}
 	ev.Kind, ev.Name, ev.Method, ev.Path = hello.kind, hello.name, hello.method, hello.path

@@ -494,7 +494,7 @@ func TestEvasions(t *testing.T) {
 		if n, err := c.Read(make([]byte, 64)); err == nil {
 			t.Fatalf("an ECH ClientHello got %d bytes back", n)
 		}
-		r.ev.waitConn(t, func(e ConnEvent) bool { return strings.Contains(e.Reason, "ECH") })
+		r.ev.waitConn(t, func(e ConnEvent) bool { return e.Rule == RuleECH && strings.Contains(e.Reason, "ECH") })
 	})
 }
 
