@@ -74,9 +74,11 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	select {
 	case s.flows <- struct{}{}:
 	default:
+		// Counted before the reset goes out, so whoever sees the
+		// refusal sees it counted.
+		s.overLimit("flows", &s.overFlows)
 		s.wg.Done()
 		r.Complete(true)
-		s.overLimit("flows", &s.overFlows)
 		return
 	}
 	defer func() {
