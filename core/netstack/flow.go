@@ -29,7 +29,6 @@ const (
 	KindTLS  = "tls"
 	KindHTTP = "http"
 	KindTCP  = "tcp" // allowed by address: no first flight read
-	KindDNS  = "dns" // DNS over TCP
 )
 
 // ConnEvent is one TCP connection attempt and how it ended.
@@ -58,7 +57,6 @@ const (
 	RuleNameMismatch = "name-mismatch"   // SNI/Host not pinned to the address
 	RuleNoName       = "no-name"         // no SNI or Host in the first flight
 	RulePrivate      = "private-address" // not public, and the name may not be private
-	RuleFlowLimit    = "flow-limit"
 	RuleAddressName  = "address-as-name" // an IP address where a name belongs
 	RuleECH          = "encrypted-client-hello"
 )

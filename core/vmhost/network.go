@@ -215,8 +215,6 @@ func connType(kind string) string {
 		return "https"
 	case netstack.KindHTTP:
 		return "http"
-	case netstack.KindDNS:
-		return "dns"
 	}
 	return "tcp"
 }
