@@ -57,6 +57,9 @@ type Net struct {
 	Ports        []int             `toml:"ports"`         // destination ports (default: 80 and 443)
 	AllowPrivate []string          `toml:"allow_private"` // names that may reach private or loopback addresses
 	Hosts        map[string]string `toml:"hosts"`         // name → IPv4: fixed answers of the VM's DNS
+	// Credentials are secrets the host adds to the guest's requests (see
+	// netpolicy.Credential); the real values stay out of the file.
+	Credentials []netpolicy.Credential `toml:"credentials"`
 }
 
 // netLayer is the file's [net] table as a netpolicy layer. A parsed file
@@ -74,7 +77,7 @@ func (f *File) netLayer(source string) netpolicy.Layer {
 		Source: source, Default: n.Default, Allow: n.Allow, Block: n.Block,
 		Ports: n.Ports, PortsSet: set("ports", len(n.Ports) > 0),
 		AllowPrivate: n.AllowPrivate, AllowPrivateSet: set("allow_private", len(n.AllowPrivate) > 0),
-		Hosts: n.Hosts,
+		Hosts: n.Hosts, Credentials: n.Credentials,
 	}
 }
 

@@ -94,6 +94,28 @@ func (p *Policy) describe(layers []Layer) []Entry {
 			add(KeyHosts, value, l.Source, note)
 		}
 	}
+	for _, l := range layers {
+		for i, c := range l.Credentials {
+			source := "source_file " + c.SourceFile
+			if c.SourceEnv != "" {
+				source = "source_env " + c.SourceEnv
+			}
+			value := fmt.Sprintf("%s: header %s from %s, guest %s", c.Host, c.Header, source, c.GuestEnv)
+			if c.CAFile != "" {
+				value += ", ca_file " + c.CAFile
+			}
+			note := p.credentials.shadowed[credentialRef{l.Source, i}]
+			if note == "" {
+				pattern, _ := ParsePattern(c.Host)
+				if !pattern.wildcard {
+					if v := p.decide(pattern.host); !v.Allowed {
+						note = "no effect until the name is allowed: " + v.Reason
+					}
+				}
+			}
+			add(KeyCredentials, value, l.Source, note)
+		}
+	}
 	return entries
 }
 

@@ -32,6 +32,8 @@ type Layer struct {
 	AllowPrivateSet bool
 	// Hosts are fixed DNS answers: name → IPv4 address.
 	Hosts map[string]string
+	// Credentials are the [[net.credentials]] entries.
+	Credentials []Credential
 }
 
 // Keys of the [net] table, as verdicts and entries name them.
@@ -69,6 +71,7 @@ type Policy struct {
 	ports       []uint16
 	portsSource string
 	hosts       map[string]fixedHost
+	credentials credentialSet
 	entries     []Entry
 }
 
@@ -153,6 +156,18 @@ func Compile(layers []Layer) (*Policy, error) {
 				continue
 			}
 			p.hosts[host] = fixedHost{addr: addr, source: l.Source}
+		}
+		for i, c := range l.Credentials {
+			fail := func(format string, args ...any) {
+				where := fmt.Sprintf("%s[%d]", KeyCredentials, i)
+				if l.Source != "" {
+					where = l.Source + ": " + where
+				}
+				errs = append(errs, fmt.Errorf("%s: %s", where, fmt.Sprintf(format, args...)))
+			}
+			if r, ok := compileCredential(c, l.Source, fail); ok {
+				p.credentials.add(r, i)
+			}
 		}
 	}
 	if len(errs) > maxReportedErrors {
