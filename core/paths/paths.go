@@ -4,6 +4,7 @@
 //
 //	$CAPSEM_HOME (default ~/.capsem)
 //	├── user.toml          the user's configuration
+//	├── net-ca.pem         the guest network's CA, key included (0600, host only)
 //	├── assets/            guest kernel and initramfs (boot-states/ beside them)
 //	├── cache/             package cache of sandboxed MCP servers ($CAPSEM_CACHE_DIR)
 //	└── run/               runtime state, 0700 ($CAPSEM_RUN_DIR)
@@ -56,6 +57,10 @@ func CacheDir() (string, error) {
 
 // AssetsDir holds the guest kernel and initramfs.
 func AssetsDir() (string, error) { return homeJoin("assets") }
+
+// NetCA is the per-install CA with which the guest's network terminates
+// TLS for hosts with credentials: certificate and key, 0600 (core/netca).
+func NetCA() (string, error) { return homeJoin("net-ca.pem") }
 
 // UserConfig is the user's configuration file.
 func UserConfig() (string, error) { return homeJoin("user.toml") }
