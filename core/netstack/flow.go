@@ -140,6 +140,15 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	ev.Kind, ev.Name, ev.Method, ev.Path = hello.kind, hello.name, hello.method, hello.path
+	if hello.kind == KindHTTP {
+		// Plain HTTP is readable on every hop: a placeholder in it,
+		// to any host, is an attempt to move a credential.
+		if c, ok := placeholderIn(first, pol.Credentials()); ok {
+			abort(netpolicy.Verdict{Rule: RuleExfiltration,
+				Reason: fmt.Sprintf("the placeholder of %s (credential for %s) was sent over plain HTTP to %s", c.GuestEnv, c.Host, hello.name)}, hello.kind)
+			return
+		}
+	}
 	v := pol.Name(hello.name)
 	if !v.Allowed {
 		abort(v, hello.kind)
@@ -156,6 +165,10 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	ev.Verdict, ev.Addr = v, real
+	if _, ok := pol.Credential(hello.name); ok && hello.kind == KindTLS {
+		s.intercept(guest, first, real, hello.name, &ev)
+		return
+	}
 	s.splice(guest, first, real, hello.name, &ev)
 }
 

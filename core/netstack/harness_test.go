@@ -38,6 +38,21 @@ type testPolicy struct {
 	private map[string]bool
 	fixed   map[string]netip.Addr
 	byIP    map[netip.AddrPort]bool
+	// creds, when set, gives the credentials (a compiled [net] policy).
+	creds *netpolicy.Policy
+}
+
+func (p *testPolicy) Credential(n string) (netpolicy.CredentialRule, bool) {
+	if p.creds == nil {
+		return netpolicy.CredentialRule{}, false
+	}
+	return p.creds.Credential(n)
+}
+func (p *testPolicy) Credentials() []netpolicy.CredentialRule {
+	if p.creds == nil {
+		return nil
+	}
+	return p.creds.Credentials()
 }
 
 func (p *testPolicy) Name(n string) netpolicy.Verdict {
@@ -111,10 +126,17 @@ func (d *routeDialer) dialed() []string {
 }
 
 type events struct {
-	mu    sync.Mutex
-	conns []ConnEvent
-	dns   []DNSEvent
-	ch    chan struct{}
+	mu     sync.Mutex
+	conns  []ConnEvent
+	dns    []DNSEvent
+	models []ModelEvent
+	ch     chan struct{}
+}
+
+func (e *events) Model(ev ModelEvent) {
+	e.mu.Lock()
+	e.models = append(e.models, ev)
+	e.mu.Unlock()
 }
 
 func (e *events) Conn(ev ConnEvent) {
@@ -169,9 +191,9 @@ type rig struct {
 	guestConn net.Conn
 }
 
-func newRig(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits) *rig {
+func newRig(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits, configure ...func(*Config)) *rig {
 	t.Helper()
-	r := newRigNoCleanup(t, pol, res, lim)
+	r := newRigNoCleanup(t, pol, res, lim, configure...)
 	t.Cleanup(func() { r.shutdown(t) })
 	return r
 }
@@ -191,15 +213,19 @@ func (r *rig) shutdown(t *testing.T) {
 	r.guest.Wait()
 }
 
-func newRigNoCleanup(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits) *rig {
+func newRigNoCleanup(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits, configure ...func(*Config)) *rig {
 	t.Helper()
 	r := &rig{pol: pol, dialer: &routeDialer{routes: map[netip.AddrPort]string{}}, ev: &events{ch: make(chan struct{}, 1)}}
 	var current Policy = pol
 	var polMu sync.Mutex
-	host, err := New(Config{
+	cfg := Config{
 		Policy:   func() Policy { polMu.Lock(); defer polMu.Unlock(); return current },
 		Resolver: res, Dialer: r.dialer, Recorder: r.ev, MTU: 1500, Limits: lim,
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	host, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

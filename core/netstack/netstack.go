@@ -63,6 +63,10 @@ type Policy interface {
 	Address(addr netip.AddrPort) netpolicy.Verdict
 	PrivateAllowed(name string) bool
 	FixedHost(name string) (netip.Addr, bool)
+	// Credential is the credential for a name; Credentials are all of
+	// them (their placeholders are looked for where they may not go).
+	Credential(name string) (netpolicy.CredentialRule, bool)
+	Credentials() []netpolicy.CredentialRule
 }
 
 // Resolver looks names up on the host (net.Resolver is one).
@@ -81,6 +85,7 @@ type Dialer interface {
 type Recorder interface {
 	Conn(ConnEvent)
 	DNS(DNSEvent)
+	Model(ModelEvent)
 }
 
 // Limits bound what one guest can make the host hold.
@@ -134,6 +139,13 @@ type Config struct {
 	Logger   *slog.Logger
 	MTU      int
 	Limits   Limits
+	// CA terminates the guest's TLS to names with credentials; Secret
+	// reads a credential's real value (on every request, so a rotated
+	// file applies); ExpandPath resolves a configured path ("~/…").
+	// Without CA and Secret, connections to such names are refused.
+	CA         CA
+	Secret     func(netpolicy.CredentialRule) (string, error)
+	ExpandPath func(string) (string, error)
 }
 
 // Stack is one VM's network.
@@ -149,6 +161,10 @@ type Stack struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	interceptOnce sync.Once
+	intercepting  *interceptor // the credential path, once used
+	interceptWG   sync.WaitGroup
 
 	mu      sync.Mutex
 	closed  bool // Close began: no new flow or query goroutine
@@ -250,6 +266,9 @@ func New(cfg Config) (*Stack, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.ExpandPath == nil {
+		cfg.ExpandPath = func(p string) (string, error) { return p, nil }
 	}
 	if cfg.MTU == 0 {
 		cfg.MTU = DefaultMTU
@@ -390,6 +409,12 @@ func (s *Stack) Close() {
 	s.cancel()
 	s.stack.Close()
 	s.wg.Wait()
+	// No flow is left to start the credential path now.
+	s.interceptOnce.Do(func() {})
+	if s.intercepting != nil {
+		s.intercepting.close()
+	}
+	s.interceptWG.Wait()
 	s.stack.Wait()
 }
 
