@@ -109,7 +109,7 @@ bench: deps build
 	$(GO) run ./testdata/benchreport
 
 generate:
-	$(GO) generate ./core/aggwire/
+	$(GO) generate ./core/aggwire/ ./core/guestwire/
 
 clean:
 	rm -rf bin

@@ -180,6 +180,10 @@ type BootConfig struct {
 	ClockUnixNano int64 `msg:"clock_unix_nano,omitempty"`
 	// Hostname sets the guest's host name ("" = leave it alone).
 	Hostname string `msg:"hostname,omitempty"`
+	// TrustCA is a CA certificate (PEM) the guest's programs must trust:
+	// the agent writes it to GuestCAFile, and GuestCABundle (the system
+	// roots and it) becomes the bundle TLS clients are pointed at.
+	TrustCA []byte `msg:"trust_ca,omitempty"`
 }
 
 // BootFile is a file the guest writes at boot (parents created, symlinks refused).

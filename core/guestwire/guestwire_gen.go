@@ -118,6 +118,12 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Hostname")
 				return
 			}
+		case "trust_ca":
+			z.TrustCA, err = dc.ReadBytes(z.TrustCA)
+			if err != nil {
+				err = msgp.WrapError(err, "TrustCA")
+				return
+			}
 		default:
 			err = dc.Skip()
 			if err != nil {
@@ -132,8 +138,8 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(4)
-	var zb0001Mask uint8 /* 4 bits */
+	zb0001Len := uint32(5)
+	var zb0001Mask uint8 /* 5 bits */
 	_ = zb0001Mask
 	if z.Env == nil {
 		zb0001Len--
@@ -150,6 +156,10 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 	if z.Hostname == "" {
 		zb0001Len--
 		zb0001Mask |= 0x8
+	}
+	if z.TrustCA == nil {
+		zb0001Len--
+		zb0001Mask |= 0x10
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -252,6 +262,18 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 				return
 			}
 		}
+		if (zb0001Mask & 0x10) == 0 { // if not omitted
+			// write "trust_ca"
+			err = en.Append(0xa8, 0x74, 0x72, 0x75, 0x73, 0x74, 0x5f, 0x63, 0x61)
+			if err != nil {
+				return
+			}
+			err = en.WriteBytes(z.TrustCA)
+			if err != nil {
+				err = msgp.WrapError(err, "TrustCA")
+				return
+			}
+		}
 	}
 	return
 }
@@ -260,8 +282,8 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(4)
-	var zb0001Mask uint8 /* 4 bits */
+	zb0001Len := uint32(5)
+	var zb0001Mask uint8 /* 5 bits */
 	_ = zb0001Mask
 	if z.Env == nil {
 		zb0001Len--
@@ -278,6 +300,10 @@ func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 	if z.Hostname == "" {
 		zb0001Len--
 		zb0001Mask |= 0x8
+	}
+	if z.TrustCA == nil {
+		zb0001Len--
+		zb0001Mask |= 0x10
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -319,6 +345,11 @@ func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 			// string "hostname"
 			o = append(o, 0xa8, 0x68, 0x6f, 0x73, 0x74, 0x6e, 0x61, 0x6d, 0x65)
 			o = msgp.AppendString(o, z.Hostname)
+		}
+		if (zb0001Mask & 0x10) == 0 { // if not omitted
+			// string "trust_ca"
+			o = append(o, 0xa8, 0x74, 0x72, 0x75, 0x73, 0x74, 0x5f, 0x63, 0x61)
+			o = msgp.AppendBytes(o, z.TrustCA)
 		}
 	}
 	return
@@ -436,6 +467,12 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Hostname")
 				return
 			}
+		case "trust_ca":
+			z.TrustCA, bts, err = msgp.ReadBytesBytes(bts, z.TrustCA)
+			if err != nil {
+				err = msgp.WrapError(err, "TrustCA")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -461,7 +498,7 @@ func (z *BootConfig) Msgsize() (s int) {
 	for za0003 := range z.Files {
 		s += 1 + 5 + msgp.StringPrefixSize + len(z.Files[za0003].Path) + 5 + msgp.Uint32Size + 5 + msgp.BytesPrefixSize + len(z.Files[za0003].Data)
 	}
-	s += 16 + msgp.Int64Size + 9 + msgp.StringPrefixSize + len(z.Hostname)
+	s += 16 + msgp.Int64Size + 9 + msgp.StringPrefixSize + len(z.Hostname) + 9 + msgp.BytesPrefixSize + len(z.TrustCA)
 	return
 }
 

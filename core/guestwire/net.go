@@ -21,4 +21,25 @@ const (
 	// GuestResolvConf is the resolver file the agent writes, naming
 	// NetGatewayIP.
 	GuestResolvConf = "/etc/resolv.conf"
+	// GuestCAFile is the capsem CA the guest trusts when the host adds
+	// credentials to its requests (BootConfig.TrustCA); GuestCABundle is
+	// the system roots with it; GuestSystemBundle is the distribution's
+	// bundle, which gets the CA appended for programs that read only it.
+	GuestCAFile       = "/etc/capsem/ca.pem"
+	GuestCABundle     = "/etc/capsem/ca-bundle.pem"
+	GuestSystemBundle = "/etc/ssl/certs/ca-certificates.crt"
 )
+
+// PlaceholderPrefix starts every credential placeholder the guest is given
+// in place of a secret, so one is recognisable wherever it turns up.
+const PlaceholderPrefix = "capsem-placeholder-"
+
+// TrustEnv points TLS clients at the bundle with the capsem CA: OpenSSL
+// and Go (SSL_CERT_FILE), Python requests, Node (which adds to its own).
+func TrustEnv() map[string]string {
+	return map[string]string{
+		"SSL_CERT_FILE":       GuestCABundle,
+		"REQUESTS_CA_BUNDLE":  GuestCABundle,
+		"NODE_EXTRA_CA_CERTS": GuestCAFile,
+	}
+}

@@ -1,6 +1,7 @@
 package guestwire
 
 import (
+	"bytes"
 	"fmt"
 	"io/fs"
 	"strings"
@@ -155,6 +156,9 @@ func ValidateExec(e *Exec) error {
 	return ValidateEnv(e.Env)
 }
 
+// MaxTrustCA bounds BootConfig.TrustCA.
+const MaxTrustCA = 16 << 10
+
 // ValidateBootConfig checks the environment, the files (count, paths) and the
 // host name.
 func ValidateBootConfig(c *BootConfig) error {
@@ -176,6 +180,14 @@ func ValidateBootConfig(c *BootConfig) error {
 		}
 		if f.Mode&^0o7777 != 0 {
 			return Errorf(CodeInvalid, "boot file %s has mode %#o: only permission bits are allowed", f.Path, f.Mode)
+		}
+	}
+	if len(c.TrustCA) > 0 {
+		if len(c.TrustCA) > MaxTrustCA {
+			return Errorf(CodeTooLarge, "trust_ca is %d bytes, the limit is %d", len(c.TrustCA), MaxTrustCA)
+		}
+		if !bytes.HasPrefix(bytes.TrimSpace(c.TrustCA), []byte("-----BEGIN CERTIFICATE-----")) {
+			return Errorf(CodeInvalid, "trust_ca is not a PEM certificate")
 		}
 	}
 	if len(c.Hostname) > MaxHostname {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/capsem/capsem/core/guestwire"
 )
 
 // Credential is one [[net.credentials]] entry: the guest's connections to
@@ -28,7 +30,7 @@ const KeyCredentials = "net.credentials"
 
 // PlaceholderPrefix starts every placeholder, so one is recognisable
 // wherever it turns up.
-const PlaceholderPrefix = "capsem-placeholder-"
+const PlaceholderPrefix = guestwire.PlaceholderPrefix
 
 // CredentialRule is a compiled credential.
 type CredentialRule struct {

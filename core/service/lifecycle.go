@@ -198,7 +198,7 @@ func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
 		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB,
 		WorkspaceMiB: cmp.Or(r.WorkspaceMiB, vmhost.DefaultWorkspaceMiB), TCGCacheMiB: s.o.TCGCacheMiB}
-	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(), Detach: true})
+	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(credentialEnv(r.Config, cfg.NoAutodetect)...), Detach: true})
 	if err != nil {
 		return err
 	}
@@ -248,16 +248,38 @@ func (s *Service) watch(v *vm, gone <-chan struct{}) {
 	}
 }
 
+// credentialEnv names the service's variables that hold credentials the
+// VM's configuration reads (source_env): the one thing of the service's
+// environment a per-VM process gets beyond what it runs on.
+func credentialEnv(configPath string, noAutodetect bool) []string {
+	sources, err := mcpgw.SourcesFor(configPath, !noAutodetect)
+	if err != nil {
+		return nil
+	}
+	m, err := config.LoadHierarchy(sources)
+	if err != nil {
+		return nil // the VM's process reports it
+	}
+	var names []string
+	for _, c := range m.Net.Credentials() {
+		if c.SourceEnv != "" {
+			names = append(names, c.SourceEnv)
+		}
+	}
+	return names
+}
+
 // processEnv is the per-VM processes' environment: nothing of the
-// service's own but what they need, and the options' additions.
-func (s *Service) processEnv() []string {
+// service's own but what they need, the variables named in also, and the
+// options' additions.
+func (s *Service) processEnv(also ...string) []string {
 	keep := []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
 		"CAPSEM_HOME", "CAPSEM_RUN_DIR", "CAPSEM_UDS_PATH", "CAPSEM_CACHE_DIR", "CAPSEM_CORP_CONFIG",
 		"CAPSEM_ACCEL", "CAPSEM_BOOT_STATE", "CAPSEM_LOG_LEVEL"}
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		if slices.Contains(keep, k) || strings.HasPrefix(k, "LC_") {
+		if slices.Contains(keep, k) || slices.Contains(also, k) || strings.HasPrefix(k, "LC_") {
 			env = append(env, kv)
 		}
 	}

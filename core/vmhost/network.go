@@ -61,6 +61,15 @@ func openNetwork(v *VM) (*network, error) {
 		Recorder: ledgerRecorder{v: v, log: limited},
 		MTU:      v.opts.NetMTU,
 		Logger:   limited,
+		CA:       &v.netCA,
+		Secret: func(cr netpolicy.CredentialRule) (string, error) {
+			s, err := readSecret(cr)
+			if err != nil {
+				limited.Warn("net: a credential cannot be read", "host", cr.Host, "source", cr.Source, "err", err)
+			}
+			return s, err
+		},
+		ExpandPath: expandPath,
 	})
 	if err != nil {
 		return nil, err
@@ -90,6 +99,10 @@ func (n notLoaded) Port(uint16) netpolicy.Verdict            { return n.verdict(
 func (n notLoaded) Address(netip.AddrPort) netpolicy.Verdict { return n.verdict() }
 func (notLoaded) PrivateAllowed(string) bool                 { return false }
 func (notLoaded) FixedHost(string) (netip.Addr, bool)        { return netip.Addr{}, false }
+func (notLoaded) Credential(string) (netpolicy.CredentialRule, bool) {
+	return netpolicy.CredentialRule{}, false
+}
+func (notLoaded) Credentials() []netpolicy.CredentialRule { return nil }
 
 // serve attaches a machine's NIC to the stack until the machine ends; a
 // later machine of the same VM attaches its own.
@@ -201,6 +214,15 @@ func (r ledgerRecorder) DNS(e netstack.DNSEvent) {
 	r.write(row)
 }
 
+func (r ledgerRecorder) Model(e netstack.ModelEvent) {
+	r.write(&ledger.ModelCall{
+		Timestamp: e.Start, Provider: e.Provider, Model: e.Model, ProcessName: "guest",
+		RequestBytes: e.RequestBytes, ResponseBytes: e.ResponseBytes,
+		InputTokens: e.InputTokens, OutputTokens: e.OutputTokens,
+		DurationMS: e.Duration.Milliseconds(), StatusCode: int64(e.Status),
+	})
+}
+
 func decisionOf(allowed bool) string {
 	if allowed {
 		return string(ledger.DecisionAllowed)
@@ -215,6 +237,8 @@ func connType(kind string) string {
 		return "https"
 	case netstack.KindHTTP:
 		return "http"
+	case netstack.KindHTTPS:
+		return "https-terminated"
 	}
 	return "tcp"
 }

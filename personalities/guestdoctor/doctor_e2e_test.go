@@ -39,7 +39,7 @@ func TestGuestDoctorPassesInARealVM(t *testing.T) {
 	stdout, stderr, code := testkit.CapsemRun(t, "--env", "DOCTOR_PROBE=injected", "--", "sh", "-c",
 		"capsem-doctor --expect-env DOCTOR_PROBE=injected; echo ==; capsem-doctor --json --expect-env DOCTOR_PROBE=injected")
 	text, jsonOut, _ := strings.Cut(stdout, "==\n")
-	if code != 0 || !strings.HasSuffix(strings.TrimSpace(text), "RESULT: PASS (24 ok, 0 warn, 0 fail)") {
+	if code != 0 || !strings.HasSuffix(strings.TrimSpace(text), "RESULT: PASS (25 ok, 0 warn, 0 fail)") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	rs, sum := results(t, jsonOut)

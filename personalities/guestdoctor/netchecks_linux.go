@@ -2,7 +2,9 @@ package guestdoctor
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/binary"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -36,7 +38,60 @@ func netChecks(probeURL string) []doctor.Check {
 		{Name: "bare-addresses", Run: checkBareAddresses},
 		{Name: "udp", Run: checkUDPRefused},
 		{Name: "allowed-url", Run: func(ctx context.Context, r *doctor.Reporter) { checkAllowedURL(ctx, r, probeURL) }},
+		{Name: "credential-ca", Run: checkCredentialCA},
 	}
+}
+
+// checkCredentialCA: with credentials configured, the guest trusts the
+// install's CA (its own file, the bundle SSL_CERT_FILE names) and holds
+// placeholders only; without, it trusts no capsem CA at all.
+func checkCredentialCA(_ context.Context, r *doctor.Reporter) {
+	var placeholders []string
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(v, guestwire.PlaceholderPrefix) {
+			placeholders = append(placeholders, k)
+		}
+	}
+	slices.Sort(placeholders)
+	_, statErr := os.Stat(guestwire.GuestCAFile)
+	bundle := os.Getenv("SSL_CERT_FILE")
+	if bundle == "" {
+		switch {
+		case statErr == nil:
+			r.Failf("", "%s exists but no credentials are configured: a CA is trusted for nothing", guestwire.GuestCAFile)
+		case len(placeholders) > 0:
+			r.Failf("", "credential placeholders in %s but no CA to use them with", strings.Join(placeholders, ", "))
+		default:
+			r.Okf("no credentials configured: no capsem CA is trusted")
+		}
+		return
+	}
+	caPEM, err := os.ReadFile(guestwire.GuestCAFile)
+	if err != nil {
+		r.Failf("", "credentials configured (SSL_CERT_FILE=%s) but the CA: %v", bundle, err)
+		return
+	}
+	block, _ := pem.Decode(caPEM)
+	if block == nil {
+		r.Failf("", "%s holds no PEM certificate", guestwire.GuestCAFile)
+		return
+	}
+	ca, err := x509.ParseCertificate(block.Bytes)
+	if err != nil || !ca.IsCA {
+		r.Failf("", "%s is not a CA certificate (%v)", guestwire.GuestCAFile, err)
+		return
+	}
+	bundled, err := os.ReadFile(bundle)
+	if err != nil || !strings.Contains(string(bundled), strings.TrimSpace(string(caPEM))) {
+		r.Failf("", "the bundle SSL_CERT_FILE names (%s) does not hold the capsem CA (%v)", bundle, err)
+		return
+	}
+	if len(placeholders) == 0 {
+		r.Warnf("", "the capsem CA is trusted but no variable holds a credential placeholder")
+		return
+	}
+	r.Okf("%q trusted through %s; placeholders in %s", ca.Subject.CommonName, bundle, strings.Join(placeholders, ", "))
 }
 
 // probeName never resolves anywhere (RFC 6761's .invalid): the host's

@@ -1,0 +1,77 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/capsem/capsem/core/guestwire"
+)
+
+// maxSystemBundle bounds the distribution's CA bundle read (Debian's is
+// about 200 KiB).
+const maxSystemBundle = 8 << 20
+
+// trustCA makes the guest's TLS clients trust ca (PEM): it is written
+// alone, as a bundle with the system roots (the one SSL_CERT_FILE names),
+// and appended to the distribution's bundle for programs that read only
+// that. Written again at every boot config, it is added once.
+func trustCA(ca []byte) error {
+	ca = append(bytes.TrimSpace(ca), '\n')
+	if err := writeWhole(guestwire.GuestCAFile, ca); err != nil {
+		return err
+	}
+	system, err := readBounded(guestwire.GuestSystemBundle, maxSystemBundle)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		system = nil
+	case err != nil:
+		return err
+	}
+	if !bytes.Contains(system, bytes.TrimSpace(ca)) {
+		if system != nil {
+			f, err := os.OpenFile(guestwire.GuestSystemBundle, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				return err
+			}
+			_, werr := f.Write(append([]byte("\n"), ca...))
+			if err := errors.Join(werr, f.Close()); err != nil {
+				return fmt.Errorf("adding the CA to %s: %w", guestwire.GuestSystemBundle, err)
+			}
+		}
+		system = append(append(system, '\n'), ca...)
+	}
+	return writeWhole(guestwire.GuestCABundle, bytes.TrimLeft(system, "\n"))
+}
+
+// writeWhole replaces path with data, atomically (a reader never sees half).
+func writeWhole(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
+	}
+	return b, nil
+}

@@ -1,0 +1,95 @@
+// Command credclient is a guest program of the tests: an HTTPS client that
+// trusts what the guest's environment says (SSL_CERT_FILE, as every Go,
+// OpenSSL and Python client does) and sends the credential placeholder the
+// guest was given, as a model API's SDK would.
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+func main() {
+	url := flag.String("url", "", "the URL to POST to")
+	header := flag.String("header", "x-api-key", "the header that carries the key")
+	env := flag.String("env", "ANTHROPIC_API_KEY", "the variable holding the key")
+	data := flag.String("data", `{"model":"claude-test-1","stream":true}`, "the request body")
+	extra := flag.String("extra", "", "another header, name:value")
+	scanRoot := flag.String("scan", "", "instead: search the files under this root for a secret")
+	scanPrefix := flag.String("scan-prefix", "", "the secret's public prefix")
+	scanLen := flag.Int("scan-len", 0, "the secret's length")
+	scanSum := flag.String("scan-sha256", "", "the secret's SHA-256, hex")
+	flag.Parse()
+	if *scanRoot != "" {
+		scan(*scanRoot, *scanPrefix, *scanLen, *scanSum)
+		return
+	}
+	req, err := http.NewRequest("POST", *url, strings.NewReader(*data))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	req.Header.Set(*header, os.Getenv(*env))
+	req.Header.Set("Content-Type", "application/json")
+	if k, v, ok := strings.Cut(*extra, ":"); ok {
+		req.Header.Set(k, v)
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "request:", err)
+		os.Exit(1)
+	}
+	defer resp.Body.Close()
+	fmt.Printf("status=%d proto=%s echo=%s\n", resp.StatusCode, resp.Proto, resp.Header.Get("X-Echo"))
+	io.Copy(os.Stdout, resp.Body)
+}
+
+// scan looks for a secret known by its prefix, length and hash in every
+// regular file under root (kernel file systems left out), and prints
+// "scanned N files, B bytes found=K" and each file it is in.
+func scan(root, prefix string, n int, sum string) {
+	var files, size, found int
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() && (p == "/proc" || p == "/sys" || p == "/dev") {
+			return filepath.SkipDir
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		files, size = files+1, size+len(b)
+		for rest := b; ; {
+			i := bytes.Index(rest, []byte(prefix))
+			if i < 0 {
+				break
+			}
+			if w := rest[i:]; len(w) >= n {
+				h := sha256.Sum256(w[:n])
+				if hex.EncodeToString(h[:]) == sum {
+					found++
+					fmt.Println("found in", p)
+					break
+				}
+			}
+			rest = rest[i+1:]
+		}
+		return nil
+	})
+	fmt.Printf("scanned %d files, %d bytes found=%d\n", files, size, found)
+}
