@@ -74,13 +74,18 @@ func netBench(capsem, home, guest string, runs int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	cw, err := newCredentialWorld(dir)
+	if err != nil {
+		return err
+	}
+	defer cw.close()
 	cfg := filepath.Join(dir, "net.toml")
 	policy := fmt.Sprintf(`[net]
-allow = ["bench.test"]
-ports = [%s, %s]
-allow_private = ["bench.test"]
-hosts = { "bench.test" = "127.0.0.1" }
-`, pPort, sPort)
+allow = ["bench.test", "api.anthropic.com", "splice.test"]
+ports = [%s, %s, %s, %s]
+allow_private = ["bench.test", "api.anthropic.com", "splice.test"]
+hosts = { "bench.test" = "127.0.0.1", "api.anthropic.com" = "127.0.0.1", "splice.test" = "127.0.0.1" }
+%s`, pPort, sPort, portOf(cw.api.Listener.Addr()), portOf(cw.splice.Listener.Addr()), cw.policy())
 	if err := os.WriteFile(cfg, []byte(policy), 0o600); err != nil {
 		return err
 	}
@@ -128,6 +133,9 @@ hosts = { "bench.test" = "127.0.0.1" }
 			defer holdMu.Unlock()
 			return len(held)
 		})
+		if err == nil && mtu == 0 {
+			err = cw.figures(vm)
+		}
 		vm.stop()
 		if err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -29,9 +30,15 @@ func main() {
 	scanPrefix := flag.String("scan-prefix", "", "the secret's public prefix")
 	scanLen := flag.Int("scan-len", 0, "the secret's length")
 	scanSum := flag.String("scan-sha256", "", "the secret's SHA-256, hex")
+	n := flag.Int("n", 1, "instead: send the request this many times and print the latency")
+	reuse := flag.Bool("reuse", false, "with -n: keep the connection between requests")
 	flag.Parse()
 	if *scanRoot != "" {
 		scan(*scanRoot, *scanPrefix, *scanLen, *scanSum)
+		return
+	}
+	if *n > 1 {
+		latency(*url, *header, *env, *data, *n, *reuse)
 		return
 	}
 	req, err := http.NewRequest("POST", *url, strings.NewReader(*data))
@@ -92,4 +99,35 @@ func scan(root, prefix string, n int, sum string) {
 		return nil
 	})
 	fmt.Printf("scanned %d files, %d bytes found=%d\n", files, size, found)
+}
+
+// latency sends the request n times, each on a new connection unless
+// reuse, and prints "p50_ms=X mean_ms=Y" of request → whole answer.
+func latency(url, header, env, data string, n int, reuse bool) {
+	tr := &http.Transport{DisableKeepAlives: !reuse, ForceAttemptHTTP2: true}
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	var times []time.Duration
+	for range n {
+		req, _ := http.NewRequest("POST", url, strings.NewReader(data))
+		req.Header.Set(header, os.Getenv(env))
+		t := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "request:", err)
+			os.Exit(1)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			fmt.Fprintln(os.Stderr, "status", resp.StatusCode)
+			os.Exit(1)
+		}
+		times = append(times, time.Since(t))
+	}
+	slices.Sort(times)
+	var sum time.Duration
+	for _, d := range times {
+		sum += d
+	}
+	fmt.Printf("p50_ms=%.2f mean_ms=%.2f\n", float64(times[len(times)/2].Microseconds())/1000, float64(sum.Microseconds())/1000/float64(n))
 }
