@@ -33,6 +33,9 @@ const (
 	RouteVMLogs        = "/v1/vms/{vm}/logs"           // GET ?tail=&grep=: LogsResult
 	RouteVMSchema      = "/v1/vms/{vm}/inspect/schema" // GET: SchemaResult
 	RouteVMInspect     = "/v1/vms/{vm}/inspect"        // POST InspectRequest: InspectResult
+	// RouteVMPorts publishes one more port of a running VM, for as long
+	// as it runs (POST PortMapping: the PortMapping as published).
+	RouteVMPorts = "/v1/vms/{vm}/ports"
 )
 
 // VMPath puts a VM's name or id into a route with {vm}.
@@ -75,6 +78,10 @@ type CreateRequest struct {
 	// NoAutodetect keeps the mcpServers of Claude Code and Gemini CLI
 	// settings out of this VM's gateway.
 	NoAutodetect bool `json:"no_autodetect,omitempty"`
+	// Ports are published on the host at every start of the VM (a
+	// persistent VM's resume too); a host port that is taken fails the
+	// create.
+	Ports []PortMapping `json:"ports,omitempty"`
 }
 
 // VM is one VM as the service knows it.
