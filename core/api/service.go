@@ -106,6 +106,9 @@ type VM struct {
 	// own option).
 	Config       string `json:"config,omitempty"`
 	NoAutodetect bool   `json:"no_autodetect,omitempty"`
+	// Ports are the create request's, published at every start (those a
+	// running VM publishes now, port-forward's too, are Process.Ports).
+	Ports []PortMapping `json:"ports,omitempty"`
 	// LastLog holds the last lines of a defunct VM's process log.
 	LastLog string `json:"last_log,omitempty"`
 	// Process is the running VM's own report (accelerator, boot timings).
