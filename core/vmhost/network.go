@@ -67,7 +67,7 @@ func openNetwork(v *VM) (*network, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &network{stack: st, ports: newPublisher(st, limited)}, nil
+	return &network{stack: st, ports: newPublisher(st.DialGuest, limited)}, nil
 }
 
 // netPolicy is the [net] policy in force; before the gateway loaded the

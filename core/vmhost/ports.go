@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
-	"github.com/capsem/capsem/core/netstack"
 )
 
 // Bounds of a published port.
@@ -36,11 +35,12 @@ const (
 // start before the VM boots), and accept once serve is called (the VM is
 // ready). close ends every listener and connection, and waits for them.
 type publisher struct {
-	stack *netstack.Stack
-	log   *slog.Logger
-	ctx   context.Context
-	stop  context.CancelFunc
-	wg    sync.WaitGroup
+	// dial connects to a guest port (netstack.Stack.DialGuest).
+	dial func(ctx context.Context, port uint16) (net.Conn, error)
+	log  *slog.Logger
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
 
 	mu      sync.Mutex
 	closed  bool
@@ -54,9 +54,9 @@ type publishedPort struct {
 	slots chan struct{}
 }
 
-func newPublisher(stack *netstack.Stack, log *slog.Logger) *publisher {
+func newPublisher(dial func(ctx context.Context, port uint16) (net.Conn, error), log *slog.Logger) *publisher {
 	ctx, stop := context.WithCancel(context.Background())
-	return &publisher{stack: stack, log: log, ctx: ctx, stop: stop}
+	return &publisher{dial: dial, log: log, ctx: ctx, stop: stop}
 }
 
 // PortTakenError is a published port whose host address cannot be
@@ -67,13 +67,16 @@ type PortTakenError struct {
 }
 
 func (e *PortTakenError) Error() string {
-	if errors.Is(e.Err, syscall.EADDRINUSE) {
+	if errors.Is(e.Err, syscall.EADDRINUSE) || errors.Is(e.Err, errPublishedAlready) {
 		return fmt.Sprintf("host port %s is taken: %v", e.Port.Listen(), e.Err)
 	}
 	return fmt.Sprintf("host port %s cannot be listened on: %v", e.Port.Listen(), e.Err)
 }
 
 func (e *PortTakenError) Unwrap() error { return e.Err }
+
+// errPublishedAlready is a host port this VM publishes already.
+var errPublishedAlready = errors.New("this VM publishes it already")
 
 // errPortsClosed refuses a port added while the VM stops.
 var errPortsClosed = errors.New("the VM is stopping")
@@ -95,7 +98,7 @@ func (p *publisher) add(m api.PortMapping) (api.PortMapping, error) {
 	}
 	for _, o := range p.ports {
 		if o.m.Listen() == m.Listen() {
-			return api.PortMapping{}, &PortTakenError{Port: m, Err: fmt.Errorf("this VM publishes it already, to guest port %d", o.m.Guest)}
+			return api.PortMapping{}, &PortTakenError{Port: m, Err: fmt.Errorf("%w, to guest port %d", errPublishedAlready, o.m.Guest)}
 		}
 	}
 	ln, err := net.Listen("tcp", m.Listen())
@@ -197,7 +200,7 @@ func (p *publisher) accept(pp *publishedPort) {
 func (p *publisher) carry(host net.Conn, m api.PortMapping) {
 	defer host.Close()
 	ctx, cancel := context.WithTimeout(p.ctx, guestDialTimeout)
-	guest, err := p.stack.DialGuest(ctx, uint16(m.Guest))
+	guest, err := p.dial(ctx, uint16(m.Guest))
 	cancel()
 	if err != nil {
 		p.log.Debug("a published port's connection did not reach the guest", "host", m.Listen(), "guest_port", m.Guest, "err", err)
