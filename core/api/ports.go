@@ -67,6 +67,23 @@ func ParsePortMapping(s string) (PortMapping, error) {
 	return m.Normalized(), nil
 }
 
+// ParsePortMappings reads a VM's ports (ParsePortMapping each) and
+// checks them together (CheckPorts).
+func ParsePortMappings(values []string) ([]PortMapping, error) {
+	var ports []PortMapping
+	for _, s := range values {
+		m, err := ParsePortMapping(s)
+		if err != nil {
+			return nil, err
+		}
+		ports = append(ports, m)
+	}
+	if err := CheckPorts(ports); err != nil {
+		return nil, err
+	}
+	return ports, nil
+}
+
 func cutLast(s, sep string) (before, after string, found bool) {
 	i := strings.LastIndex(s, sep)
 	if i < 0 {

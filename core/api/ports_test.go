@@ -91,3 +91,16 @@ func FuzzParsePortMapping(f *testing.F) {
 		}
 	})
 }
+
+func TestParsePortMappings(t *testing.T) {
+	got, err := ParsePortMappings([]string{"8080:80", "0.0.0.0:8080:80"})
+	if err != nil || len(got) != 2 || got[0].Address != "127.0.0.1" || got[1].Address != "0.0.0.0" {
+		t.Fatalf("%+v, %v", got, err)
+	}
+	if _, err := ParsePortMappings([]string{"8080:80", "127.0.0.1:8080:81"}); err == nil || !strings.Contains(err.Error(), "published twice") {
+		t.Fatalf("a host port twice: %v", err)
+	}
+	if _, err := ParsePortMappings([]string{"8080:80", "x"}); err == nil || !strings.Contains(err.Error(), `port "x"`) {
+		t.Fatalf("a bad second value: %v", err)
+	}
+}

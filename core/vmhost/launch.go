@@ -52,15 +52,8 @@ type ProcessConfig struct {
 
 // Ports are the ports c publishes, checked.
 func (c ProcessConfig) Ports() ([]api.PortMapping, error) {
-	var ports []api.PortMapping
-	for _, s := range c.Publish {
-		m, err := api.ParsePortMapping(s)
-		if err != nil {
-			return nil, fmt.Errorf("publish: %w", err)
-		}
-		ports = append(ports, m)
-	}
-	if err := api.CheckPorts(ports); err != nil {
+	ports, err := api.ParsePortMappings(c.Publish)
+	if err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
 	return ports, nil
