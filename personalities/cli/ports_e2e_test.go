@@ -91,6 +91,49 @@ func checkPublishedPorts(t *testing.T, c capsemCLI, vm string, published int) {
 			t.Fatalf("info does not list the port:\n%s", out)
 		}
 	})
+	t.Run("a flood of host connections is bounded", func(t *testing.T) {
+		// 300 silent connections: the guest's httpd waits for a request
+		// on each that reaches it; past the bound of 256 the process
+		// closes a new one at once. Once they end, the port serves again.
+		const flood, bound = 300, 256
+		conns := make([]net.Conn, 0, flood)
+		defer func() {
+			for _, conn := range conns {
+				conn.Close()
+			}
+		}()
+		for range flood {
+			conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", published), 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, conn)
+		}
+		ended := make(chan bool, flood)
+		for _, conn := range conns {
+			go func() {
+				conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+				_, err := conn.Read(make([]byte, 1))
+				ended <- err == io.EOF
+			}()
+		}
+		closed := 0
+		for range flood {
+			if <-ended {
+				closed++
+			}
+		}
+		if closed != flood-bound {
+			t.Fatalf("%d of %d silent connections were closed, want %d (the bound is %d)", closed, flood, flood-bound, bound)
+		}
+		for _, conn := range conns {
+			conn.Close()
+		}
+		conns = nil
+		if got := getFromHost(t, published); got != "hello-from-guest\n" {
+			t.Fatalf("after the flood the port answered %q", got)
+		}
+	})
 	t.Run("a taken host port fails the create", func(t *testing.T) {
 		c := capsemCLI{t: t, env: c.env}
 		_, errOut, code := c.run("create", "other", "--ram-mb", "512", "--cpus", "1", "--publish", fmt.Sprintf("%d:3000", published))
