@@ -33,6 +33,7 @@ const (
 	RouteFileMkdir   = "/v1/files/mkdir"   // POST FileRequest
 	RouteStop        = "/v1/stop"          // POST: 204, then the VM stops
 	RouteLogs        = "/v1/logs"          // GET ?tail=&grep=: the serial console's last lines
+	RoutePorts       = "/v1/ports"         // POST PortMapping: the PortMapping as published
 )
 
 // The readiness pipe of `capsem process --ready-fd N`: a StagePrefix line
@@ -145,6 +146,9 @@ type Info struct {
 	// Workspace is what the guest's workspace takes on the host, and its
 	// bound.
 	Workspace *WorkspaceUsage `json:"workspace,omitempty"`
+	// Ports are the ports the VM publishes on the host now: its
+	// create's, and those port-forward added while it runs.
+	Ports []PortMapping `json:"ports,omitempty"`
 }
 
 // WorkspaceUsage is what a VM's workspace takes on the host against its

@@ -33,6 +33,9 @@ const (
 	RouteVMLogs        = "/v1/vms/{vm}/logs"           // GET ?tail=&grep=: LogsResult
 	RouteVMSchema      = "/v1/vms/{vm}/inspect/schema" // GET: SchemaResult
 	RouteVMInspect     = "/v1/vms/{vm}/inspect"        // POST InspectRequest: InspectResult
+	// RouteVMPorts publishes one more port of a running VM, for as long
+	// as it runs (POST PortMapping: the PortMapping as published).
+	RouteVMPorts = "/v1/vms/{vm}/ports"
 )
 
 // VMPath puts a VM's name or id into a route with {vm}.
@@ -75,6 +78,10 @@ type CreateRequest struct {
 	// NoAutodetect keeps the mcpServers of Claude Code and Gemini CLI
 	// settings out of this VM's gateway.
 	NoAutodetect bool `json:"no_autodetect,omitempty"`
+	// Ports are published on the host at every start of the VM (a
+	// persistent VM's resume too); a host port that is taken fails the
+	// create.
+	Ports []PortMapping `json:"ports,omitempty"`
 }
 
 // VM is one VM as the service knows it.
@@ -99,6 +106,9 @@ type VM struct {
 	// own option).
 	Config       string `json:"config,omitempty"`
 	NoAutodetect bool   `json:"no_autodetect,omitempty"`
+	// Ports are the create request's, published at every start (those a
+	// running VM publishes now, port-forward's too, are Process.Ports).
+	Ports []PortMapping `json:"ports,omitempty"`
 	// LastLog holds the last lines of a defunct VM's process log.
 	LastLog string `json:"last_log,omitempty"`
 	// Process is the running VM's own report (accelerator, boot timings).

@@ -193,6 +193,13 @@ func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte,
 	return err
 }
 
+// Publish publishes one more port of the running VM and returns it as
+// published.
+func (c *ProcessClient) Publish(ctx context.Context, m api.PortMapping) (api.PortMapping, error) {
+	var out api.PortMapping
+	return out, c.post(ctx, api.RoutePorts, m, &out)
+}
+
 // Stop shuts the VM down (cleanly if the guest answers).
 func (c *ProcessClient) Stop(ctx context.Context) error {
 	return c.post(ctx, api.RouteStop, struct{}{}, nil)

@@ -334,6 +334,13 @@ func (c *ServiceClient) Resume(ctx context.Context, vm string) (api.VM, error) {
 	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMResume, vm), nil, nil, &v)
 }
 
+// Publish publishes one more port of a running VM, for as long as it
+// runs, and returns it as published.
+func (c *ServiceClient) Publish(ctx context.Context, vm string, m api.PortMapping) (api.PortMapping, error) {
+	var out api.PortMapping
+	return out, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMPorts, vm), nil, m, &out)
+}
+
 // Persist names an ephemeral VM.
 func (c *ServiceClient) Persist(ctx context.Context, vm, name string) (api.VM, error) {
 	var v api.VM

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -51,8 +52,12 @@ func (f *fakeService) Create(_ context.Context, req api.CreateRequest) (api.VM, 
 	f.mu.Lock()
 	f.createIn = req
 	f.mu.Unlock()
-	return api.VM{ID: "vm-aaaaaaaaaaaa", Name: req.Name, State: api.StateRunning, RAMMB: req.RAMMB, CPUs: req.CPUs,
-		Process: &api.Info{Accel: "tcg", BootTimings: map[string]int64{"total": 700}}}, nil
+	var published []api.PortMapping
+	for _, m := range req.Ports {
+		published = append(published, m.Normalized())
+	}
+	return api.VM{ID: "vm-aaaaaaaaaaaa", Name: req.Name, State: api.StateRunning, RAMMB: req.RAMMB, CPUs: req.CPUs, Ports: req.Ports,
+		Process: &api.Info{Accel: "tcg", BootTimings: map[string]int64{"total": 700}, Ports: published}}, nil
 }
 func (f *fakeService) Info(_ context.Context, vm string) (api.VM, error) {
 	if vm == "ghost" {
@@ -216,6 +221,35 @@ func call(t *testing.T, cs *mcp.ClientSession, name string, args any) *mcp.CallT
 		t.Fatalf("%s: %v", name, err)
 	}
 	return res
+}
+
+// TestCreatePublishesPorts: capsem_create's ports reach the service as
+// the create request's, and the VM comes back with them, addresses filled.
+func TestCreatePublishesPorts(t *testing.T) {
+	f := &fakeService{}
+	cs := connect(t, f, nil)
+	res := call(t, cs, "capsem_create", map[string]any{"ports": []map[string]any{{"host": 8080, "guest": 3000}, {"address": "0.0.0.0", "host": 9090, "guest": 80}}})
+	if res.IsError {
+		t.Fatalf("create: %+v", res.Content[0])
+	}
+	f.mu.Lock()
+	got := f.createIn.Ports
+	f.mu.Unlock()
+	if want := []api.PortMapping{{Host: 8080, Guest: 3000}, {Address: "0.0.0.0", Host: 9090, Guest: 80}}; !slices.Equal(got, want) {
+		t.Fatalf("the service was asked for %+v, want %+v", got, want)
+	}
+	var out VMOut
+	b, _ := json.Marshal(res.StructuredContent)
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := []PortOut{{"127.0.0.1", 8080, 3000}, {"0.0.0.0", 9090, 80}}; !slices.Equal(out.Ports, want) {
+		t.Fatalf("ports out %+v, want %+v", out.Ports, want)
+	}
+	// A port without its guest side is refused by the schema.
+	if res := call(t, cs, "capsem_create", map[string]any{"ports": []map[string]any{{"host": 8080}}}); !res.IsError {
+		t.Fatalf("a port without guest: %+v", res)
+	}
 }
 
 func TestToolsTranslate(t *testing.T) {

@@ -20,7 +20,13 @@ type (
 		Env      map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command in the VM, {\"KEY\": \"VALUE\"}"`
 		Image    string            `json:"image,omitempty" jsonschema:"the image to boot (default: the built-in one)"`
 		// WorkspaceMib: camelCase on the MCP wire, as every tool argument.
-		WorkspaceMib int `json:"workspaceMib,omitempty" jsonschema:"bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it"`
+		WorkspaceMib int      `json:"workspaceMib,omitempty" jsonschema:"bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it"`
+		Ports        []PortIn `json:"ports,omitempty" jsonschema:"guest TCP ports to publish on the host, at every start of the VM: [{\"host\": 8080, \"guest\": 3000}]; a host port that is taken fails the create"`
+	}
+	PortIn struct {
+		Address string `json:"address,omitempty" jsonschema:"the host address to listen on, an IP address (default 127.0.0.1: only this host reaches the port)"`
+		Host    int    `json:"host" jsonschema:"the host's port, 1 to 65535"`
+		Guest   int    `json:"guest" jsonschema:"the guest's port it reaches, 1 to 65535"`
 	}
 	RunIn struct {
 		Command string            `json:"command" jsonschema:"shell command to run (/bin/sh -c)"`
@@ -100,6 +106,12 @@ type (
 		BootMs      int64  `json:"bootMs,omitempty"`
 		// Workspace is what the running VM's workspace takes on the host.
 		Workspace *WorkspaceOut `json:"workspace,omitempty" jsonschema:"what the running VM's workspace takes on the host, against its bound (the guest gets ENOSPC at either bound)"`
+		Ports     []PortOut     `json:"ports,omitempty" jsonschema:"guest TCP ports published on the host: a connection to address:host reaches the guest's port guest"`
+	}
+	PortOut struct {
+		Address string `json:"address"`
+		Host    int    `json:"host"`
+		Guest   int    `json:"guest"`
 	}
 	WorkspaceOut struct {
 		UsedBytes  int64 `json:"usedBytes"`
@@ -165,6 +177,15 @@ func vmOut(v api.VM) VMOut {
 	if !v.StartedAt.IsZero() {
 		o.StartedAt = v.StartedAt.Format(time.RFC3339)
 	}
+	// A running VM's own list has the ports added while it runs.
+	ports := v.Ports
+	if v.Process != nil {
+		ports = v.Process.Ports
+	}
+	for _, m := range ports {
+		m = m.Normalized()
+		o.Ports = append(o.Ports, PortOut{Address: m.Address, Host: m.Host, Guest: m.Guest})
+	}
 	if v.Process != nil {
 		o.Accel, o.BootMs, o.StateReason = v.Process.Accel, v.Process.BootTimings["total"], v.Process.StateReason
 		if w := v.Process.Workspace; w != nil {
@@ -201,10 +222,11 @@ var (
 func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_create", Annotations: creates, Description: "Boot a fresh VM and return it once it is ready for capsem_exec (seconds to tens of seconds). " +
 		"A VM with a name is persistent (capsem_stop keeps its state for capsem_resume); without one it is ephemeral and removed when stopped. " +
-		"Refused with a clear error when the host has too little free memory."}, t.create)
+		"ports publishes guest TCP ports on the host (loopback unless an address is given). " +
+		"Refused with a clear error when the host has too little free memory, or a host port is taken."}, t.create)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_run", Annotations: creates, Description: "One shot: boot a temporary VM, run one shell command in it, remove the VM, and return the command's stdout, stderr and exit code."}, t.run)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_list", Annotations: readOnly, Description: "List every VM: running, booting, stopped persistent ones and defunct ones."}, t.list)
-	mcp.AddTool(s, &mcp.Tool{Name: "capsem_info", Annotations: readOnly, Description: "One VM's configuration and state: persistent or not, memory, CPUs, pid, accelerator and boot time when running, the last log lines when defunct."}, t.info)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_info", Annotations: readOnly, Description: "One VM's configuration and state: persistent or not, memory, CPUs, published ports, pid, accelerator and boot time when running, the last log lines when defunct."}, t.info)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_exec", Annotations: changes, Description: "Run a shell command in a running VM and return its stdout and stderr (apart, each up to 1 MiB, with a truncated flag), exit code and duration. " +
 		"No timeout unless you give one; a timeout kills the command's process group and says so (timedOut). Cancelling the call kills the command."}, t.exec)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_stop", Annotations: changes, Description: "Stop a VM. A persistent (named) VM keeps its disk, workspace and ledger for capsem_resume; an ephemeral VM is destroyed."}, t.stop)
@@ -230,7 +252,11 @@ func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, in CreateI
 	notify := progress(ctx, req, "creating the VM")
 	stage := newStages(notify)
 	stop := heartbeat(2*time.Second, stage.beat)
-	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image, WorkspaceMiB: in.WorkspaceMib}, stage.next)
+	var ports []api.PortMapping
+	for _, p := range in.Ports {
+		ports = append(ports, api.PortMapping{Address: p.Address, Host: p.Host, Guest: p.Guest})
+	}
+	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image, WorkspaceMiB: in.WorkspaceMib, Ports: ports}, stage.next)
 	stop()
 	if err != nil {
 		return nil, VMOut{}, err

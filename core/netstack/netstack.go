@@ -109,6 +109,11 @@ type Limits struct {
 	DialTimeout time.Duration
 	// LookupTimeout bounds resolving a name on the host.
 	LookupTimeout time.Duration
+	// Inbound is the most connections into the guest (DialGuest: the
+	// host's published ports) open at once; past it a dial is refused.
+	// They have their own bound: the guest's flows cannot starve them,
+	// nor they the guest's.
+	Inbound int
 }
 
 // DefaultLimits are the bounds a VM gets.
@@ -121,6 +126,7 @@ var DefaultLimits = Limits{
 	FirstFlightWait: 5 * time.Second,
 	DialTimeout:     15 * time.Second,
 	LookupTimeout:   10 * time.Second,
+	Inbound:         1024,
 }
 
 // DefaultMTU is the link MTU when the config names none: over a stream to
@@ -158,6 +164,7 @@ type Stack struct {
 	pins   *pins
 	flows  chan struct{} // one token per flow
 	dns    chan struct{} // one token per query being answered
+	inward chan struct{} // one token per connection DialGuest made
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -177,6 +184,7 @@ type Stack struct {
 
 	overFlows   atomic.Int64 // SYNs reset because Flows was reached
 	overLookups atomic.Int64 // queries dropped because Lookups was reached
+	overInbound atomic.Int64 // DialGuest calls refused because Inbound was reached
 	lastWarn    atomic.Int64 // unix nanos of the last over-limit warning
 }
 
@@ -185,8 +193,10 @@ type Stats struct {
 	FlowsOverLimit   int64
 	LookupsOverLimit int64
 	FramesDropped    int64
+	InboundOverLimit int64
 	Pins             int
 	OpenFlows        int
+	OpenInbound      int
 }
 
 var (
@@ -280,7 +290,7 @@ func New(cfg Config) (*Stack, error) {
 		cfg.Limits = DefaultLimits
 	}
 	l := cfg.Limits
-	if l.Flows < 1 || l.Handshakes < 1 || l.Lookups < 1 || l.Pins < 1 || l.FirstFlight < 512 ||
+	if l.Flows < 1 || l.Handshakes < 1 || l.Lookups < 1 || l.Pins < 1 || l.Inbound < 1 || l.FirstFlight < 512 ||
 		l.FirstFlightWait <= 0 || l.DialTimeout <= 0 || l.LookupTimeout <= 0 {
 		return nil, fmt.Errorf("netstack: limits %+v: every bound must be set", l)
 	}
@@ -288,7 +298,7 @@ func New(cfg Config) (*Stack, error) {
 	s := &Stack{
 		cfg: cfg, log: cfg.Logger.With("component", "netstack"),
 		pins:  newPins(l.Pins),
-		flows: make(chan struct{}, l.Flows), dns: make(chan struct{}, l.Lookups),
+		flows: make(chan struct{}, l.Flows), dns: make(chan struct{}, l.Lookups), inward: make(chan struct{}, l.Inbound),
 		ctx: ctx, cancel: cancel,
 	}
 	if err := s.build(); err != nil {
@@ -424,6 +434,8 @@ func (s *Stack) Stats() Stats {
 		FlowsOverLimit:   s.overFlows.Load(),
 		LookupsOverLimit: s.overLookups.Load(),
 		OpenFlows:        len(s.flows),
+		InboundOverLimit: s.overInbound.Load(),
+		OpenInbound:      len(s.inward),
 	}
 	s.mu.Lock()
 	for _, f := range s.filters {

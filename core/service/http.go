@@ -165,6 +165,13 @@ func (s *Service) Handler(stop func()) http.Handler {
 			reply(w, http.StatusOK, out, err)
 		}
 	})
+	mux.HandleFunc("POST "+api.RouteVMPorts, func(w http.ResponseWriter, r *http.Request) {
+		var req api.PortMapping
+		if decode(w, r, &req, maxRequestBody) {
+			out, err := s.Publish(r.Context(), r.PathValue("vm"), req)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
 	mux.HandleFunc("POST "+api.RouteVMReadFile, func(w http.ResponseWriter, r *http.Request) {
 		var req api.ReadFileRequest
 		if decode(w, r, &req, maxRequestBody) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -59,8 +60,29 @@ func (s *Service) normalize(req *api.CreateRequest) (diskGB int, err error) {
 	if err := checkEnv(req.Env); err != nil {
 		return 0, err
 	}
+	if err := api.CheckPorts(req.Ports); err != nil {
+		return 0, badRequest("%v", err)
+	}
+	for i, m := range req.Ports {
+		req.Ports[i] = m.Normalized()
+	}
 	req.NoAutodetect = req.NoAutodetect || s.o.NoAutodetect
 	return diskGB, checkConfig(req.Config, req.NoAutodetect)
+}
+
+// checkPortsFree refuses ports whose host address cannot be listened on
+// now (taken, or privileged), so that a create or resume that would fail
+// on them fails before a VM starts, naming the port. The VM's process
+// listens on them itself, and says the same should one be taken meanwhile.
+func checkPortsFree(ports []api.PortMapping) error {
+	for _, m := range ports {
+		ln, err := net.Listen("tcp", m.Listen())
+		if err != nil {
+			return conflict("%v", &vmhost.PortTakenError{Port: m, Err: err})
+		}
+		ln.Close()
+	}
+	return nil
 }
 
 // checkConfig refuses a VM configuration that the VM's process would
@@ -126,8 +148,12 @@ func (s *Service) CreateStream(ctx context.Context, req api.CreateRequest, stage
 // create is Create, of a run's VM (ephemeral, even when named) or not,
 // telling stage (when not nil) the stages of its start.
 func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool, stage func(string)) (api.VM, error) {
+	req.Ports = slices.Clone(req.Ports)
 	diskGB, err := s.normalize(&req)
 	if err != nil {
+		return api.VM{}, err
+	}
+	if err := checkPortsFree(req.Ports); err != nil {
 		return api.VM{}, err
 	}
 	v, err := s.reserve(req, diskGB, run)
@@ -176,7 +202,7 @@ func (s *Service) reserve(req api.CreateRequest, diskGB int, run bool) (*vm, err
 	id := newID()
 	r := &vmrecord.Record{VM: api.VM{ID: id, Name: req.Name, Persistent: req.Name != "" && !run, Run: run, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
 		Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id),
-		Config: req.Config, NoAutodetect: req.NoAutodetect}, DiskGB: diskGB, WorkspaceMiB: req.WorkspaceMiB}
+		Config: req.Config, NoAutodetect: req.NoAutodetect, Ports: req.Ports}, DiskGB: diskGB, WorkspaceMiB: req.WorkspaceMiB}
 	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
 	v := &vm{rec: r}
 	v.mu.Lock()
@@ -198,6 +224,9 @@ func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
 		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB,
 		WorkspaceMiB: cmp.Or(r.WorkspaceMiB, vmhost.DefaultWorkspaceMiB), TCGCacheMiB: s.o.TCGCacheMiB}
+	for _, m := range r.Ports {
+		cfg.Publish = append(cfg.Publish, m.String())
+	}
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(credentialEnv(r.Config, cfg.NoAutodetect)...), Detach: true})
 	if err != nil {
 		return err
@@ -372,6 +401,9 @@ func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
 		return api.VM{}, err
 	}
 	if err := checkConfig(r.Config, r.NoAutodetect || s.o.NoAutodetect); err != nil {
+		return api.VM{}, err
+	}
+	if err := checkPortsFree(r.Ports); err != nil {
 		return api.VM{}, err
 	}
 	if err := s.boot(ctx, v, nil); err != nil {

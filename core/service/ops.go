@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -67,6 +68,29 @@ func (s *Service) ExecStream(ref string, req api.ExecRequest) (func(ctx context.
 		}
 		return ev, nil
 	}, nil
+}
+
+// Publish publishes one more port of a running VM, for as long as it runs
+// (a resume publishes the create's ports alone), and returns it as
+// published.
+func (s *Service) Publish(ctx context.Context, ref string, m api.PortMapping) (api.PortMapping, error) {
+	if err := m.Check(); err != nil {
+		return api.PortMapping{}, badRequest("%v", err)
+	}
+	v, c, err := s.running(ref)
+	if err != nil {
+		return api.PortMapping{}, err
+	}
+	out, err := c.Publish(ctx, m.Normalized())
+	var se *apiclient.StatusError
+	if errors.As(err, &se) && se.Code == api.CodeConflict {
+		r := s.snapshot(v)
+		return api.PortMapping{}, conflict("VM %s: %s", r.Label(), strings.TrimPrefix(se.Message, api.RoutePorts+": "))
+	}
+	if err != nil {
+		return api.PortMapping{}, s.vmError(v, err)
+	}
+	return out, nil
 }
 
 // checkCommand refuses an exec request without exactly one command.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -98,6 +100,15 @@ func TestHostileRequests(t *testing.T) {
 		{"bad tail", "GET", api.VMPath(api.RouteVMLogs, "ghost") + "?tail=-3", "", 400, "tail="},
 		{"inspect too many rows", "POST", api.VMPath(api.RouteVMInspect, "ghost"), `{"sql":"SELECT 1","max_rows":99999}`, 400, "max_rows 99999"},
 		{"persist a bad name", "POST", api.VMPath(api.RouteVMPersist, "ghost"), `{"name":"A/B"}`, 400, "use lower-case letters"},
+		{"host port 0", "POST", api.RouteVMs, `{"ports":[{"host":0,"guest":80}]}`, 400, "port 0:80: host port 0: want 1 to 65535"},
+		{"guest port past 65535", "POST", api.RouteVMs, `{"ports":[{"host":8080,"guest":65536}]}`, 400, "port 8080:65536: guest port 65536"},
+		{"port address a name", "POST", api.RouteVMs, `{"ports":[{"address":"localhost","host":8080,"guest":80}]}`, 400, `address "localhost": want an IP address`},
+		{"a host port twice", "POST", api.RouteVMs, `{"ports":[{"host":8080,"guest":80},{"address":"127.0.0.1","host":8080,"guest":81}]}`, 400, "host port 127.0.0.1:8080 is published twice"},
+		{"too many ports", "POST", api.RouteVMs, `{"ports":[` + strings.Repeat(`{"host":1,"guest":1},`, api.MaxPorts) + `{"host":1,"guest":1}]}`, 400, "more than 64"},
+		{"run with a bad port", "POST", api.RouteRunLive, `{"ports":[{"host":-1,"guest":1}],"exec":{"command":"true"}}`, 400, "host port -1"},
+		{"port-forward on an unknown VM", "POST", api.VMPath(api.RouteVMPorts, "ghost"), `{"host":8080,"guest":80}`, 404, "no VM named"},
+		{"port-forward of a bad port", "POST", api.VMPath(api.RouteVMPorts, "ghost"), `{"host":8080,"guest":0}`, 400, "guest port 0"},
+		{"port-forward with an unknown field", "POST", api.VMPath(api.RouteVMPorts, "ghost"), `{"host":8080,"guest":80,"proto":"udp"}`, 400, `unknown field "proto"`},
 		{"method not allowed", "PUT", api.RouteVMs, ``, 405, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,6 +152,38 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	records, _ := os.ReadDir(s.reg.Dir)
 	if len(s.List()) != 0 || len(sessions) != 0 || len(records) != 0 {
 		t.Fatalf("a failed create left %d VMs, %d sessions, %d records", len(s.List()), len(sessions), len(records))
+	}
+}
+
+// TestTakenPortRefused: a create or resume publishing a host port that is
+// taken is refused before any VM starts, naming the port; the create
+// leaves nothing, the stopped VM stays stopped.
+func TestTakenPortRefused(t *testing.T) {
+	s := newTestService(t)
+	h := s.Handler(nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	want := fmt.Sprintf("host port 127.0.0.1:%d is taken", port)
+	status, body := do(t, h, "POST", api.RouteVMs, fmt.Sprintf(`{"name":"web","ports":[{"host":%d,"guest":80}]}`, port))
+	if status != http.StatusConflict || !strings.Contains(body, want) {
+		t.Fatalf("%d %s, want 409 saying %q", status, body, want)
+	}
+	sessions, _ := os.ReadDir(s.sessions)
+	records, _ := os.ReadDir(s.reg.Dir)
+	if len(s.List()) != 0 || len(sessions) != 0 || len(records) != 0 {
+		t.Fatalf("a refused create left %d VMs, %d sessions, %d records", len(s.List()), len(sessions), len(records))
+	}
+	addVM(t, s, vmrecord.Record{VM: api.VM{ID: "vm-0000000000b1", Name: "kept", Persistent: true, State: api.StateStopped,
+		RAMMB: 256, CPUs: 1, NoAutodetect: true, Ports: []api.PortMapping{{Address: "127.0.0.1", Host: port, Guest: 80}}}})
+	if _, err := s.Resume(context.Background(), "kept"); StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), want) {
+		t.Fatalf("resume with its port taken: %v, want 409 saying %q", err, want)
+	}
+	if v, _ := s.Info(context.Background(), "kept"); v.State != api.StateStopped {
+		t.Fatalf("the VM is %s after a refused resume, want stopped", v.State)
 	}
 }
 

@@ -37,6 +37,7 @@ func (v *VM) routes() http.Handler {
 	mux.HandleFunc("POST "+api.RouteStop, v.handleStop)
 	mux.HandleFunc("GET "+api.RouteLogs, v.handleLogs)
 	mux.HandleFunc("POST "+api.RouteTerminal, v.handleTerminal)
+	mux.HandleFunc("POST "+api.RoutePorts, v.handlePorts)
 	return mux
 }
 
@@ -84,7 +85,45 @@ func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
 		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start.String(), BootTimings: v.timings, State: state, StateReason: reason,
-		Workspace: v.ws.usage()})
+		Workspace: v.ws.usage(), Ports: v.ports()})
+}
+
+// ports are the ports the VM publishes now.
+func (v *VM) ports() []api.PortMapping {
+	if v.net == nil {
+		return nil
+	}
+	return v.net.ports.list()
+}
+
+// handlePorts publishes one more port while the VM runs. A host port that
+// cannot be listened on is a conflict (api.CodeConflict), not a stop
+// cutting the call off.
+func (v *VM) handlePorts(w http.ResponseWriter, r *http.Request) {
+	var m api.PortMapping
+	if !decodeBody(w, r, &m) {
+		return
+	}
+	if err := m.Check(); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	if v.net == nil {
+		writeJSON(w, http.StatusConflict, api.Error{Error: fmt.Sprintf("port %s: the VM has no network", m), Code: api.CodeConflict})
+		return
+	}
+	out, err := v.net.ports.add(m)
+	var taken *PortTakenError
+	switch {
+	case errors.As(err, &taken):
+		writeJSON(w, http.StatusConflict, api.Error{Error: err.Error(), Code: api.CodeConflict})
+	case errors.Is(err, errPortsClosed):
+		writeError(w, http.StatusConflict, err) // the stop cut it off
+	case err != nil:
+		writeError(w, http.StatusBadRequest, err)
+	default:
+		writeJSON(w, http.StatusOK, out)
+	}
 }
 
 func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {

@@ -40,12 +40,23 @@ type ProcessConfig struct {
 	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
 	NoNetwork    bool   `name:"no-network" help:"Give the VM no network interface at all (by default it has one, behind the [net] policy)."`
 	NetMTU       int    `name:"net-mtu" default:"0" help:"MTU of the VM's network interface (0: 65520, the fastest over QEMU's stream; 1280..65520)."`
+	// Publish are api.PortMappings as api.ParsePortMapping reads them.
+	Publish []string `name:"publish" sep:"none" placeholder:"[ADDR:]HOST:GUEST" help:"Publish a guest TCP port on the host (repeatable): a listener on ADDR:HOST (ADDR 127.0.0.1 unless given) whose connections reach the guest's port GUEST."`
 	// NetLoopbackOnly is a test's world: only loopback destinations.
 	NetLoopbackOnly bool   `name:"net-loopback-only" hidden:"" help:"Let the VM's network dial loopback addresses only; every other dial is refused and logged."`
 	NoBootState     bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
 	BootStateDir    string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
 	// ConsoleLogMaxKiB is a test's smaller console bound.
 	ConsoleLogMaxKiB int `name:"console-log-max-kib" hidden:"" default:"0" help:"Rotate the console log past this many KiB (0: the default bound)."`
+}
+
+// Ports are the ports c publishes, checked.
+func (c ProcessConfig) Ports() ([]api.PortMapping, error) {
+	ports, err := api.ParsePortMappings(c.Publish)
+	if err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	return ports, nil
 }
 
 // Resource bounds a ProcessConfig is checked against.
@@ -64,6 +75,11 @@ func (c ProcessConfig) Check() error {
 		return errors.New("no API socket")
 	case c.NetMTU != 0 && (c.NetMTU < vmm.MinMTU || c.NetMTU > vmm.MaxMTU):
 		return fmt.Errorf("net MTU %d: want 0 (the default) or %d to %d", c.NetMTU, vmm.MinMTU, vmm.MaxMTU)
+	case c.NoNetwork && len(c.Publish) > 0:
+		return fmt.Errorf("publish %s: the VM has no network (--no-network)", c.Publish[0])
+	}
+	if _, err := c.Ports(); err != nil {
+		return err
 	}
 	return Resources{CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, DiskGiB: c.DiskGiB, WorkspaceMiB: c.WorkspaceMiB}.Check()
 }
@@ -89,7 +105,8 @@ func (r Resources) Check() error {
 }
 
 // Args renders c as the flags of `capsem process` that parse back into c:
-// strings when set, integers always, booleans when true.
+// strings when set, integers always, booleans when true, each string of a
+// list as a flag of its own.
 func (c ProcessConfig) Args() []string {
 	var args []string
 	v := reflect.ValueOf(c)
@@ -105,6 +122,13 @@ func (c ProcessConfig) Args() []string {
 		case reflect.Bool:
 			if f.Bool() {
 				args = append(args, name)
+			}
+		case reflect.Slice:
+			if f.Type().Elem().Kind() != reflect.String {
+				panic("vmhost: ProcessConfig list of " + f.Type().Elem().Kind().String())
+			}
+			for j := range f.Len() {
+				args = append(args, name, f.Index(j).String())
 			}
 		default:
 			panic("vmhost: ProcessConfig field of kind " + f.Kind().String())

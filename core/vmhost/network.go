@@ -26,6 +26,8 @@ import (
 // resume), so its DNS pins live as long as the VM.
 type network struct {
 	stack *netstack.Stack
+	// ports are the VM's published ports, carried through stack.
+	ports *publisher
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 }
@@ -74,7 +76,7 @@ func openNetwork(v *VM) (*network, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &network{stack: st}, nil
+	return &network{stack: st, ports: newPublisher(st.DialGuest, limited)}, nil
 }
 
 // netPolicy is the [net] policy in force; before the gateway loaded the
@@ -136,6 +138,7 @@ func (n *network) end() {
 }
 
 func (n *network) close() {
+	n.ports.close()
 	n.end()
 	n.stack.Close()
 }

@@ -77,6 +77,10 @@ type Options struct {
 	// NetLoopbackOnly lets the VM's network dial loopback addresses only
 	// (tests: every other dial is refused and logged).
 	NetLoopbackOnly bool
+	// Ports are published on the host: listened on before the VM starts
+	// (a host port that is taken fails the start, naming it), carried to
+	// the guest once it is ready.
+	Ports []api.PortMapping
 	// Stage, when not nil, is told each stage of the start as it begins
 	// (guest assets, accelerator, boot or resume), for the caller to
 	// show; `capsem process` reports them on its readiness pipe.
@@ -198,6 +202,9 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err := v.startGateway(ctx, sources); err != nil {
 		return nil, err
 	}
+	if v.net != nil {
+		v.net.ports.serve()
+	}
 	v.timings["total"] = time.Since(t0).Milliseconds()
 	v.log.Info("VM ready", "start", v.start.String(), "timings_ms", v.timings, "agent", v.hello.AgentVersion)
 	ok = true
@@ -301,9 +308,17 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		return vmm.Spec{}, false, err
 	}
 	var nic *vmm.Network
+	if o.NoNetwork && len(o.Ports) > 0 {
+		return vmm.Spec{}, false, fmt.Errorf("published port %s: the VM has no network (--no-network)", o.Ports[0])
+	}
 	if !o.NoNetwork {
 		if v.net, err = openNetwork(v); err != nil {
 			return vmm.Spec{}, false, err
+		}
+		for _, m := range o.Ports {
+			if _, err := v.net.ports.add(m); err != nil {
+				return vmm.Spec{}, false, err
+			}
 		}
 		nic = &vmm.Network{MAC: guestwire.NetGuestMAC, MTU: o.NetMTU}
 		storageArgs += networkCmdline

@@ -59,6 +59,15 @@ func envMap(kvs []string) (map[string]string, error) {
 	return env, nil
 }
 
+// portList is ports as "127.0.0.1:8080 -> 3000, ...".
+func portList(ports []api.PortMapping) string {
+	var parts []string
+	for _, m := range ports {
+		parts = append(parts, fmt.Sprintf("%s -> %d", m.Listen(), m.Guest))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // age is a short "how long ago".
 func age(t time.Time) string {
 	if t.IsZero() {
@@ -102,6 +111,14 @@ func printVM(v api.VM) {
 			rows = append(rows, [2]string{"workspace", fmt.Sprintf("%s of %s, %d of %d files",
 				humanBytes(w.UsedBytes), humanBytes(w.LimitBytes), w.Files, w.FilesLimit)})
 		}
+	}
+	// A running VM's own list has the ports port-forward added.
+	ports := v.Ports
+	if v.Process != nil {
+		ports = v.Process.Ports
+	}
+	if len(ports) > 0 {
+		rows = append(rows, [2]string{"ports", portList(ports)})
 	}
 	if v.LastLog != "" {
 		rows = append(rows, [2]string{"last log", "\n" + v.LastLog})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -62,10 +63,12 @@ func TestCLIVerbs(t *testing.T) {
 	testkit.GuestBinary(t)
 	c := capsemCLI{t: t, env: env}
 
-	id := strings.TrimSpace(c.must("create", "dev", "--ram-mb", "512", "--cpus", "1", "-e", "WHO=cli"))
+	published := freePort(t)
+	id := strings.TrimSpace(c.must("create", "dev", "--ram-mb", "512", "--cpus", "1", "-e", "WHO=cli", "--publish", fmt.Sprintf("%d:3000", published)))
 	if !strings.HasPrefix(id, "vm-") {
 		t.Fatalf("create printed %q, want an id", id)
 	}
+	checkPublishedPorts(t, c, "dev", published)
 	out, errOut, code := c.run("exec", "dev", "--", "sh", "-c", `echo "out $WHO"; echo err >&2; exit 5`)
 	if out != "out cli\n" || errOut != "err\n" || code != 5 {
 		t.Fatalf("exec: %q %q %d", out, errOut, code)
@@ -128,6 +131,7 @@ func TestCLIVerbs(t *testing.T) {
 		t.Fatalf("exec on a stopped VM: exit %d %q", code, errOut)
 	}
 	c.must("resume", "dev")
+	checkPortsAfterResume(t, c, "dev", published)
 	if out := c.must("exec", "dev", "--", "cat", "/root/workspace/in.bin"); out != string(blob) {
 		t.Fatalf("the workspace after resume: %d bytes", len(out))
 	}

@@ -18,9 +18,10 @@ type CreateCmd struct {
 	DiskGB       *int `name:"disk-gb" help:"Size of the VM's disk in GB (default 8); 0: none, the guest runs from RAM."`
 	WorkspaceMiB int  `name:"workspace-mib" help:"Bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it."`
 	// type:"path" makes it absolute, as the service needs.
-	Config       string `type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway, in place of $CAPSEM_HOME/user.toml (read again on every boot and policy reload)."`
-	NoAutodetect bool   `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings to the VM's gateway."`
-	JSON         bool   `help:"Print the VM as JSON."`
+	Config       string   `type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway, in place of $CAPSEM_HOME/user.toml (read again on every boot and policy reload)."`
+	NoAutodetect bool     `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings to the VM's gateway."`
+	Publish      []string `short:"p" sep:"none" placeholder:"[ADDR:]HOST:GUEST" help:"Publish the guest's TCP port GUEST on the host's port HOST (repeatable), on loopback unless ADDR is given: 8080:3000, 0.0.0.0:8080:3000, [::1]:8080:3000. Again on every resume."`
+	JSON         bool     `help:"Print the VM as JSON."`
 }
 
 // Run creates the VM and prints it.
@@ -29,13 +30,17 @@ func (c *CreateCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	ports, err := api.ParsePortMappings(c.Publish)
+	if err != nil {
+		return fmt.Errorf("--publish: %w", err)
+	}
 	cl, err := client()
 	if err != nil {
 		return err
 	}
 	stage := func(s string) { slog.Log(ctx, api.StageLogLevel(s), "starting the VM", "stage", s) }
 	v, err := cl.CreateStream(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Env: env, DiskGB: c.DiskGB, WorkspaceMiB: c.WorkspaceMiB,
-		Config: c.Config, NoAutodetect: c.NoAutodetect}, stage)
+		Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports}, stage)
 	if err != nil {
 		return err
 	}

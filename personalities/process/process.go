@@ -47,6 +47,10 @@ func (c *Cmd) Run(ctx context.Context) error {
 	if logPath := (paths.Session{Dir: c.SessionDir}).ProcessLog(); stderrIs(logPath) {
 		go logs.RotateFD(logs.WithLogger(ctx, log), logPath, int(os.Stderr.Fd()), logs.ProcessLogMaxBytes, processLogCheck)
 	}
+	ports, err := c.Ports()
+	if err != nil {
+		return err
+	}
 	verdicts, err := paths.AccelVerdict()
 	if err != nil {
 		return err
@@ -57,7 +61,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
 		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, WorkspaceMiB: c.WorkspaceMiB, Logger: log,
 		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage,
-		NoNetwork: c.NoNetwork, NetLoopbackOnly: c.NetLoopbackOnly, NetMTU: c.NetMTU,
+		NoNetwork: c.NoNetwork, NetLoopbackOnly: c.NetLoopbackOnly, NetMTU: c.NetMTU, Ports: ports,
 	})
 	if err != nil {
 		return err

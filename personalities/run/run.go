@@ -37,6 +37,7 @@ type Cmd struct {
 	MemoryMiB    int      `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
 	DiskGiB      int      `name:"disk-gib" default:"8" help:"Size of the VM's disk (sparse, removed with the VM); 0: none, the guest runs from RAM."`
 	WorkspaceMiB int      `name:"workspace-mib" default:"16384" help:"Bound on what the VM's workspace may take on the host, in MiB; the guest gets ENOSPC at it."`
+	Publish      []string `short:"p" sep:"none" placeholder:"[ADDR:]HOST:GUEST" help:"Publish the guest's TCP port GUEST on the host's port HOST while the command runs (repeatable), on loopback unless ADDR is given."`
 	Command      []string `arg:"" passthrough:"" help:"The command and its arguments."`
 }
 
@@ -121,9 +122,13 @@ func (c *Cmd) request() (api.RunRequest, error) {
 		}
 		env[k] = v
 	}
+	ports, err := api.ParsePortMappings(c.Publish)
+	if err != nil {
+		return api.RunRequest{}, fmt.Errorf("--publish: %w", err)
+	}
 	disk := c.DiskGiB
 	return api.RunRequest{
-		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.MemoryMiB, CPUs: c.CPUs, DiskGB: &disk, WorkspaceMiB: c.WorkspaceMiB, Config: c.Config, NoAutodetect: c.NoAutodetect},
+		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.MemoryMiB, CPUs: c.CPUs, DiskGB: &disk, WorkspaceMiB: c.WorkspaceMiB, Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports},
 		Exec:          api.ExecRequest{Argv: argv, Env: env, TimeoutMS: c.Timeout.Milliseconds()},
 	}, nil
 }
