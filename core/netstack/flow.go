@@ -338,6 +338,10 @@ func (s *Stack) splice(guest *gonet.TCPConn, first []byte, dst netip.AddrPort, n
 	}
 	stop := context.AfterFunc(s.ctx, func() { up.Close(); guest.Close() })
 	defer stop()
+	if ev.Kind == KindHTTP {
+		s.spliceHTTP(guest, up, first, name, ev)
+		return
+	}
 	if len(first) > 0 {
 		if _, err := up.Write(first); err != nil {
 			up.Close()
@@ -367,6 +371,28 @@ func (s *Stack) splice(guest *gonet.TCPConn, first []byte, dst netip.AddrPort, n
 	ev.BytesSent += sent
 	ev.BytesReceived = received
 	ev.Status = status.code
+}
+
+// spliceHTTP carries a plain-HTTP connection: requests checked one by one
+// on the way out (httpRequests), the answers spliced back.
+func (s *Stack) spliceHTTP(guest *gonet.TCPConn, up net.Conn, first []byte, name string, ev *ConnEvent) {
+	var wg sync.WaitGroup
+	var sent int64
+	wg.Go(func() {
+		// A refused request ends the requests, not the answers to
+		// those before it: the destination sees the end of the
+		// guest's side either way.
+		sent = s.httpRequests(up, io.MultiReader(bytes.NewReader(first), guest), name, ev)
+		if cw, ok := up.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+	})
+	status := statusSniffer{w: guest}
+	received := copyHalf(halfCloser{&status, guest}, up)
+	wg.Wait()
+	up.Close()
+	guest.Close()
+	ev.BytesSent, ev.BytesReceived, ev.Status = sent, received, status.code
 }
 
 // halfCloser writes to w and half-closes c.

@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
 	"testing"
@@ -85,6 +86,25 @@ func FuzzFirstFlight(f *testing.F) {
 		}
 		if len(replay) > s.cfg.Limits.FirstFlight || string(replay) != string(first[:len(replay)]) {
 			t.Fatalf("replay %q is not a prefix of what was sent", replay)
+		}
+	})
+}
+
+// FuzzHTTPRequests: whatever the guest sends on a plain-HTTP connection,
+// what goes out is a prefix of it (bytes are never invented or reordered)
+// and the parser ends.
+func FuzzHTTPRequests(f *testing.F) {
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: allowed.example\r\n\r\nGET /2 HTTP/1.1\r\nHost: allowed.example\r\n\r\n"))
+	f.Add([]byte("POST / HTTP/1.1\r\nHost: allowed.example\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"))
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: allowed.example\r\nConnection: upgrade\r\n\r\nraw bytes"))
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: allowed.example\r\n\r\nGET /2 HTTP/1.1\r\nHost: evil.example\r\n\r\n"))
+	s := &Stack{cfg: Config{Policy: func() Policy { return basePolicy() }, Recorder: &events{ch: make(chan struct{}, 1)}}}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var out bytes.Buffer
+		ev := &ConnEvent{}
+		n := s.httpRequests(&out, bytes.NewReader(in), "allowed.example", ev)
+		if int64(out.Len()) != n || !bytes.HasPrefix(in, out.Bytes()) {
+			t.Fatalf("sent %d bytes, %q, not a prefix of the input %q", n, out.Bytes(), in)
 		}
 	})
 }
