@@ -25,6 +25,7 @@ import (
 // stack serves every machine the VM starts (a boot that is saved, then its
 // resume), so its DNS pins live as long as the VM.
 type network struct {
+	rec   *ledgerRecorder
 	stack *netstack.Stack
 	// ports are the VM's published ports, carried through stack.
 	ports *publisher
@@ -56,11 +57,13 @@ func openNetwork(v *VM) (*network, error) {
 			return nil
 		}
 	}
+	rec := &ledgerRecorder{v: v, log: limited}
+	rec.refusals = newRefusalBudget(rec.summary)
 	st, err := netstack.New(netstack.Config{
 		Policy:   v.netPolicy,
 		Resolver: net.DefaultResolver,
 		Dialer:   dialer,
-		Recorder: ledgerRecorder{v: v, log: limited},
+		Recorder: rec,
 		MTU:      v.opts.NetMTU,
 		Logger:   limited,
 		CA:       &v.netCA,
@@ -76,7 +79,7 @@ func openNetwork(v *VM) (*network, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &network{stack: st, ports: newPublisher(st.DialGuest, limited)}, nil
+	return &network{stack: st, ports: newPublisher(st.DialGuest, limited), rec: rec}, nil
 }
 
 // netPolicy is the [net] policy in force; before the gateway loaded the
@@ -141,16 +144,34 @@ func (n *network) close() {
 	n.ports.close()
 	n.end()
 	n.stack.Close()
+	n.rec.refusals.close()
 }
 
 // ledgerRecorder writes the stack's decisions as net_events and
 // dns_events rows, each committed before the connection or answer goes on.
 type ledgerRecorder struct {
-	v   *VM
-	log *slog.Logger
+	v        *VM
+	log      *slog.Logger
+	refusals *refusalBudget
 }
 
-func (r ledgerRecorder) write(row ledger.Row) {
+// summary writes the row that counts refusals past the budget.
+func (r *ledgerRecorder) summary(kind refusalKind, n int64, since time.Time) {
+	reason := summaryReason(kind, n, since)
+	if kind == refusedQueries {
+		r.write(&ledger.DNSEvent{Timestamp: since, Name: "(refused queries)", Decision: string(ledger.DecisionDenied),
+			PolicyRule: ruleRateLimited, PolicyReason: reason})
+		return
+	}
+	r.write(&ledger.NetEvent{Timestamp: since, Domain: "(refused connections)", Decision: string(ledger.DecisionDenied),
+		PolicyAction: "deny", MatchedRule: ruleRateLimited, PolicyRule: ruleRateLimited, PolicyReason: reason,
+		ConnType: "tcp", Source: ledger.SourceGuest, ProcessName: "guest"})
+}
+
+// ruleRateLimited marks a summary row of refusals.
+const ruleRateLimited = "rate-limited"
+
+func (r *ledgerRecorder) write(row ledger.Row) {
 	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
 	defer cancel()
 	if err := r.v.ledger.Write(ctx, row); err != nil {
@@ -158,7 +179,11 @@ func (r ledgerRecorder) write(row ledger.Row) {
 	}
 }
 
-func (r ledgerRecorder) Conn(e netstack.ConnEvent) {
+func (r *ledgerRecorder) Conn(e netstack.ConnEvent) {
+	// An attempt to move a credential is always a row of its own.
+	if !e.Allowed && e.Rule != netstack.RuleExfiltration && !r.refusals.take(refusedConnections) {
+		return
+	}
 	row := &ledger.NetEvent{
 		Timestamp:     e.Start,
 		Domain:        e.Name,
@@ -191,7 +216,10 @@ func (r ledgerRecorder) Conn(e netstack.ConnEvent) {
 	r.write(row)
 }
 
-func (r ledgerRecorder) DNS(e netstack.DNSEvent) {
+func (r *ledgerRecorder) DNS(e netstack.DNSEvent) {
+	if !e.Allowed && !r.refusals.take(refusedQueries) {
+		return
+	}
 	row := &ledger.DNSEvent{
 		Timestamp:    e.Time,
 		Name:         e.Name,
@@ -217,7 +245,7 @@ func (r ledgerRecorder) DNS(e netstack.DNSEvent) {
 	r.write(row)
 }
 
-func (r ledgerRecorder) Model(e netstack.ModelEvent) {
+func (r *ledgerRecorder) Model(e netstack.ModelEvent) {
 	r.write(&ledger.ModelCall{
 		Timestamp: e.Start, Provider: e.Provider, Model: e.Model, ProcessName: "guest",
 		RequestBytes: e.RequestBytes, ResponseBytes: e.ResponseBytes,

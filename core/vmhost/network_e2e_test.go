@@ -489,6 +489,28 @@ func TestHostileGuestNetworkFlood(t *testing.T) {
 	if got := <-otherDone; !strings.Contains(got, "RESULT: PASS") {
 		t.Errorf("another VM's network during the flood:\n%s", got)
 	}
+	// The ledger took the refusals up to its rate, and counted the rest in
+	// summary rows once the burst passed.
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(v.sessionDir, "session.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var rows, summaries int
+	var counted sql.NullString
+	summaryDeadline := time.Now().Add(30 * time.Second)
+	for {
+		db.QueryRow(`SELECT COUNT(*) FROM dns_events WHERE decision = 'denied' AND policy_rule != 'rate-limited'`).Scan(&rows)
+		db.QueryRow(`SELECT COUNT(*), group_concat(policy_reason, ' | ') FROM dns_events WHERE policy_rule = 'rate-limited'`).Scan(&summaries, &counted)
+		if summaries > 0 || time.Now().After(summaryDeadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("refused queries: %d rows of their own, %d summaries: %s", rows, summaries, counted.String)
+	if summaries == 0 || rows >= sent/2 || !strings.Contains(counted.String, "more refused DNS queries") {
+		t.Errorf("the refusals were not bounded in the ledger: %d rows, %d summaries", rows, summaries)
+	}
 	// The flooded VM's own network still serves.
 	out, errOut, code := v.guestRun(t, "wget -q -O - http://web.test:"+port(w.web)+"/after")
 	if code != 0 || !strings.Contains(out, "hello from web.test") {
