@@ -239,7 +239,8 @@ type NetEvent struct {
 	PolicyRule          string
 	PolicyReason        string
 	// IP is the destination address; Source who connected: SourceGuest
-	// (the guest's network) or SourceBuiltin (the builtin HTTP tools).
+	// (the guest's network), SourceBuiltin (the builtin HTTP tools) or
+	// SourcePublished (a host client of a published port).
 	IP     string
 	Source string
 	// PolicySource is the file the deciding rule came from.
@@ -250,6 +251,9 @@ type NetEvent struct {
 const (
 	SourceGuest   = "guest"
 	SourceBuiltin = "builtin"
+	// SourcePublished: a host client of a port the VM publishes, carried
+	// into the guest (IP is the client's, Port the guest's).
+	SourcePublished = "published"
 )
 
 func (*NetEvent) table() tableID { return tableNetEvents }

@@ -79,7 +79,9 @@ func openNetwork(v *VM) (*network, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &network{stack: st, ports: newPublisher(st.DialGuest, limited), rec: rec}, nil
+	ports := newPublisher(st.DialGuest, limited)
+	ports.record = rec.inbound
+	return &network{stack: st, ports: ports, rec: rec}, nil
 }
 
 // netPolicy is the [net] policy in force; before the gateway loaded the
@@ -166,6 +168,29 @@ func (r *ledgerRecorder) summary(kind refusalKind, n int64, since time.Time) {
 	r.write(&ledger.NetEvent{Timestamp: since, Domain: "(refused connections)", Decision: string(ledger.DecisionDenied),
 		PolicyAction: "deny", MatchedRule: ruleRateLimited, PolicyRule: ruleRateLimited, PolicyReason: reason,
 		ConnType: "tcp", Source: ledger.SourceGuest, ProcessName: "guest"})
+}
+
+// inbound records a host connection to a published port.
+func (r *ledgerRecorder) inbound(e inboundEvent) {
+	if e.refused != "" && !r.refusals.take(refusedConnections) {
+		return
+	}
+	ip := e.peer
+	if h, _, err := net.SplitHostPort(e.peer); err == nil {
+		ip = h
+	}
+	row := &ledger.NetEvent{
+		Timestamp: e.start, Domain: "published " + e.port.Listen(), IP: ip, Port: int64(e.port.Guest),
+		Decision: decisionOf(e.refused == ""), MatchedRule: "ports", PolicyRule: "ports",
+		BytesSent: e.toGuest, BytesReceived: e.fromGuest, DurationMS: time.Since(e.start).Milliseconds(),
+		ErrorMessage: e.err, ConnType: "inbound", Source: ledger.SourcePublished, ProcessName: "host",
+		PolicyReason: e.refused,
+	}
+	row.PolicyAction = "allow"
+	if e.refused != "" {
+		row.PolicyAction = "deny"
+	}
+	r.write(row)
 }
 
 // ruleRateLimited marks a summary row of refusals.

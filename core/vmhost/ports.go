@@ -37,15 +37,29 @@ const (
 type publisher struct {
 	// dial connects to a guest port (netstack.Stack.DialGuest).
 	dial func(ctx context.Context, port uint16) (net.Conn, error)
-	log  *slog.Logger
-	ctx  context.Context
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	// record receives every host connection to a published port, carried
+	// or refused at the bound (may be nil).
+	record func(inboundEvent)
+	log    *slog.Logger
+	ctx    context.Context
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
 
 	mu      sync.Mutex
 	closed  bool
 	serving bool
 	ports   []*publishedPort
+}
+
+// inboundEvent is one host connection to a published port.
+type inboundEvent struct {
+	start     time.Time
+	port      api.PortMapping
+	peer      string // the host client's address
+	refused   string // why it was not carried ("" if it was)
+	toGuest   int64
+	fromGuest int64
+	err       string
 }
 
 type publishedPort struct {
@@ -180,6 +194,8 @@ func (p *publisher) accept(pp *publishedPort) {
 		case pp.slots <- struct{}{}:
 		default:
 			c.Close()
+			p.note(inboundEvent{start: time.Now(), port: pp.m, peer: c.RemoteAddr().String(),
+				refused: fmt.Sprintf("the port carries %d connections at once", maxConnsPerPort)})
 			p.log.Warn("a published port carries as many connections as it may; closed a new one", "host", pp.m.Listen(), "bound", maxConnsPerPort)
 			continue
 		}
@@ -199,11 +215,14 @@ func (p *publisher) accept(pp *publishedPort) {
 // answer in time) gets the host connection closed.
 func (p *publisher) carry(host net.Conn, m api.PortMapping) {
 	defer host.Close()
+	ev := inboundEvent{start: time.Now(), port: m, peer: host.RemoteAddr().String()}
+	defer func() { p.note(ev) }()
 	ctx, cancel := context.WithTimeout(p.ctx, guestDialTimeout)
 	guest, err := p.dial(ctx, uint16(m.Guest))
 	cancel()
 	if err != nil {
 		p.log.Debug("a published port's connection did not reach the guest", "host", m.Listen(), "guest_port", m.Guest, "err", err)
+		ev.err = "reaching the guest's port: " + err.Error()
 		return
 	}
 	defer guest.Close()
@@ -215,24 +234,32 @@ func (p *publisher) carry(host net.Conn, m api.PortMapping) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pipe(guest, host)
+		ev.toGuest = pipe(guest, host)
 	}()
-	pipe(host, guest)
+	ev.fromGuest = pipe(host, guest)
 	<-done
+}
+
+func (p *publisher) note(ev inboundEvent) {
+	if p.record != nil {
+		p.record(ev)
+	}
 }
 
 // pipe copies src to dst: at src's end it half-closes dst, so the other
 // side sees this direction end; on a failure it closes both, which ends
 // the other direction too.
-func pipe(dst, src net.Conn) {
-	if _, err := io.Copy(dst, src); err != nil {
+func pipe(dst, src net.Conn) int64 {
+	n, err := io.Copy(dst, src)
+	if err != nil {
 		dst.Close()
 		src.Close()
-		return
+		return n
 	}
 	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	} else {
 		dst.Close()
 	}
+	return n
 }

@@ -109,6 +109,9 @@ func TestPublishedPorts(t *testing.T) {
 	before := runtime.NumGoroutine()
 	g := newPortGuest(t)
 	p := newPublisher(g.dial, slog.New(slog.DiscardHandler))
+	var evMu sync.Mutex
+	var events []inboundEvent
+	p.record = func(e inboundEvent) { evMu.Lock(); events = append(events, e); evMu.Unlock() }
 	echo, err := p.add(api.PortMapping{Host: freePort(t), Guest: 3000})
 	if err != nil {
 		t.Fatal(err)
@@ -209,6 +212,17 @@ func TestPublishedPorts(t *testing.T) {
 		if closed != n-maxConnsPerPort || g.held.Load() != maxConnsPerPort {
 			t.Fatalf("%d of %d closed, %d reached the guest; want %d reached", closed, n, g.held.Load(), maxConnsPerPort)
 		}
+		evMu.Lock()
+		refused := 0
+		for _, e := range events {
+			if e.port == hold && strings.Contains(e.refused, "connections at once") && strings.HasPrefix(e.peer, "127.0.0.1:") {
+				refused++
+			}
+		}
+		evMu.Unlock()
+		if refused != n-maxConnsPerPort {
+			t.Fatalf("%d refusals recorded, want %d", refused, n-maxConnsPerPort)
+		}
 		// Those that end give their places back.
 		for _, c := range conns[:10] {
 			c.Close()
@@ -225,6 +239,17 @@ func TestPublishedPorts(t *testing.T) {
 		}
 	})
 
+	evMu.Lock()
+	carried := 0
+	for _, e := range events {
+		if e.port == echo && e.refused == "" && e.err == "" && e.toGuest > 0 && e.fromGuest > 0 {
+			carried++
+		}
+	}
+	evMu.Unlock()
+	if carried == 0 {
+		t.Errorf("no carried connection was recorded with its bytes: %+v", events)
+	}
 	ports := p.list()
 	if len(ports) != 3 || ports[0] != echo {
 		t.Errorf("listed %+v", ports)

@@ -90,6 +90,13 @@ func checkPublishedPorts(t *testing.T, c capsemCLI, vm string, published int) {
 		if out := c.must("info", vm); !strings.Contains(out, fmt.Sprintf("ports:       127.0.0.1:%d -> 3000", published)) {
 			t.Fatalf("info does not list the port:\n%s", out)
 		}
+		// The host's connection is a row of the VM's ledger.
+		q := fmt.Sprintf("SELECT COUNT(*) FROM net_events WHERE source = 'published' AND conn_type = 'inbound' AND domain = 'published 127.0.0.1:%d' AND port = 3000 AND ip = '127.0.0.1' AND bytes_received > 0", published)
+		out := c.must("inspect", vm, q, "--json")
+		var r api.InspectResult
+		if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Rows) != 1 || r.Rows[0][0] != 1.0 {
+			t.Fatalf("want one ledger row for the published connection: %s %v", out, err)
+		}
 	})
 	t.Run("a flood of host connections is bounded", func(t *testing.T) {
 		// 300 silent connections: the guest's httpd waits for a request
