@@ -68,13 +68,13 @@ func openNetwork(v *VM) (*network, error) {
 		Logger:   limited,
 		CA:       &v.netCA,
 		Secret: func(cr netpolicy.CredentialRule) (string, error) {
-			s, err := readSecret(cr)
+			s, err := cr.ReadSecret()
 			if err != nil {
 				limited.Warn("net: a credential cannot be read", "host", cr.Host, "source", cr.Source, "err", err)
 			}
 			return s, err
 		},
-		ExpandPath: expandPath,
+		ExpandPath: netpolicy.ExpandPath,
 	})
 	if err != nil {
 		return nil, err

@@ -161,6 +161,17 @@ func printNet(w io.Writer, m *config.Merged, src func(policy.Rank, string) strin
 		}
 		fmt.Fprintln(w)
 	}
+	// A credential whose value cannot be read fails every request to its
+	// host: say so now. (A source_env is read from the service's
+	// environment, which may not be this command's.)
+	for _, c := range m.Net.Credentials() {
+		if c.SourceFile == "" {
+			continue
+		}
+		if _, err := c.ReadSecret(); err != nil {
+			fmt.Fprintf(w, "  %-17s %s: cannot be read: %v\n", "", c.Host, err)
+		}
+	}
 }
 
 func describeRule(r *policy.Rule) string {

@@ -98,6 +98,12 @@ allow = ["gist.github.com", "news.example"]
 block = ["*.social.example"]
 ports = [443, 8443, 22]
 hosts = { "mine.test" = "10.0.0.2" }
+
+[[net.credentials]]
+host = "api.github.com"
+header = "authorization"
+source_file = "/nonexistent/capsem-test/github.token"
+guest_env = "GITHUB_TOKEN"
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +131,8 @@ func TestPrintShowsNet(t *testing.T) {
 		"  net.allow_private llm.internal (corp: /etc/capsem/corp.toml)\n",
 		"  net.hosts         llm.internal = 127.0.0.1 (corp: /etc/capsem/corp.toml)\n",
 		"  net.hosts         mine.test = 10.0.0.2 (user: /home/u/.capsem/user.toml) [not answered: mine.test is not in net.allow of /etc/capsem/corp.toml, whose net.default is block]\n",
+		"  net.credentials   api.github.com: header authorization from source_file /nonexistent/capsem-test/github.token, guest GITHUB_TOKEN (user: /home/u/.capsem/user.toml)\n",
+		"                    api.github.com: cannot be read: source_file /nonexistent/capsem-test/github.token: open /nonexistent/capsem-test/github.token: no such file or directory\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
