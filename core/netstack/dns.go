@@ -39,6 +39,18 @@ const answerTTL = 60
 // maxDNSMessage bounds a query over TCP (UDP is bounded by its datagram).
 const maxDNSMessage = 4096
 
+// takeLookup takes one of the Lookups slots (given back with <-s.dns), or
+// counts the query refused at the bound.
+func (s *Stack) takeLookup() bool {
+	select {
+	case s.dns <- struct{}{}:
+		return true
+	default:
+		s.overLimit("dns lookups", &s.overLookups)
+		return false
+	}
+}
+
 func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	id := r.ID()
 	if id.LocalPort != 53 {
@@ -46,10 +58,7 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 		// guest fails at once instead of waiting.
 		return false
 	}
-	select {
-	case s.dns <- struct{}{}:
-	default:
-		s.overLimit("dns lookups", &s.overLookups)
+	if !s.takeLookup() {
 		return true // dropped: the guest's resolver retries
 	}
 	var wq waiter.Queue
@@ -125,10 +134,7 @@ func (s *Stack) serveDNSOverTCP(r *tcp.ForwarderRequest) {
 		if _, err := io.ReadFull(c, msg[:n]); err != nil {
 			return
 		}
-		select {
-		case s.dns <- struct{}{}:
-		default:
-			s.overLimit("dns lookups", &s.overLookups)
+		if !s.takeLookup() {
 			return
 		}
 		reply := s.answer(msg[:n], server, false)

@@ -160,6 +160,12 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	real := netip.AddrPortFrom(s.realAddr(dst.Addr()), dst.Port())
+	if fixed, ok := pol.FixedHost(hello.name); ok && fixed != real.Addr() {
+		// A reload changed the name's fixed answer since it was given:
+		// the old address is not the name's any more.
+		abort(netpolicy.Verdict{Rule: RuleNameMismatch, Reason: fmt.Sprintf("%s was given out for %q, whose fixed answer is now %s", real.Addr(), hello.name, fixed)}, hello.kind)
+		return
+	}
 	if !netpolicy.IsPublic(real.Addr()) && !pol.PrivateAllowed(hello.name) {
 		abort(netpolicy.Verdict{Rule: RulePrivate, Reason: fmt.Sprintf("%s is a %s address and %q may not be private", real.Addr(), netpolicy.AddressClass(real.Addr()), hello.name)}, hello.kind)
 		return

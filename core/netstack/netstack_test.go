@@ -333,6 +333,16 @@ func TestHostLoopbackThroughStandIn(t *testing.T) {
 	if !ev.Allowed || ev.Addr.Addr() != netip.MustParseAddr("127.0.0.1") {
 		t.Errorf("event %+v: want the real address dialled", ev)
 	}
+	// A reload moves the name's fixed answer: the address given before is
+	// not the name's any more.
+	r.pol.fixed["private.example"] = netip.MustParseAddr("127.0.0.2")
+	if _, _, err := r.guestHTTP(ctx, netip.AddrPortFrom(netip.MustParseAddr(got[0]), port).String(), "private.example", false); err == nil {
+		t.Fatal("the old fixed answer still reaches the name after a reload moved it")
+	}
+	r.ev.waitConn(t, func(e ConnEvent) bool {
+		return e.Name == "private.example" && e.Rule == RuleNameMismatch && strings.Contains(e.Reason, "fixed answer is now 127.0.0.2")
+	})
+	r.pol.fixed["private.example"] = netip.MustParseAddr("127.0.0.1")
 	// The same loopback for a name not allowed to be private: no answer.
 	r.pol.fixed["allowed.example"] = netip.MustParseAddr("127.0.0.1")
 	if got := answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA)); len(got) != 0 {
