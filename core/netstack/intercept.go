@@ -61,6 +61,9 @@ const (
 	interceptHeaders = 30 * time.Second
 	// maxInterceptHeader bounds a request's header bytes.
 	maxInterceptHeader = 1 << 20
+	// interceptStreams bounds the requests in flight on one HTTP/2
+	// connection.
+	interceptStreams = 32
 )
 
 // interceptFlow is one guest connection on the credential path.
@@ -148,6 +151,9 @@ func (s *Stack) interceptor() *interceptor {
 			ReadHeaderTimeout: interceptHeaders,
 			IdleTimeout:       interceptIdle,
 			MaxHeaderBytes:    maxInterceptHeader,
+			// Streams at once on one HTTP/2 connection: with the flow
+			// bound, what one guest can have in flight here.
+			HTTP2: &http.HTTP2Config{MaxConcurrentStreams: interceptStreams},
 			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 				if tc, ok := c.(*tls.Conn); ok {

@@ -31,7 +31,7 @@ func modelProvider(host string) string {
 // one line of an event stream. Past them the usage is not read, and the
 // bytes still flow.
 const (
-	maxUsageBody = 4 << 20
+	maxUsageBody = 1 << 20
 	maxEventLine = 1 << 20
 )
 

@@ -205,6 +205,13 @@ func TestGuestNetwork(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "nameserver 192.168.127.1") {
 			t.Fatalf("resolv.conf (%d): %s", code, out)
 		}
+		// As capsem_read_file reads it: the per-VM API's file read.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		b, err := v.client.ReadFile(ctx, "/etc/resolv.conf", true, 0)
+		if err != nil || !strings.Contains(string(b), "nameserver 192.168.127.1") {
+			t.Fatalf("reading /etc/resolv.conf through the API: %q %v", b, err)
+		}
 	})
 	t.Run("allowed name resolves to a stand-in", func(t *testing.T) {
 		out, code := run(t, "nslookup web.test")
