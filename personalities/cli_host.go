@@ -22,7 +22,8 @@ import (
 // CLI is the grammar shared by subcommands and symlink names: every
 // personality (the host build; the guest build is cli_guest.go).
 type CLI struct {
-	LogLevel string `name:"log-level" env:"CAPSEM_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	LogLevel  string `name:"log-level" env:"CAPSEM_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	LogFormat string `name:"log-format" default:"auto" enum:"auto,text,json" help:"Log lines on stderr: short text for people (auto: when stderr is a terminal) or JSON."`
 
 	Version       VersionCmd         `cmd:"" help:"Print the version."`
 	Run           run.Cmd            `cmd:"" help:"Boot an ephemeral VM, run a command in it, and remove the VM."`

@@ -79,7 +79,7 @@ func Main(args []string) int {
 		parser.FatalIfErrorf(err)
 		return 2
 	}
-	logger := logs.New(os.Stderr, cli.LogLevel)
+	logger := logs.ForStream(os.Stderr, cli.LogLevel, cli.LogFormat)
 	slog.SetDefault(logger)
 	ctx := logs.WithLogger(context.Background(), logger)
 	if path := os.Getenv("CAPSEM_CPUPROFILE"); path != "" {

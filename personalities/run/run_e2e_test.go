@@ -277,3 +277,27 @@ func TestRunWithoutADisk(t *testing.T) {
 		}
 	}
 }
+
+// TestRunSpeaksToPeople: with text logs (a terminal's default) capsem run
+// says what it does in short lines, no JSON; a pipe gets JSON lines.
+func TestRunSpeaksToPeople(t *testing.T) {
+	env, _ := testkit.ServiceEnv(t)
+	testkit.GuestBinary(t)
+	cmd := exec.Command(testkit.CapsemBinary(t), "--log-format", "text", "run", "--no-autodetect", "--", "true")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("capsem run: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	ready := false
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "capsem: ") || strings.Contains(l, `{"`) {
+			t.Errorf("not a line for people: %q", l)
+		}
+		ready = ready || strings.HasPrefix(l, "capsem: VM ready (vm vm-")
+	}
+	if !ready {
+		t.Fatalf("no VM ready line:\n%s", out)
+	}
+}
