@@ -12,8 +12,7 @@ import (
 	"github.com/capsem/capsem/core/guestwire"
 )
 
-// maxSystemBundle bounds the distribution's CA bundle read (Debian's is
-// about 200 KiB).
+// maxSystemBundle bounds the distribution's CA bundle read.
 const maxSystemBundle = 8 << 20
 
 // trustCA makes the guest's TLS clients trust ca (PEM): it is written
