@@ -20,11 +20,18 @@ const maxSystemBundle = 8 << 20
 // and appended to the distribution's bundle for programs that read only
 // that. Written again at every boot config, it is added once.
 func trustCA(ca []byte) error {
-	ca = append(bytes.TrimSpace(ca), '\n')
-	if err := writeWhole(guestwire.GuestCAFile, ca); err != nil {
+	return trustCAAt(ca, trustPaths{ca: guestwire.GuestCAFile, bundle: guestwire.GuestCABundle, system: guestwire.GuestSystemBundle})
+}
+
+// trustPaths are the files trustCA writes.
+type trustPaths struct{ ca, bundle, system string }
+
+func trustCAAt(ca []byte, at trustPaths) error {
+	ca = append(bytes.Clone(bytes.TrimSpace(ca)), '\n')
+	if err := writeWhole(at.ca, ca); err != nil {
 		return err
 	}
-	system, err := readBounded(guestwire.GuestSystemBundle, maxSystemBundle)
+	system, err := readBounded(at.system, maxSystemBundle)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		system = nil
@@ -33,18 +40,18 @@ func trustCA(ca []byte) error {
 	}
 	if !bytes.Contains(system, bytes.TrimSpace(ca)) {
 		if system != nil {
-			f, err := os.OpenFile(guestwire.GuestSystemBundle, os.O_WRONLY|os.O_APPEND, 0)
+			f, err := os.OpenFile(at.system, os.O_WRONLY|os.O_APPEND, 0)
 			if err != nil {
 				return err
 			}
 			_, werr := f.Write(append([]byte("\n"), ca...))
 			if err := errors.Join(werr, f.Close()); err != nil {
-				return fmt.Errorf("adding the CA to %s: %w", guestwire.GuestSystemBundle, err)
+				return fmt.Errorf("adding the CA to %s: %w", at.system, err)
 			}
 		}
 		system = append(append(system, '\n'), ca...)
 	}
-	return writeWhole(guestwire.GuestCABundle, bytes.TrimLeft(system, "\n"))
+	return writeWhole(at.bundle, bytes.TrimLeft(system, "\n"))
 }
 
 // writeWhole replaces path with data, atomically (a reader never sees half).

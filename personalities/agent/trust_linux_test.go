@@ -1,0 +1,44 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestTrustCA(t *testing.T) {
+	const ca = "-----BEGIN CERTIFICATE-----\nCAPSEM\n-----END CERTIFICATE-----"
+	const root = "-----BEGIN CERTIFICATE-----\nSYSTEM-ROOT\n-----END CERTIFICATE-----\n"
+	for _, withSystem := range []bool{true, false} {
+		dir := t.TempDir()
+		at := trustPaths{ca: filepath.Join(dir, "capsem", "ca.pem"), bundle: filepath.Join(dir, "capsem", "ca-bundle.pem"), system: filepath.Join(dir, "certs.crt")}
+		if withSystem {
+			if err := os.WriteFile(at.system, []byte(root), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Every boot config writes it again (a resumed VM gets one too):
+		// the CA is added once.
+		for range 2 {
+			if err := trustCAAt([]byte(ca+"\n\n"), at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		read := func(p string) string { b, _ := os.ReadFile(p); return string(b) }
+		if got := read(at.ca); got != ca+"\n" {
+			t.Fatalf("ca file %q", got)
+		}
+		bundle := read(at.bundle)
+		if strings.Count(bundle, "CAPSEM") != 1 || strings.Contains(bundle, "SYSTEM-ROOT") != withSystem {
+			t.Fatalf("system bundle %v: bundle %q", withSystem, bundle)
+		}
+		if withSystem {
+			if sys := read(at.system); strings.Count(sys, "CAPSEM") != 1 || !strings.HasPrefix(sys, root) {
+				t.Fatalf("the system bundle %q", sys)
+			}
+		} else if _, err := os.Stat(at.system); err == nil {
+			t.Fatal("a system bundle was made where there was none")
+		}
+	}
+}
