@@ -138,4 +138,3 @@ func (h *HumanHandler) WithGroup(name string) slog.Handler {
 	h2.groups = append(slices.Clone(h.groups), name)
 	return &h2
 }
-

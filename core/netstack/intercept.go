@@ -153,8 +153,8 @@ func (s *Stack) interceptor() *interceptor {
 			MaxHeaderBytes:    maxInterceptHeader,
 			// Streams at once on one HTTP/2 connection: with the flow
 			// bound, what one guest can have in flight here.
-			HTTP2: &http.HTTP2Config{MaxConcurrentStreams: interceptStreams},
-			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+			HTTP2:    &http.HTTP2Config{MaxConcurrentStreams: interceptStreams},
+			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 				if tc, ok := c.(*tls.Conn); ok {
 					if fc, ok := tc.NetConn().(*flowConn); ok {
