@@ -7,6 +7,7 @@
 package api
 
 import (
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -22,6 +23,27 @@ type ExecRequest struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Cwd       string            `json:"cwd,omitempty"`
 	TimeoutMS int64             `json:"timeout_ms,omitempty"` // 0: no timeout
+	// TraceID ties the command to what it causes: its exec_events row and
+	// the rows of the connections its processes make carry it (the guest
+	// gets it as guestwire.EnvTraceID, which child processes inherit).
+	TraceID string `json:"trace_id,omitempty"`
+}
+
+// MaxTraceID bounds a trace id.
+const MaxTraceID = 128
+
+// CheckTraceID refuses a trace id that is too long or holds anything but
+// letters, digits and . _ : -.
+func CheckTraceID(id string) error {
+	if len(id) > MaxTraceID {
+		return fmt.Errorf("trace_id is %d bytes, the limit is %d", len(id), MaxTraceID)
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
+			return fmt.Errorf("trace_id %q: only letters, digits and . _ : - are allowed", id)
+		}
+	}
+	return nil
 }
 
 // Routes of the per-VM process API, version 1.

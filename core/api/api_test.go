@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -31,4 +32,35 @@ func TestStatusOfCode(t *testing.T) {
 			t.Errorf("CodeOf(%d) = %q, want %q", tc.status, def, tc.code)
 		}
 	}
+}
+
+func TestCheckTraceID(t *testing.T) {
+	cases := []struct {
+		id string
+		ok bool
+	}{
+		{"", true},
+		{"trace-1", true},
+		{"00f067aa0ba902b7:span.1_x", true},
+		{strings.Repeat("a", MaxTraceID), true},
+		{strings.Repeat("a", MaxTraceID+1), false},
+		{"has space", false},
+		{"new\nline", false},
+		{"quote\"", false},
+		{"é", false},
+	}
+	for _, tc := range cases {
+		if err := CheckTraceID(tc.id); (err == nil) != tc.ok {
+			t.Errorf("CheckTraceID(%q) = %v", tc.id, err)
+		}
+	}
+}
+
+func FuzzCheckTraceID(f *testing.F) {
+	f.Add("trace-1")
+	f.Fuzz(func(t *testing.T, id string) {
+		if CheckTraceID(id) == nil && (len(id) > MaxTraceID || strings.ContainsAny(id, " \n\t\"'\\\x00")) {
+			t.Fatalf("accepted %q", id)
+		}
+	})
 }

@@ -417,6 +417,22 @@ func (c *Client) SendBootConfig(ctx context.Context, cfg *guestwire.BootConfig) 
 	return expect(resp, guestwire.TypeOK)
 }
 
+// SocketOwner asks the guest which process owns one of its TCP sockets
+// (its answer attributes a connection; it decides nothing).
+func (c *Client) SocketOwner(ctx context.Context, q *guestwire.SocketQuery) (*guestwire.SocketOwner, error) {
+	resp, err := c.call(ctx, &guestwire.Message{Type: guestwire.TypeSocketOwner, Socket: q})
+	if err != nil {
+		return nil, err
+	}
+	if err := expect(resp, guestwire.TypeSocketOwnerResult); err != nil {
+		return nil, err
+	}
+	if resp.Owner == nil {
+		return nil, errors.New("guestctl: socket_owner_result without an owner")
+	}
+	return resp.Owner, nil
+}
+
 // Ping sends a heartbeat and returns the round-trip time.
 func (c *Client) Ping(ctx context.Context) (time.Duration, error) {
 	start := time.Now()

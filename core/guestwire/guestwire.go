@@ -35,6 +35,10 @@ const (
 	TypeMkdir      = "mkdir"       // -> file_result{info}
 	TypeShutdown   = "shutdown"    // -> ok, then sync, unmount, power off
 	TypePing       = "ping"        // -> pong
+	// TypeSocketOwner asks which process owns a TCP socket of the guest's
+	// (Socket) -> socket_owner_result (Owner). The answer is the guest's
+	// word: it attributes a connection, it decides nothing.
+	TypeSocketOwner = "socket_owner"
 	// TypeSavePoint and TypeWake are the wake handshake (see Wake):
 	// raw frames on the channel before the multiplexer starts.
 	TypeSavePoint  = "save_point" // guest -> host: nothing VM-specific has happened yet
@@ -44,7 +48,30 @@ const (
 	TypeFileResult = "file_result"
 	TypePong       = "pong"
 	TypeError      = "error"
+	// TypeSocketOwnerResult answers TypeSocketOwner.
+	TypeSocketOwnerResult = "socket_owner_result"
 )
+
+// EnvTraceID is the variable an exec's trace id is given to the guest in:
+// its processes and their children carry it, so a connection one of them
+// makes can be attributed to the exec (TypeSocketOwner).
+const EnvTraceID = "CAPSEM_TRACE_ID"
+
+// SocketQuery names a TCP connection as the guest sees it: its own port
+// and the destination it connected to.
+type SocketQuery struct {
+	LocalPort  uint16 `msg:"local_port"`
+	RemoteIP   string `msg:"remote_ip"`
+	RemotePort uint16 `msg:"remote_port"`
+}
+
+// SocketOwner is the process that owns a socket; PID 0 when none was
+// found (the socket closed, or no process holds it).
+type SocketOwner struct {
+	PID     int    `msg:"pid"`
+	Process string `msg:"process,omitempty"`
+	TraceID string `msg:"trace_id,omitempty"`
+}
 
 // Bounds shared by both ends. Each side checks them: the host to fail early
 // with a clear error, the guest because it trusts nothing it is sent.
@@ -116,6 +143,8 @@ type Message struct {
 	FileResult *FileResult  `msg:"file_result,omitempty"`
 	Error      *Error       `msg:"error,omitempty"`
 	Wake       *Wake        `msg:"wake,omitempty"`
+	Socket     *SocketQuery `msg:"socket,omitempty"`
+	Owner      *SocketOwner `msg:"owner,omitempty"`
 	// Target is the exec ID (Exec.StreamID) a Cancel applies to.
 	Target uint64 `msg:"target,omitempty"`
 }

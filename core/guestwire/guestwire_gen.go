@@ -3308,6 +3308,112 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 					}
 				}
 			}
+		case "socket":
+			if dc.IsNil() {
+				err = dc.ReadNil()
+				if err != nil {
+					err = msgp.WrapError(err, "Socket")
+					return
+				}
+				z.Socket = nil
+			} else {
+				if z.Socket == nil {
+					z.Socket = new(SocketQuery)
+				}
+				var zb0005 uint32
+				zb0005, err = dc.ReadMapHeader()
+				if err != nil {
+					err = msgp.WrapError(err, "Socket")
+					return
+				}
+				for zb0005 > 0 {
+					zb0005--
+					field, err = dc.ReadMapKeyPtr()
+					if err != nil {
+						err = msgp.WrapError(err, "Socket")
+						return
+					}
+					switch msgp.UnsafeString(field) {
+					case "local_port":
+						z.Socket.LocalPort, err = dc.ReadUint16()
+						if err != nil {
+							err = msgp.WrapError(err, "Socket", "LocalPort")
+							return
+						}
+					case "remote_ip":
+						z.Socket.RemoteIP, err = dc.ReadString()
+						if err != nil {
+							err = msgp.WrapError(err, "Socket", "RemoteIP")
+							return
+						}
+					case "remote_port":
+						z.Socket.RemotePort, err = dc.ReadUint16()
+						if err != nil {
+							err = msgp.WrapError(err, "Socket", "RemotePort")
+							return
+						}
+					default:
+						err = dc.Skip()
+						if err != nil {
+							err = msgp.WrapError(err, "Socket")
+							return
+						}
+					}
+				}
+			}
+		case "owner":
+			if dc.IsNil() {
+				err = dc.ReadNil()
+				if err != nil {
+					err = msgp.WrapError(err, "Owner")
+					return
+				}
+				z.Owner = nil
+			} else {
+				if z.Owner == nil {
+					z.Owner = new(SocketOwner)
+				}
+				var zb0006 uint32
+				zb0006, err = dc.ReadMapHeader()
+				if err != nil {
+					err = msgp.WrapError(err, "Owner")
+					return
+				}
+				for zb0006 > 0 {
+					zb0006--
+					field, err = dc.ReadMapKeyPtr()
+					if err != nil {
+						err = msgp.WrapError(err, "Owner")
+						return
+					}
+					switch msgp.UnsafeString(field) {
+					case "pid":
+						z.Owner.PID, err = dc.ReadInt()
+						if err != nil {
+							err = msgp.WrapError(err, "Owner", "PID")
+							return
+						}
+					case "process":
+						z.Owner.Process, err = dc.ReadString()
+						if err != nil {
+							err = msgp.WrapError(err, "Owner", "Process")
+							return
+						}
+					case "trace_id":
+						z.Owner.TraceID, err = dc.ReadString()
+						if err != nil {
+							err = msgp.WrapError(err, "Owner", "TraceID")
+							return
+						}
+					default:
+						err = dc.Skip()
+						if err != nil {
+							err = msgp.WrapError(err, "Owner")
+							return
+						}
+					}
+				}
+			}
 		case "target":
 			z.Target, err = dc.ReadUint64()
 			if err != nil {
@@ -3328,8 +3434,8 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(11)
-	var zb0001Mask uint16 /* 11 bits */
+	zb0001Len := uint32(13)
+	var zb0001Mask uint16 /* 13 bits */
 	_ = zb0001Mask
 	if z.Hello == nil {
 		zb0001Len--
@@ -3363,9 +3469,17 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 		zb0001Len--
 		zb0001Mask |= 0x200
 	}
-	if z.Target == 0 {
+	if z.Socket == nil {
 		zb0001Len--
 		zb0001Mask |= 0x400
+	}
+	if z.Owner == nil {
+		zb0001Len--
+		zb0001Mask |= 0x800
+	}
+	if z.Target == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x1000
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -3627,6 +3741,120 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 			}
 		}
 		if (zb0001Mask & 0x400) == 0 { // if not omitted
+			// write "socket"
+			err = en.Append(0xa6, 0x73, 0x6f, 0x63, 0x6b, 0x65, 0x74)
+			if err != nil {
+				return
+			}
+			if z.Socket == nil {
+				err = en.WriteNil()
+				if err != nil {
+					return
+				}
+			} else {
+				// map header, size 3
+				// write "local_port"
+				err = en.Append(0x83, 0xaa, 0x6c, 0x6f, 0x63, 0x61, 0x6c, 0x5f, 0x70, 0x6f, 0x72, 0x74)
+				if err != nil {
+					return
+				}
+				err = en.WriteUint16(z.Socket.LocalPort)
+				if err != nil {
+					err = msgp.WrapError(err, "Socket", "LocalPort")
+					return
+				}
+				// write "remote_ip"
+				err = en.Append(0xa9, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65, 0x5f, 0x69, 0x70)
+				if err != nil {
+					return
+				}
+				err = en.WriteString(z.Socket.RemoteIP)
+				if err != nil {
+					err = msgp.WrapError(err, "Socket", "RemoteIP")
+					return
+				}
+				// write "remote_port"
+				err = en.Append(0xab, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65, 0x5f, 0x70, 0x6f, 0x72, 0x74)
+				if err != nil {
+					return
+				}
+				err = en.WriteUint16(z.Socket.RemotePort)
+				if err != nil {
+					err = msgp.WrapError(err, "Socket", "RemotePort")
+					return
+				}
+			}
+		}
+		if (zb0001Mask & 0x800) == 0 { // if not omitted
+			// write "owner"
+			err = en.Append(0xa5, 0x6f, 0x77, 0x6e, 0x65, 0x72)
+			if err != nil {
+				return
+			}
+			if z.Owner == nil {
+				err = en.WriteNil()
+				if err != nil {
+					return
+				}
+			} else {
+				// check for omitted fields
+				zb0006Len := uint32(3)
+				var zb0006Mask uint8 /* 3 bits */
+				_ = zb0006Mask
+				if z.Owner.Process == "" {
+					zb0006Len--
+					zb0006Mask |= 0x2
+				}
+				if z.Owner.TraceID == "" {
+					zb0006Len--
+					zb0006Mask |= 0x4
+				}
+				// variable map header, size zb0006Len
+				err = en.Append(0x80 | uint8(zb0006Len))
+				if err != nil {
+					return
+				}
+
+				// skip if no fields are to be emitted
+				if zb0006Len != 0 {
+					// write "pid"
+					err = en.Append(0xa3, 0x70, 0x69, 0x64)
+					if err != nil {
+						return
+					}
+					err = en.WriteInt(z.Owner.PID)
+					if err != nil {
+						err = msgp.WrapError(err, "Owner", "PID")
+						return
+					}
+					if (zb0006Mask & 0x2) == 0 { // if not omitted
+						// write "process"
+						err = en.Append(0xa7, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73)
+						if err != nil {
+							return
+						}
+						err = en.WriteString(z.Owner.Process)
+						if err != nil {
+							err = msgp.WrapError(err, "Owner", "Process")
+							return
+						}
+					}
+					if (zb0006Mask & 0x4) == 0 { // if not omitted
+						// write "trace_id"
+						err = en.Append(0xa8, 0x74, 0x72, 0x61, 0x63, 0x65, 0x5f, 0x69, 0x64)
+						if err != nil {
+							return
+						}
+						err = en.WriteString(z.Owner.TraceID)
+						if err != nil {
+							err = msgp.WrapError(err, "Owner", "TraceID")
+							return
+						}
+					}
+				}
+			}
+		}
+		if (zb0001Mask & 0x1000) == 0 { // if not omitted
 			// write "target"
 			err = en.Append(0xa6, 0x74, 0x61, 0x72, 0x67, 0x65, 0x74)
 			if err != nil {
@@ -3646,8 +3874,8 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(11)
-	var zb0001Mask uint16 /* 11 bits */
+	zb0001Len := uint32(13)
+	var zb0001Mask uint16 /* 13 bits */
 	_ = zb0001Mask
 	if z.Hello == nil {
 		zb0001Len--
@@ -3681,9 +3909,17 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 		zb0001Len--
 		zb0001Mask |= 0x200
 	}
-	if z.Target == 0 {
+	if z.Socket == nil {
 		zb0001Len--
 		zb0001Mask |= 0x400
+	}
+	if z.Owner == nil {
+		zb0001Len--
+		zb0001Mask |= 0x800
+	}
+	if z.Target == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x1000
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -3836,6 +4072,63 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 			}
 		}
 		if (zb0001Mask & 0x400) == 0 { // if not omitted
+			// string "socket"
+			o = append(o, 0xa6, 0x73, 0x6f, 0x63, 0x6b, 0x65, 0x74)
+			if z.Socket == nil {
+				o = msgp.AppendNil(o)
+			} else {
+				// map header, size 3
+				// string "local_port"
+				o = append(o, 0x83, 0xaa, 0x6c, 0x6f, 0x63, 0x61, 0x6c, 0x5f, 0x70, 0x6f, 0x72, 0x74)
+				o = msgp.AppendUint16(o, z.Socket.LocalPort)
+				// string "remote_ip"
+				o = append(o, 0xa9, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65, 0x5f, 0x69, 0x70)
+				o = msgp.AppendString(o, z.Socket.RemoteIP)
+				// string "remote_port"
+				o = append(o, 0xab, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65, 0x5f, 0x70, 0x6f, 0x72, 0x74)
+				o = msgp.AppendUint16(o, z.Socket.RemotePort)
+			}
+		}
+		if (zb0001Mask & 0x800) == 0 { // if not omitted
+			// string "owner"
+			o = append(o, 0xa5, 0x6f, 0x77, 0x6e, 0x65, 0x72)
+			if z.Owner == nil {
+				o = msgp.AppendNil(o)
+			} else {
+				// check for omitted fields
+				zb0006Len := uint32(3)
+				var zb0006Mask uint8 /* 3 bits */
+				_ = zb0006Mask
+				if z.Owner.Process == "" {
+					zb0006Len--
+					zb0006Mask |= 0x2
+				}
+				if z.Owner.TraceID == "" {
+					zb0006Len--
+					zb0006Mask |= 0x4
+				}
+				// variable map header, size zb0006Len
+				o = append(o, 0x80|uint8(zb0006Len))
+
+				// skip if no fields are to be emitted
+				if zb0006Len != 0 {
+					// string "pid"
+					o = append(o, 0xa3, 0x70, 0x69, 0x64)
+					o = msgp.AppendInt(o, z.Owner.PID)
+					if (zb0006Mask & 0x2) == 0 { // if not omitted
+						// string "process"
+						o = append(o, 0xa7, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73)
+						o = msgp.AppendString(o, z.Owner.Process)
+					}
+					if (zb0006Mask & 0x4) == 0 { // if not omitted
+						// string "trace_id"
+						o = append(o, 0xa8, 0x74, 0x72, 0x61, 0x63, 0x65, 0x5f, 0x69, 0x64)
+						o = msgp.AppendString(o, z.Owner.TraceID)
+					}
+				}
+			}
+		}
+		if (zb0001Mask & 0x1000) == 0 { // if not omitted
 			// string "target"
 			o = append(o, 0xa6, 0x74, 0x61, 0x72, 0x67, 0x65, 0x74)
 			o = msgp.AppendUint64(o, z.Target)
@@ -4108,6 +4401,110 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					}
 				}
 			}
+		case "socket":
+			if msgp.IsNil(bts) {
+				bts, err = msgp.ReadNilBytes(bts)
+				if err != nil {
+					return
+				}
+				z.Socket = nil
+			} else {
+				if z.Socket == nil {
+					z.Socket = new(SocketQuery)
+				}
+				var zb0005 uint32
+				zb0005, bts, err = msgp.ReadMapHeaderBytes(bts)
+				if err != nil {
+					err = msgp.WrapError(err, "Socket")
+					return
+				}
+				for zb0005 > 0 {
+					zb0005--
+					field, bts, err = msgp.ReadMapKeyZC(bts)
+					if err != nil {
+						err = msgp.WrapError(err, "Socket")
+						return
+					}
+					switch msgp.UnsafeString(field) {
+					case "local_port":
+						z.Socket.LocalPort, bts, err = msgp.ReadUint16Bytes(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Socket", "LocalPort")
+							return
+						}
+					case "remote_ip":
+						z.Socket.RemoteIP, bts, err = msgp.ReadStringBytes(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Socket", "RemoteIP")
+							return
+						}
+					case "remote_port":
+						z.Socket.RemotePort, bts, err = msgp.ReadUint16Bytes(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Socket", "RemotePort")
+							return
+						}
+					default:
+						bts, err = msgp.Skip(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Socket")
+							return
+						}
+					}
+				}
+			}
+		case "owner":
+			if msgp.IsNil(bts) {
+				bts, err = msgp.ReadNilBytes(bts)
+				if err != nil {
+					return
+				}
+				z.Owner = nil
+			} else {
+				if z.Owner == nil {
+					z.Owner = new(SocketOwner)
+				}
+				var zb0006 uint32
+				zb0006, bts, err = msgp.ReadMapHeaderBytes(bts)
+				if err != nil {
+					err = msgp.WrapError(err, "Owner")
+					return
+				}
+				for zb0006 > 0 {
+					zb0006--
+					field, bts, err = msgp.ReadMapKeyZC(bts)
+					if err != nil {
+						err = msgp.WrapError(err, "Owner")
+						return
+					}
+					switch msgp.UnsafeString(field) {
+					case "pid":
+						z.Owner.PID, bts, err = msgp.ReadIntBytes(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Owner", "PID")
+							return
+						}
+					case "process":
+						z.Owner.Process, bts, err = msgp.ReadStringBytes(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Owner", "Process")
+							return
+						}
+					case "trace_id":
+						z.Owner.TraceID, bts, err = msgp.ReadStringBytes(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Owner", "TraceID")
+							return
+						}
+					default:
+						bts, err = msgp.Skip(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Owner")
+							return
+						}
+					}
+				}
+			}
 		case "target":
 			z.Target, bts, err = msgp.ReadUint64Bytes(bts)
 			if err != nil {
@@ -4182,7 +4579,370 @@ func (z *Message) Msgsize() (s int) {
 	} else {
 		s += 1 + 16 + msgp.Int64Size + 5 + msgp.BytesPrefixSize + len(z.Wake.Seed)
 	}
+	s += 7
+	if z.Socket == nil {
+		s += msgp.NilSize
+	} else {
+		s += 1 + 11 + msgp.Uint16Size + 10 + msgp.StringPrefixSize + len(z.Socket.RemoteIP) + 12 + msgp.Uint16Size
+	}
+	s += 6
+	if z.Owner == nil {
+		s += msgp.NilSize
+	} else {
+		s += 1 + 4 + msgp.IntSize + 8 + msgp.StringPrefixSize + len(z.Owner.Process) + 9 + msgp.StringPrefixSize + len(z.Owner.TraceID)
+	}
 	s += 7 + msgp.Uint64Size
+	return
+}
+
+// DecodeMsg implements msgp.Decodable
+func (z *SocketOwner) DecodeMsg(dc *msgp.Reader) (err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, err = dc.ReadMapHeader()
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	for zb0001 > 0 {
+		zb0001--
+		field, err = dc.ReadMapKeyPtr()
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "pid":
+			z.PID, err = dc.ReadInt()
+			if err != nil {
+				err = msgp.WrapError(err, "PID")
+				return
+			}
+		case "process":
+			z.Process, err = dc.ReadString()
+			if err != nil {
+				err = msgp.WrapError(err, "Process")
+				return
+			}
+		case "trace_id":
+			z.TraceID, err = dc.ReadString()
+			if err != nil {
+				err = msgp.WrapError(err, "TraceID")
+				return
+			}
+		default:
+			err = dc.Skip()
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	return
+}
+
+// EncodeMsg implements msgp.Encodable
+func (z SocketOwner) EncodeMsg(en *msgp.Writer) (err error) {
+	// check for omitted fields
+	zb0001Len := uint32(3)
+	var zb0001Mask uint8 /* 3 bits */
+	_ = zb0001Mask
+	if z.Process == "" {
+		zb0001Len--
+		zb0001Mask |= 0x2
+	}
+	if z.TraceID == "" {
+		zb0001Len--
+		zb0001Mask |= 0x4
+	}
+	// variable map header, size zb0001Len
+	err = en.Append(0x80 | uint8(zb0001Len))
+	if err != nil {
+		return
+	}
+
+	// skip if no fields are to be emitted
+	if zb0001Len != 0 {
+		// write "pid"
+		err = en.Append(0xa3, 0x70, 0x69, 0x64)
+		if err != nil {
+			return
+		}
+		err = en.WriteInt(z.PID)
+		if err != nil {
+			err = msgp.WrapError(err, "PID")
+			return
+		}
+		if (zb0001Mask & 0x2) == 0 { // if not omitted
+			// write "process"
+			err = en.Append(0xa7, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73)
+			if err != nil {
+				return
+			}
+			err = en.WriteString(z.Process)
+			if err != nil {
+				err = msgp.WrapError(err, "Process")
+				return
+			}
+		}
+		if (zb0001Mask & 0x4) == 0 { // if not omitted
+			// write "trace_id"
+			err = en.Append(0xa8, 0x74, 0x72, 0x61, 0x63, 0x65, 0x5f, 0x69, 0x64)
+			if err != nil {
+				return
+			}
+			err = en.WriteString(z.TraceID)
+			if err != nil {
+				err = msgp.WrapError(err, "TraceID")
+				return
+			}
+		}
+	}
+	return
+}
+
+// MarshalMsg implements msgp.Marshaler
+func (z SocketOwner) MarshalMsg(b []byte) (o []byte, err error) {
+	o = msgp.Require(b, z.Msgsize())
+	// check for omitted fields
+	zb0001Len := uint32(3)
+	var zb0001Mask uint8 /* 3 bits */
+	_ = zb0001Mask
+	if z.Process == "" {
+		zb0001Len--
+		zb0001Mask |= 0x2
+	}
+	if z.TraceID == "" {
+		zb0001Len--
+		zb0001Mask |= 0x4
+	}
+	// variable map header, size zb0001Len
+	o = append(o, 0x80|uint8(zb0001Len))
+
+	// skip if no fields are to be emitted
+	if zb0001Len != 0 {
+		// string "pid"
+		o = append(o, 0xa3, 0x70, 0x69, 0x64)
+		o = msgp.AppendInt(o, z.PID)
+		if (zb0001Mask & 0x2) == 0 { // if not omitted
+			// string "process"
+			o = append(o, 0xa7, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73)
+			o = msgp.AppendString(o, z.Process)
+		}
+		if (zb0001Mask & 0x4) == 0 { // if not omitted
+			// string "trace_id"
+			o = append(o, 0xa8, 0x74, 0x72, 0x61, 0x63, 0x65, 0x5f, 0x69, 0x64)
+			o = msgp.AppendString(o, z.TraceID)
+		}
+	}
+	return
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler
+func (z *SocketOwner) UnmarshalMsg(bts []byte) (o []byte, err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	for zb0001 > 0 {
+		zb0001--
+		field, bts, err = msgp.ReadMapKeyZC(bts)
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "pid":
+			z.PID, bts, err = msgp.ReadIntBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "PID")
+				return
+			}
+		case "process":
+			z.Process, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Process")
+				return
+			}
+		case "trace_id":
+			z.TraceID, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "TraceID")
+				return
+			}
+		default:
+			bts, err = msgp.Skip(bts)
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	o = bts
+	return
+}
+
+// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
+func (z SocketOwner) Msgsize() (s int) {
+	s = 1 + 4 + msgp.IntSize + 8 + msgp.StringPrefixSize + len(z.Process) + 9 + msgp.StringPrefixSize + len(z.TraceID)
+	return
+}
+
+// DecodeMsg implements msgp.Decodable
+func (z *SocketQuery) DecodeMsg(dc *msgp.Reader) (err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, err = dc.ReadMapHeader()
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	for zb0001 > 0 {
+		zb0001--
+		field, err = dc.ReadMapKeyPtr()
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "local_port":
+			z.LocalPort, err = dc.ReadUint16()
+			if err != nil {
+				err = msgp.WrapError(err, "LocalPort")
+				return
+			}
+		case "remote_ip":
+			z.RemoteIP, err = dc.ReadString()
+			if err != nil {
+				err = msgp.WrapError(err, "RemoteIP")
+				return
+			}
+		case "remote_port":
+			z.RemotePort, err = dc.ReadUint16()
+			if err != nil {
+				err = msgp.WrapError(err, "RemotePort")
+				return
+			}
+		default:
+			err = dc.Skip()
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	return
+}
+
+// EncodeMsg implements msgp.Encodable
+func (z SocketQuery) EncodeMsg(en *msgp.Writer) (err error) {
+	// map header, size 3
+	// write "local_port"
+	err = en.Append(0x83, 0xaa, 0x6c, 0x6f, 0x63, 0x61, 0x6c, 0x5f, 0x70, 0x6f, 0x72, 0x74)
+	if err != nil {
+		return
+	}
+	err = en.WriteUint16(z.LocalPort)
+	if err != nil {
+		err = msgp.WrapError(err, "LocalPort")
+		return
+	}
+	// write "remote_ip"
+	err = en.Append(0xa9, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65, 0x5f, 0x69, 0x70)
+	if err != nil {
+		return
+	}
+	err = en.WriteString(z.RemoteIP)
+	if err != nil {
+		err = msgp.WrapError(err, "RemoteIP")
+		return
+	}
+	// write "remote_port"
+	err = en.Append(0xab, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65, 0x5f, 0x70, 0x6f, 0x72, 0x74)
+	if err != nil {
+		return
+	}
+	err = en.WriteUint16(z.RemotePort)
+	if err != nil {
+		err = msgp.WrapError(err, "RemotePort")
+		return
+	}
+	return
+}
+
+// MarshalMsg implements msgp.Marshaler
+func (z SocketQuery) MarshalMsg(b []byte) (o []byte, err error) {
+	o = msgp.Require(b, z.Msgsize())
+	// map header, size 3
+	// string "local_port"
+	o = append(o, 0x83, 0xaa, 0x6c, 0x6f, 0x63, 0x61, 0x6c, 0x5f, 0x70, 0x6f, 0x72, 0x74)
+	o = msgp.AppendUint16(o, z.LocalPort)
+	// string "remote_ip"
+	o = append(o, 0xa9, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65, 0x5f, 0x69, 0x70)
+	o = msgp.AppendString(o, z.RemoteIP)
+	// string "remote_port"
+	o = append(o, 0xab, 0x72, 0x65, 0x6d, 0x6f, 0x74, 0x65, 0x5f, 0x70, 0x6f, 0x72, 0x74)
+	o = msgp.AppendUint16(o, z.RemotePort)
+	return
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler
+func (z *SocketQuery) UnmarshalMsg(bts []byte) (o []byte, err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	for zb0001 > 0 {
+		zb0001--
+		field, bts, err = msgp.ReadMapKeyZC(bts)
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "local_port":
+			z.LocalPort, bts, err = msgp.ReadUint16Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "LocalPort")
+				return
+			}
+		case "remote_ip":
+			z.RemoteIP, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "RemoteIP")
+				return
+			}
+		case "remote_port":
+			z.RemotePort, bts, err = msgp.ReadUint16Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "RemotePort")
+				return
+			}
+		default:
+			bts, err = msgp.Skip(bts)
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	o = bts
+	return
+}
+
+// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
+func (z SocketQuery) Msgsize() (s int) {
+	s = 1 + 11 + msgp.Uint16Size + 10 + msgp.StringPrefixSize + len(z.RemoteIP) + 12 + msgp.Uint16Size
 	return
 }
 

@@ -43,6 +43,7 @@ type (
 		Timeout int               `json:"timeout,omitempty" jsonschema:"seconds after which the command's process group is killed; none unless the user asked for a deadline"`
 		Env     map[string]string `json:"env,omitempty" jsonschema:"environment variables for this command (over the VM's)"`
 		Workdir string            `json:"workdir,omitempty" jsonschema:"working directory in the guest"`
+		TraceID string            `json:"traceId,omitempty" jsonschema:"ties the command to what it causes: its exec_events row and the net_events and model_calls rows of the connections its processes make carry it (letters, digits, . _ : -; at most 128)"`
 	}
 	ResumeIn struct {
 		Name string `json:"name" jsonschema:"the stopped VM's name (or id)"`
@@ -314,7 +315,7 @@ func (t *tools) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecIn) (*m
 	if err != nil {
 		return nil, ExecOut{}, err
 	}
-	r, err := t.svc.Exec(ctx, in.ID, api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env, Cwd: in.Workdir})
+	r, err := t.svc.Exec(ctx, in.ID, api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env, Cwd: in.Workdir, TraceID: in.TraceID})
 	if err != nil {
 		return nil, ExecOut{}, err
 	}

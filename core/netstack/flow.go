@@ -49,6 +49,14 @@ type ConnEvent struct {
 	Duration      time.Duration
 	// Err says how an allowed connection failed (the dial, a reset).
 	Err string
+	// PID, Process and TraceID are the guest process that made the
+	// connection, as the guest reported it (zero when not asked or not
+	// found).
+	PID     int
+	Process string
+	TraceID string
+	// owner returns them once asked (attribute).
+	owner func() Owner
 }
 
 // Rules that are not policy entries.
@@ -91,7 +99,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	refuse := func(v netpolicy.Verdict) {
 		r.Complete(true)
 		ev.Verdict, ev.Duration = v, time.Since(start)
-		s.cfg.Recorder.Conn(ev)
+		s.recordConn(ev)
 	}
 	pol := s.policy()
 	if v := pol.Port(dst.Port()); !v.Allowed {
@@ -104,17 +112,25 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		refuse(netpolicy.Verdict{Rule: RuleNotResolved, Reason: fmt.Sprintf("%s was not given out by this VM's DNS for an allowed name", dst.Addr())})
 		return
 	}
+	if s.cfg.AttributeFirst != nil && s.cfg.AttributeFirst() {
+		ev.owner = s.attribute(id.RemotePort, dst)
+		ev.owner() // waits, bounded
+	}
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
 		r.Complete(true)
 		ev.Verdict, ev.Duration, ev.Err = byAddr, time.Since(start), "guest handshake: "+terr.String()
-		s.cfg.Recorder.Conn(ev)
+		s.recordConn(ev)
 		return
 	}
 	// The handshake is done: free the slot before the slow part, so
 	// guests waiting on slow destinations do not hold up new SYNs.
 	r.Complete(false)
+	if ev.owner == nil {
+		// Who made it is asked while the first flight is read.
+		ev.owner = s.attribute(id.RemotePort, dst)
+	}
 	guest := gonet.NewTCPConn(&wq, ep)
 	stop := context.AfterFunc(s.ctx, func() { ep.Abort(); guest.Close() })
 	defer stop()
@@ -122,7 +138,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		ep.Abort()
 		guest.Close()
 		ev.Verdict, ev.Kind, ev.Duration = v, kind, time.Since(start)
-		s.cfg.Recorder.Conn(ev)
+		s.recordConn(ev)
 	}
 	if len(names) == 0 {
 		// Allowed by address: whatever the protocol, no name to read.
@@ -332,7 +348,7 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 func (s *Stack) splice(guest *gonet.TCPConn, first []byte, dst netip.AddrPort, name string, ev *ConnEvent) {
 	defer func() {
 		ev.Duration = time.Since(ev.Start)
-		s.cfg.Recorder.Conn(*ev)
+		s.recordConn(*ev)
 	}()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Limits.DialTimeout)
 	up, err := s.cfg.Dialer.DialContext(ctx, "tcp4", dst.String())

@@ -159,7 +159,7 @@ func (s *Stack) refuseRequest(ev *ConnEvent, host string, i int, v netpolicy.Ver
 	if err != nil {
 		name = host
 	}
-	s.cfg.Recorder.Conn(ConnEvent{Start: time.Now(), Name: name, Addr: ev.Addr, Kind: KindHTTP, Verdict: v})
+	s.recordConn(ConnEvent{Start: time.Now(), Name: name, Addr: ev.Addr, Kind: KindHTTP, Verdict: v, owner: ev.owner})
 	ev.Err = fmt.Sprintf("ended at request %d: %s", i+1, v.Reason)
 }
 

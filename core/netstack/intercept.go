@@ -71,6 +71,7 @@ type interceptFlow struct {
 	name     string
 	dst      netip.AddrPort // the pinned (real) address dialled
 	verdict  netpolicy.Verdict
+	owner    func() Owner
 	requests atomic.Int64
 }
 
@@ -186,14 +187,14 @@ func (s *Stack) intercept(guest net.Conn, first []byte, dst netip.AddrPort, name
 	fail := func(err string) {
 		guest.Close()
 		ev.Err, ev.Duration = err, time.Since(ev.Start)
-		s.cfg.Recorder.Conn(*ev)
+		s.recordConn(*ev)
 	}
 	if s.cfg.CA == nil || s.cfg.Secret == nil {
 		ev.Verdict = netpolicy.Verdict{Rule: RuleNoInterception, Reason: fmt.Sprintf("%s has a credential, but this VM has no CA to add it with", name)}
 		fail("")
 		return
 	}
-	fc := &flowConn{Conn: guest, first: first, flow: &interceptFlow{name: name, dst: dst, verdict: ev.Verdict}, done: make(chan struct{})}
+	fc := &flowConn{Conn: guest, first: first, flow: &interceptFlow{name: name, dst: dst, verdict: ev.Verdict, owner: ev.owner}, done: make(chan struct{})}
 	tc := tls.Server(fc, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"h2", "http/1.1"},
@@ -238,7 +239,7 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	flow.requests.Add(1)
-	ev := ConnEvent{Start: time.Now(), Name: flow.name, Addr: flow.dst, Kind: KindHTTPS, Method: r.Method, Path: r.URL.Path, Verdict: flow.verdict}
+	ev := ConnEvent{Start: time.Now(), Name: flow.name, Addr: flow.dst, Kind: KindHTTPS, Method: r.Method, Path: r.URL.Path, Verdict: flow.verdict, owner: flow.owner}
 	body := &countingReader{r: r.Body}
 	r.Body = body
 	refuse := func(status int, v netpolicy.Verdict) {
@@ -247,7 +248,7 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, strings.TrimSuffix(msg, "\n"), status)
 		ev.BytesReceived = int64(len(msg))
 		ev.Duration = time.Since(ev.Start)
-		s.cfg.Recorder.Conn(ev)
+		s.recordConn(ev)
 	}
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -308,9 +309,14 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if upErr != nil {
 		ev.Err = "upstream: " + redact(upErr.Error(), secret, cred.Placeholder)
 	}
-	s.cfg.Recorder.Conn(ev)
+	s.recordConn(ev)
 	if provider != "" && rw.reader != nil {
+		var o Owner
+		if flow.owner != nil {
+			o = flow.owner()
+		}
 		s.cfg.Recorder.Model(ModelEvent{
+			TraceID: o.TraceID, Process: o.Process,
 			Start: ev.Start, Provider: provider, Model: rw.reader.Model, Host: flow.name, Path: r.URL.Path,
 			InputTokens: rw.reader.Input, OutputTokens: rw.reader.Output, Status: rw.status,
 			RequestBytes: body.n, ResponseBytes: rw.n, Duration: ev.Duration,
@@ -321,6 +327,7 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // ModelEvent is one request to a model API on the credential path.
 type ModelEvent struct {
 	Start                       time.Time
+	TraceID, Process            string // the guest process that asked (see Owner)
 	Provider, Model, Host, Path string
 	InputTokens, OutputTokens   int64
 	Status                      int

@@ -152,7 +152,31 @@ type Config struct {
 	CA         CA
 	Secret     func(netpolicy.CredentialRule) (string, error)
 	ExpandPath func(string) (string, error)
+	// Attribute asks who in the guest owns a connection (its source port
+	// and its destination as the guest addressed it); nil: nobody is
+	// asked. Its answer goes into the connection's events.
+	Attribute func(ctx context.Context, guestPort uint16, dst netip.AddrPort) (Owner, error)
+	// AttributeFirst, when it says so, has the owner found before the
+	// guest's handshake completes: its process is then still blocked in
+	// connect(), so even one that lives for a single request is found.
+	// Otherwise the owner is asked beside the first flight, and a process
+	// quicker than the question goes unnamed.
+	AttributeFirst func() bool
 }
+
+// Owner is the guest process a connection belongs to, by the guest's word.
+type Owner struct {
+	PID     int
+	Process string
+	TraceID string
+}
+
+// Attribution bounds: lookups in flight at once (past it a connection
+// goes unattributed) and how long one may take.
+const (
+	maxAttributions = 8
+	attributionWait = 2 * time.Second
+)
 
 // Stack is one VM's network.
 type Stack struct {
@@ -163,6 +187,7 @@ type Stack struct {
 	sw     *tap.Switch
 	pins   *pins
 	flows  chan struct{} // one token per flow
+	attrib chan struct{} // one token per attribution in flight
 	dns    chan struct{} // one token per query being answered
 	inward chan struct{} // one token per connection DialGuest made
 	ctx    context.Context
@@ -298,7 +323,8 @@ func New(cfg Config) (*Stack, error) {
 	s := &Stack{
 		cfg: cfg, log: cfg.Logger.With("component", "netstack"),
 		pins:  newPins(l.Pins),
-		flows: make(chan struct{}, l.Flows), dns: make(chan struct{}, l.Lookups), inward: make(chan struct{}, l.Inbound),
+		flows: make(chan struct{}, l.Flows), dns: make(chan struct{}, l.Lookups),
+		attrib: make(chan struct{}, maxAttributions), inward: make(chan struct{}, l.Inbound),
 		ctx: ctx, cancel: cancel,
 	}
 	if err := s.build(); err != nil {
@@ -461,6 +487,56 @@ func (s *Stack) overLimit(what string, counter *atomic.Int64) {
 }
 
 func (s *Stack) policy() Policy { return s.cfg.Policy() }
+
+// attribute starts asking who owns a connection and returns the way to
+// the answer (the zero Owner when none came in time, or none was asked).
+func (s *Stack) attribute(guestPort uint16, dst netip.AddrPort) func() Owner {
+	none := func() Owner { return Owner{} }
+	if s.cfg.Attribute == nil {
+		return none
+	}
+	select {
+	case s.attrib <- struct{}{}:
+	default:
+		return none
+	}
+	if !s.track() {
+		<-s.attrib
+		return none
+	}
+	ch := make(chan Owner, 1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-s.attrib }()
+		ctx, cancel := context.WithTimeout(s.ctx, attributionWait)
+		defer cancel()
+		o, err := s.cfg.Attribute(ctx, guestPort, dst)
+		if err != nil {
+			o = Owner{}
+		}
+		ch <- o
+	}()
+	var once sync.Once
+	var got Owner
+	return func() Owner {
+		once.Do(func() {
+			select {
+			case got = <-ch:
+			case <-time.After(attributionWait):
+			}
+		})
+		return got
+	}
+}
+
+// recordConn records a connection event with its owner, if asked for.
+func (s *Stack) recordConn(ev ConnEvent) {
+	if ev.owner != nil {
+		o := ev.owner()
+		ev.PID, ev.Process, ev.TraceID = o.PID, o.Process, o.TraceID
+	}
+	s.cfg.Recorder.Conn(ev)
+}
 
 // track counts a goroutine Close must wait for; false once Close began.
 func (s *Stack) track() bool {

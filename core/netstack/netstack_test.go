@@ -540,3 +540,84 @@ func clientHelloWithECH(t *testing.T, name string) []byte {
 	binary.BigEndian.PutUint16(head[3:], uint16(len(body)))
 	return append(head, body...)
 }
+
+// TestAttribution: each connection's events carry the owner the guest
+// reports for its source port, asked while the connection is decided.
+func TestAttribution(t *testing.T) {
+	type ask struct {
+		port uint16
+		dst  netip.AddrPort
+	}
+	asked := make(chan ask, 16)
+	r := newRig(t, basePolicy(), baseResolver(), testLimits(), func(c *Config) {
+		c.Attribute = func(_ context.Context, port uint16, dst netip.AddrPort) (Owner, error) {
+			asked <- ask{port, dst}
+			return Owner{PID: 42, Process: "curl", TraceID: "trace-7"}, nil
+		}
+	})
+	r.servers(t)
+	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := r.dial(ctx, "203.0.113.10:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	fmt.Fprint(c, "GET /x HTTP/1.1\r\nHost: allowed.example\r\nConnection: close\r\n\r\n")
+	c.CloseWrite()
+	io.ReadAll(c)
+	ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Path == "/x" })
+	if ev.PID != 42 || ev.Process != "curl" || ev.TraceID != "trace-7" {
+		t.Fatalf("event %+v: no owner", ev)
+	}
+	got := <-asked
+	if got.port != local.Port() || got.dst != netip.MustParseAddrPort("203.0.113.10:80") {
+		t.Fatalf("asked about %+v, want the guest's port %d to 203.0.113.10:80", got, local.Port())
+	}
+}
+
+// TestAttributionFirst: while a traced command runs, the guest's connect
+// completes only once its owner is known (its process cannot have exited).
+func TestAttributionFirst(t *testing.T) {
+	release := make(chan struct{})
+	r := newRig(t, basePolicy(), baseResolver(), testLimits(), func(c *Config) {
+		c.Attribute = func(ctx context.Context, _ uint16, _ netip.AddrPort) (Owner, error) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return Owner{PID: 7, Process: "quick", TraceID: "t-first"}, nil
+		}
+		c.AttributeFirst = func() bool { return true }
+	})
+	r.servers(t)
+	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dialed := make(chan error, 1)
+	go func() {
+		c, err := r.dial(ctx, "203.0.113.10:80")
+		if err == nil {
+			fmt.Fprint(c, "GET /q HTTP/1.1\r\nHost: allowed.example\r\nConnection: close\r\n\r\n")
+			c.CloseWrite()
+			io.ReadAll(c)
+			c.Close()
+		}
+		dialed <- err
+	}()
+	select {
+	case err := <-dialed:
+		t.Fatalf("the connection completed before its owner was known: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	if err := <-dialed; err != nil {
+		t.Fatal(err)
+	}
+	ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Path == "/q" })
+	if ev.TraceID != "t-first" || ev.Process != "quick" {
+		t.Fatalf("event %+v", ev)
+	}
+}

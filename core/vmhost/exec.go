@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -25,7 +26,10 @@ func checkExec(req *api.ExecRequest) error {
 	if req.TimeoutMS < 0 {
 		return errors.New("timeout_ms must not be negative")
 	}
-	return nil
+	if _, ok := req.Env[guestwire.EnvTraceID]; ok {
+		return fmt.Errorf("env %s is set from trace_id, not given", guestwire.EnvTraceID)
+	}
+	return api.CheckTraceID(req.TraceID)
 }
 
 // previewWriter passes writes on and keeps the first previewBytes.
@@ -64,7 +68,7 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 	if command == "" {
 		command = strings.Join(req.Argv, " ")
 	}
-	row := &ledger.ExecEvent{Command: command, Source: "api", Pending: true}
+	row := &ledger.ExecEvent{Command: command, Source: "api", Pending: true, TraceID: req.TraceID}
 	// Not cancelled with ctx: a caller leaving during the commit would
 	// leave the row pending for a command that never ran.
 	if err := v.ledger.Write(context.WithoutCancel(ctx), row); err != nil {
@@ -73,7 +77,17 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 	}
 	out, errOut := &previewWriter{w: stdout}, &previewWriter{w: stderr}
 	start := time.Now()
-	res, err := v.control().Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: req.Env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, out, errOut)
+	env := req.Env
+	if req.TraceID != "" {
+		v.tracedExecs.Add(1)
+		defer v.tracedExecs.Add(-1)
+		env = maps.Clone(req.Env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		env[guestwire.EnvTraceID] = req.TraceID
+	}
+	res, err := v.control().Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, out, errOut)
 	row.Pending = false
 	row.DurationMS = time.Since(start).Milliseconds()
 	row.StdoutPreview, row.StderrPreview = out.String(), errOut.String()

@@ -1,6 +1,7 @@
 package vmhost
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -75,6 +76,10 @@ func openNetwork(v *VM) (*network, error) {
 			return s, err
 		},
 		ExpandPath: netpolicy.ExpandPath,
+		Attribute:  v.socketOwner,
+		// While a traced command runs, its connections must be named
+		// even when its processes are quick.
+		AttributeFirst: func() bool { return v.tracedExecs.Load() > 0 },
 	})
 	if err != nil {
 		return nil, err
@@ -82,6 +87,19 @@ func openNetwork(v *VM) (*network, error) {
 	ports := newPublisher(st.DialGuest, limited)
 	ports.record = rec.inbound
 	return &network{stack: st, ports: ports, rec: rec}, nil
+}
+
+// socketOwner asks the guest agent which process made a connection.
+func (v *VM) socketOwner(ctx context.Context, guestPort uint16, dst netip.AddrPort) (netstack.Owner, error) {
+	c := v.control()
+	if c == nil || v.unresponsive() != "" {
+		return netstack.Owner{}, errors.New("the guest does not answer")
+	}
+	o, err := c.SocketOwner(ctx, &guestwire.SocketQuery{LocalPort: guestPort, RemoteIP: dst.Addr().String(), RemotePort: dst.Port()})
+	if err != nil {
+		return netstack.Owner{}, err
+	}
+	return netstack.Owner{PID: o.PID, Process: o.Process, TraceID: o.TraceID}, nil
 }
 
 // netPolicy is the [net] policy in force; before the gateway loaded the
@@ -228,7 +246,9 @@ func (r *ledgerRecorder) Conn(e netstack.ConnEvent) {
 		PolicyReason:  e.Reason,
 		PolicySource:  e.Source,
 		Source:        ledger.SourceGuest,
-		ProcessName:   "guest",
+		ProcessName:   cmp.Or(e.Process, "guest"),
+		PID:           int64(e.PID),
+		TraceID:       e.TraceID,
 	}
 	if e.Allowed {
 		row.PolicyAction = "allow"
@@ -272,7 +292,7 @@ func (r *ledgerRecorder) DNS(e netstack.DNSEvent) {
 
 func (r *ledgerRecorder) Model(e netstack.ModelEvent) {
 	r.write(&ledger.ModelCall{
-		Timestamp: e.Start, Provider: e.Provider, Model: e.Model, ProcessName: "guest",
+		Timestamp: e.Start, Provider: e.Provider, Model: e.Model, ProcessName: cmp.Or(e.Process, "guest"), TraceID: e.TraceID,
 		RequestBytes: e.RequestBytes, ResponseBytes: e.ResponseBytes,
 		InputTokens: e.InputTokens, OutputTokens: e.OutputTokens,
 		DurationMS: e.Duration.Milliseconds(), StatusCode: int64(e.Status),

@@ -279,6 +279,18 @@ func TestGuestNetwork(t *testing.T) {
 			t.Errorf("the host dialled a connection that named nothing (%d accepts)", n)
 		}
 	})
+	t.Run("a traced command's connections carry its trace id", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		o := v.exec(ctx, &api.ExecRequest{Command: "wget -q -O - http://web.test:" + webPort + "/traced", TraceID: "trace-net-1"})
+		if o.err != nil || o.ev.ExitCode != 0 || !strings.Contains(o.stdout.String(), "hello from web.test") {
+			t.Fatalf("traced wget: %v %+v %s%s", o.err, o.ev, o.stdout.String(), o.stderr.String())
+		}
+		// The variable is the host's to set.
+		if o := v.exec(ctx, &api.ExecRequest{Command: "true", Env: map[string]string{"CAPSEM_TRACE_ID": "forged"}}); o.err == nil && o.ev.Error == "" {
+			t.Fatalf("an exec set CAPSEM_TRACE_ID itself: %+v", o.ev)
+		}
+	})
 	t.Run("credential", func(t *testing.T) {
 		testCredential(t, v, w, run)
 	})
@@ -325,6 +337,12 @@ func TestGuestNetwork(t *testing.T) {
 		if n := count(`SELECT COUNT(*) FROM dns_events WHERE name = 'tls.test' AND server = '8.8.8.8' AND decision = 'allowed'`); n < 1 {
 			t.Errorf("no row for the query sent to 8.8.8.8: %s", dump(db, "dns_events"))
 		}
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE trace_id = 'trace-net-1' AND process_name = 'wget' AND pid > 0 AND path = '/traced' AND status_code = 200`); n != 1 {
+			t.Errorf("%d rows for the traced command's connection: %s", n, dump(db, "net_events"))
+		}
+		if n := count(`SELECT COUNT(*) FROM exec_events WHERE trace_id = 'trace-net-1'`); n != 1 {
+			t.Errorf("%d exec rows with the trace id", n)
+		}
 		// The seed's own debug query.
 		rows, err := db.Query(`SELECT domain, action, status_code FROM net_events ORDER BY timestamp DESC LIMIT 10`)
 		if err != nil {
@@ -343,7 +361,7 @@ func TestGuestNetwork(t *testing.T) {
 		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'api.anthropic.com' AND conn_type = 'https-terminated' AND status_code = 200 AND method = 'POST' AND path = '/v1/messages' AND policy_rule = 'net.credentials' AND decision = 'allowed'`); n != 1 {
 			t.Errorf("%d rows for the credentialed call: %s", n, dump(db, "net_events"))
 		}
-		if n := count(`SELECT COUNT(*) FROM model_calls WHERE provider = 'anthropic' AND model = 'claude-test-1' AND input_tokens = 25 AND output_tokens = 15 AND status_code = 200 AND response_bytes > 0`); n < 1 {
+		if n := count(`SELECT COUNT(*) FROM model_calls WHERE provider = 'anthropic' AND model = 'claude-test-1' AND input_tokens = 25 AND output_tokens = 15 AND status_code = 200 AND response_bytes > 0 AND trace_id = 'trace-model-1' AND process_name = 'credclient'`); n != 1 {
 			t.Errorf("%d model_calls rows: %s", n, dump(db, "model_calls"))
 		}
 		if n := count(`SELECT COUNT(*) FROM net_events WHERE policy_rule = 'credential-exfiltration' AND decision = 'denied' AND policy_reason LIKE '%ANTHROPIC_API_KEY%'`); n != 2 {
@@ -561,7 +579,11 @@ func testCredential(t *testing.T, v *vmProc, w *netWorld, run func(*testing.T, s
 	if code != 0 || !strings.Contains(out, "key="+placeholder+"\n") || !strings.Contains(out, "bundle=/etc/capsem/ca-bundle.pem node=/etc/capsem/ca.pem") {
 		t.Fatalf("the guest's credential environment (%d): %s", code, out)
 	}
-	out, code = run(t, "/tmp/credclient -url "+url)
+	traced := v.exec(ctx, &api.ExecRequest{Command: "/tmp/credclient -url " + url, TraceID: "trace-model-1"})
+	out, code = traced.stdout.String()+traced.stderr.String(), traced.ev.ExitCode
+	if traced.err != nil {
+		t.Fatal(traced.err)
+	}
 	if code != 0 || !strings.Contains(out, "status=200 proto=HTTP/2.0 echo="+placeholder) ||
 		!strings.Contains(out, "message_start") || !strings.Contains(out, "echo "+placeholder) || strings.Contains(out, w.secret) {
 		t.Fatalf("the credentialed call (%d): %s", code, out)

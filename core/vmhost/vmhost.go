@@ -101,11 +101,13 @@ type VM struct {
 	ws      *workspace
 	net     *network // nil: no NIC
 	netCA   credentialCA
-	ctl     control
-	hello   guestwire.Hello
-	accel   vmm.Accel
-	timings map[string]int64
-	start   StartMode // how the VM started (resumed: the guest's boot timings are the saved boot's)
+	// tracedExecs counts the commands with a trace id running now.
+	tracedExecs atomic.Int64
+	ctl         control
+	hello       guestwire.Hello
+	accel       vmm.Accel
+	timings     map[string]int64
+	start       StartMode // how the VM started (resumed: the guest's boot timings are the saved boot's)
 
 	stopOnce sync.Once
 	stopping atomic.Bool // Stop began: the machine exiting from now on is expected

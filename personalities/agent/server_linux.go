@@ -220,6 +220,14 @@ func (s *Server) handleRegistered(ctx context.Context, m *guestwire.Message, id 
 		var res *guestwire.FileResult
 		res, err = s.file(ctx, m.ID, m.Type, m.File)
 		resp = &guestwire.Message{Type: guestwire.TypeFileResult, FileResult: res}
+	case guestwire.TypeSocketOwner:
+		if m.Socket == nil {
+			err = guestwire.Errorf(guestwire.CodeInvalid, "socket_owner request has no socket")
+			break
+		}
+		var owner *guestwire.SocketOwner
+		owner, err = socketOwner(m.Socket, "/proc")
+		resp = &guestwire.Message{Type: guestwire.TypeSocketOwnerResult, Owner: owner}
 	default:
 		err = guestwire.Errorf(guestwire.CodeUnknown, "unknown request type %q", m.Type)
 	}

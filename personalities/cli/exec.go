@@ -17,6 +17,7 @@ type ExecCmd struct {
 	Timeout time.Duration `help:"Kill the command (its whole process group) after this long (default: no timeout)."`
 	Env     []string      `short:"e" sep:"none" help:"Environment variable for the command, K=V (repeatable)."`
 	Workdir string        `short:"w" help:"Working directory in the guest."`
+	TraceID string        `name:"trace-id" help:"Tie the command to what it causes: its ledger row and those of the connections it makes carry this id."`
 }
 
 // Run streams the command's output and exits with its status.
@@ -36,7 +37,7 @@ func (c *ExecCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ev, err := cl.ExecStream(ctx, c.VM, api.ExecRequest{Argv: argv, Env: env, Cwd: c.Workdir, TimeoutMS: c.Timeout.Milliseconds()}, os.Stdout, os.Stderr)
+	ev, err := cl.ExecStream(ctx, c.VM, api.ExecRequest{Argv: argv, Env: env, Cwd: c.Workdir, TimeoutMS: c.Timeout.Milliseconds(), TraceID: c.TraceID}, os.Stdout, os.Stderr)
 	if err != nil {
 		return err
 	}
