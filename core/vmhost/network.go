@@ -13,11 +13,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/netpolicy"
 	"github.com/capsem/capsem/core/netstack"
+	"github.com/capsem/capsem/core/printable"
 	"github.com/capsem/capsem/vmm"
 )
 
@@ -99,8 +101,20 @@ func (v *VM) socketOwner(ctx context.Context, guestPort uint16, dst netip.AddrPo
 	if err != nil {
 		return netstack.Owner{}, err
 	}
-	return netstack.Owner{PID: o.PID, Process: o.Process, TraceID: o.TraceID}, nil
+	// The guest's word, bounded before it reaches the ledger: a name of
+	// at most 64 bytes, a trace id only as the API would accept it.
+	owner := netstack.Owner{PID: o.PID, Process: printable.Text(o.Process)}
+	if len(owner.Process) > maxProcessName {
+		owner.Process = owner.Process[:maxProcessName]
+	}
+	if api.CheckTraceID(o.TraceID) == nil {
+		owner.TraceID = o.TraceID
+	}
+	return owner, nil
 }
+
+// maxProcessName bounds a process name the guest reports.
+const maxProcessName = 64
 
 // netPolicy is the [net] policy in force; before the gateway loaded the
 // configuration, nothing is allowed.
