@@ -112,7 +112,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		refuse(netpolicy.Verdict{Rule: RuleNotResolved, Reason: fmt.Sprintf("%s was not given out by this VM's DNS for an allowed name", dst.Addr())})
 		return
 	}
-	if s.cfg.AttributeFirst != nil && s.cfg.AttributeFirst() {
+	if s.cfg.AttributeWhen != nil && s.cfg.AttributeWhen() {
 		ev.owner = s.attribute(id.RemotePort, dst)
 		ev.owner() // waits, bounded
 	}
@@ -127,10 +127,6 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	// The handshake is done: free the slot before the slow part, so
 	// guests waiting on slow destinations do not hold up new SYNs.
 	r.Complete(false)
-	if ev.owner == nil {
-		// Who made it is asked while the first flight is read.
-		ev.owner = s.attribute(id.RemotePort, dst)
-	}
 	guest := gonet.NewTCPConn(&wq, ep)
 	stop := context.AfterFunc(s.ctx, func() { ep.Abort(); guest.Close() })
 	defer stop()

@@ -153,15 +153,14 @@ type Config struct {
 	Secret     func(netpolicy.CredentialRule) (string, error)
 	ExpandPath func(string) (string, error)
 	// Attribute asks who in the guest owns a connection (its source port
-	// and its destination as the guest addressed it); nil: nobody is
-	// asked. Its answer goes into the connection's events.
-	Attribute func(ctx context.Context, guestPort uint16, dst netip.AddrPort) (Owner, error)
-	// AttributeFirst, when it says so, has the owner found before the
-	// guest's handshake completes: its process is then still blocked in
-	// connect(), so even one that lives for a single request is found.
-	// Otherwise the owner is asked beside the first flight, and a process
-	// quicker than the question goes unnamed.
-	AttributeFirst func() bool
+	// and its destination as the guest addressed it), when AttributeWhen
+	// says so (while a traced command runs): the owner is found before the
+	// guest's handshake completes, when its process is still blocked in
+	// connect(), so even one that lives for a single request is named.
+	// Otherwise nobody is asked: the question costs the guest a look
+	// through its processes' descriptors.
+	Attribute     func(ctx context.Context, guestPort uint16, dst netip.AddrPort) (Owner, error)
+	AttributeWhen func() bool
 }
 
 // Owner is the guest process a connection belongs to, by the guest's word.

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -549,16 +550,26 @@ func TestAttribution(t *testing.T) {
 		dst  netip.AddrPort
 	}
 	asked := make(chan ask, 16)
+	var traced atomic.Bool
 	r := newRig(t, basePolicy(), baseResolver(), testLimits(), func(c *Config) {
 		c.Attribute = func(_ context.Context, port uint16, dst netip.AddrPort) (Owner, error) {
 			asked <- ask{port, dst}
 			return Owner{PID: 42, Process: "curl", TraceID: "trace-7"}, nil
 		}
+		c.AttributeWhen = func() bool { return traced.Load() }
 	})
 	r.servers(t)
 	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	// No traced command: nobody is asked.
+	if _, _, err := r.guestHTTP(ctx, "203.0.113.10:80", "allowed.example", false); err != nil {
+		t.Fatal(err)
+	}
+	if ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Path == "/path" }); ev.PID != 0 || len(asked) != 0 {
+		t.Fatalf("attributed without a traced command: %+v", ev)
+	}
+	traced.Store(true)
 	c, err := r.dial(ctx, "203.0.113.10:80")
 	if err != nil {
 		t.Fatal(err)
@@ -590,7 +601,7 @@ func TestAttributionFirst(t *testing.T) {
 			}
 			return Owner{PID: 7, Process: "quick", TraceID: "t-first"}, nil
 		}
-		c.AttributeFirst = func() bool { return true }
+		c.AttributeWhen = func() bool { return true }
 	})
 	r.servers(t)
 	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))

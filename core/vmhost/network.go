@@ -79,9 +79,8 @@ func openNetwork(v *VM) (*network, error) {
 		},
 		ExpandPath: netpolicy.ExpandPath,
 		Attribute:  v.socketOwner,
-		// While a traced command runs, its connections must be named
-		// even when its processes are quick.
-		AttributeFirst: func() bool { return v.tracedExecs.Load() > 0 },
+		// While a traced command runs, connections are attributed.
+		AttributeWhen: func() bool { return v.tracedExecs.Load() > 0 },
 	})
 	if err != nil {
 		return nil, err
@@ -193,7 +192,7 @@ type ledgerRecorder struct {
 func (r *ledgerRecorder) summary(kind refusalKind, n int64, since time.Time) {
 	reason := summaryReason(kind, n, since)
 	if kind == refusedQueries {
-		r.write(&ledger.DNSEvent{Timestamp: since, Name: "(refused queries)", Decision: string(ledger.DecisionDenied),
+		r.write(&ledger.DNSEvent{Timestamp: since, Name: "(refused queries)", RCode: "(summary)", Decision: string(ledger.DecisionDenied),
 			PolicyRule: ruleRateLimited, PolicyReason: reason})
 		return
 	}

@@ -1,10 +1,19 @@
 package vmhost
 
 import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	_ "github.com/mattn/go-sqlite3"
+
+	"github.com/capsem/capsem/core/ledger"
 )
 
 func TestRefusalBudget(t *testing.T) {
@@ -67,5 +76,39 @@ func TestRefusalBudget(t *testing.T) {
 	defer mu.Unlock()
 	if got[refusedConnections] <= before {
 		t.Fatal("close did not write the last summary")
+	}
+}
+
+// TestRefusalSummariesAreRows: the summary rows are rows the ledger takes
+// (a summary it refused would lose the count it carries).
+func TestRefusalSummariesAreRows(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "session.db")
+	l, err := ledger.Open(ctx, path, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &ledgerRecorder{v: &VM{ledger: l}, log: slog.New(slog.DiscardHandler)}
+	since := time.Now()
+	r.summary(refusedConnections, 1234, since)
+	r.summary(refusedQueries, 567, since)
+	l.Close()
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{
+		`SELECT policy_reason FROM net_events WHERE policy_rule = 'rate-limited' AND decision = 'denied'`,
+		`SELECT policy_reason FROM dns_events WHERE policy_rule = 'rate-limited' AND decision = 'denied'`,
+	} {
+		var reason string
+		if err := db.QueryRow(q).Scan(&reason); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		var n int
+		if _, err := fmt.Sscanf(reason, "%d more refused", &n); err != nil || (n != 1234 && n != 567) {
+			t.Fatalf("summary %q", reason)
+		}
 	}
 }
