@@ -34,8 +34,8 @@ type Cmd struct {
 	Config       string   `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
 	NoAutodetect bool     `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
 	CPUs         int      `name:"cpus" default:"2" help:"Virtual CPUs."`
-	MemoryMiB    int      `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
-	DiskGiB      int      `name:"disk-gib" default:"8" help:"Size of the VM's disk (sparse, removed with the VM); 0: none, the guest runs from RAM."`
+	RAMMB        int      `name:"ram-mb" default:"1024" help:"Guest memory in MB (as capsem create spells it)."`
+	DiskGB       int      `name:"disk-gb" default:"8" help:"Size of the VM's disk in GB (sparse, removed with the VM); 0: none, the guest runs from RAM."`
 	WorkspaceMiB int      `name:"workspace-mib" default:"16384" help:"Bound on what the VM's workspace may take on the host, in MiB; the guest gets ENOSPC at it."`
 	Publish      []string `short:"p" sep:"none" placeholder:"[ADDR:]HOST:GUEST" help:"Publish the guest's TCP port GUEST on the host's port HOST while the command runs (repeatable), on loopback unless ADDR is given."`
 	Command      []string `arg:"" passthrough:"" help:"The command and its arguments."`
@@ -126,9 +126,9 @@ func (c *Cmd) request() (api.RunRequest, error) {
 	if err != nil {
 		return api.RunRequest{}, fmt.Errorf("--publish: %w", err)
 	}
-	disk := c.DiskGiB
+	disk := c.DiskGB
 	return api.RunRequest{
-		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.MemoryMiB, CPUs: c.CPUs, DiskGB: &disk, WorkspaceMiB: c.WorkspaceMiB, Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports},
+		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, DiskGB: &disk, WorkspaceMiB: c.WorkspaceMiB, Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports},
 		Exec:          api.ExecRequest{Argv: argv, Env: env, TimeoutMS: c.Timeout.Milliseconds()},
 	}, nil
 }

@@ -262,14 +262,14 @@ func TestServiceStopEndsARun(t *testing.T) {
 	}
 }
 
-// TestRunWithoutADisk: --disk-gib 0 gives the VM no disk (the guest runs
+// TestRunWithoutADisk: --disk-gb 0 gives the VM no disk (the guest runs
 // from RAM); by default it has one.
 func TestRunWithoutADisk(t *testing.T) {
 	env, _ := testkit.ServiceEnv(t)
 	for _, tc := range []struct {
 		args []string
 		want string
-	}{{nil, "vda\n"}, {[]string{"--disk-gib", "0"}, ""}} {
+	}{{nil, "vda\n"}, {[]string{"--disk-gb", "0"}, ""}} {
 		args := append(tc.args, "--", "sh", "-c", "ls /sys/block | grep '^vd' || true")
 		stdout, stderr, code := testkit.CapsemRunIn(t, env, args...)
 		if code != 0 || stdout != tc.want {
