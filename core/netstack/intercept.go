@@ -483,6 +483,12 @@ type guestWriter struct {
 }
 
 func (g *guestWriter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// An informational answer (100 Continue, 103 Early Hints) goes
+		// on; the final one is still to come.
+		g.ResponseWriter.WriteHeader(code)
+		return
+	}
 	if g.status != 0 {
 		return
 	}

@@ -10,11 +10,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"net/netip"
+	"net/textproto"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +51,12 @@ func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.protos = append(f.protos, r.ProtoMajor)
 	f.mu.Unlock()
 	io.Copy(io.Discard, r.Body)
+	if r.URL.Path == "/early" {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		fmt.Fprint(w, "after early hints")
+		return
+	}
 	if r.URL.Path != "/v1/messages" {
 		fmt.Fprint(w, "not a model call")
 		return
@@ -212,6 +221,25 @@ func TestCredentialInjection(t *testing.T) {
 		})
 	}
 	c.up.release = nil
+	t.Run("an informational answer before the final one", func(t *testing.T) {
+		var early atomic.Int64
+		trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, _ textproto.MIMEHeader) error { early.Store(int64(code)); return nil }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", "https://api.anthropic.com/early", nil)
+		req.Header.Set("X-Api-Key", testPlaceholder)
+		resp, err := c.client(c.trusted(), false).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if early.Load() != http.StatusEarlyHints || resp.StatusCode != 200 || string(body) != "after early hints" {
+			t.Fatalf("1xx %d, then %d %q", early.Load(), resp.StatusCode, body)
+		}
+		// The row has the final status.
+		if ev := c.ev.waitConn(t, func(e ConnEvent) bool { return e.Path == "/early" }); ev.Status != 200 {
+			t.Fatalf("recorded status %d, want the final 200", ev.Status)
+		}
+	})
 	t.Run("placeholder in another header", func(t *testing.T) {
 		req, _ := http.NewRequest("GET", "https://api.anthropic.com/v1/models", nil)
 		req.Header.Set("X-Api-Key", testPlaceholder)
