@@ -21,14 +21,14 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math/big"
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // Validity of the CA and of the leaves it issues.
@@ -97,45 +97,15 @@ func LoadOrCreate(path string) (*CA, error) {
 // Load reads the CA from path, refusing a file another user could read or
 // replace.
 func Load(path string) (*CA, error) {
-	f, err := os.Open(path)
+	data, err := unixsock.ReadPrivateFile(path, maxFileBytes)
 	if err != nil {
 		return nil, fmt.Errorf("netca: %w", err)
-	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("netca: %w", err)
-	}
-	if err := checkPrivate(path, info); err != nil {
-		return nil, err
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("netca: reading %s: %w", path, err)
-	}
-	if len(data) > maxFileBytes {
-		return nil, fmt.Errorf("netca: %s is larger than %d bytes: not a CA file of capsem's", path, maxFileBytes)
 	}
 	ca, err := parse(data)
 	if err != nil {
 		return nil, fmt.Errorf("netca: %s: %w", path, err)
 	}
 	return ca, nil
-}
-
-// checkPrivate refuses a file that is not a regular file of this user's
-// that only its owner may read.
-func checkPrivate(path string, info fs.FileInfo) error {
-	if !info.Mode().IsRegular() {
-		return fmt.Errorf("netca: %s is not a regular file", path)
-	}
-	if perm := info.Mode().Perm(); perm&0o077 != 0 {
-		return fmt.Errorf("netca: %s has mode %#o: the CA key must be readable by its owner only (0600)", path, perm)
-	}
-	if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("netca: %s belongs to uid %d, not to this user (%d)", path, st.Uid, os.Geteuid())
-	}
-	return nil
 }
 
 // generate makes a new CA: its certificate and key, PEM.

@@ -1,13 +1,12 @@
 package netpolicy
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"github.com/capsem/capsem/core/unixsock"
 )
 
 // MaxSecretBytes bounds a credential's source file.
@@ -42,7 +41,7 @@ func (cr CredentialRule) ReadSecret() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		b, err := readPrivateFile(path)
+		b, err := unixsock.ReadPrivateFile(path, MaxSecretBytes)
 		if err != nil {
 			return "", fmt.Errorf("source_file %s: %w", cr.SourceFile, err)
 		}
@@ -58,33 +57,4 @@ func (cr CredentialRule) ReadSecret() (string, error) {
 		return "", fmt.Errorf("the credential for %s is a placeholder, not the real value", cr.Host)
 	}
 	return value, nil
-}
-
-func readPrivateFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !info.Mode().IsRegular() {
-		return nil, errors.New("not a regular file")
-	}
-	if perm := info.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("mode %#o: a secret must be readable by its owner only (chmod 600)", perm)
-	}
-	if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return nil, fmt.Errorf("belongs to uid %d, not to this user", st.Uid)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, MaxSecretBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > MaxSecretBytes {
-		return nil, fmt.Errorf("larger than %d bytes", MaxSecretBytes)
-	}
-	return b, nil
 }

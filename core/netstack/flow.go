@@ -49,14 +49,9 @@ type ConnEvent struct {
 	Duration      time.Duration
 	// Err says how an allowed connection failed (the dial, a reset).
 	Err string
-	// PID, Process and TraceID are the guest process that made the
-	// connection, as the guest reported it (zero when not asked or not
-	// found).
-	PID     int
-	Process string
-	TraceID string
-	// owner returns them once asked (attribute).
-	owner func() Owner
+	// Owner is the guest process that made the connection, as the guest
+	// reported it (zero when not asked or not found).
+	Owner
 }
 
 // Rules that are not policy entries.
@@ -99,7 +94,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	refuse := func(v netpolicy.Verdict) {
 		r.Complete(true)
 		ev.Verdict, ev.Duration = v, time.Since(start)
-		s.recordConn(ev)
+		s.cfg.Recorder.Conn(ev)
 	}
 	pol := s.policy()
 	if v := pol.Port(dst.Port()); !v.Allowed {
@@ -112,16 +107,15 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		refuse(netpolicy.Verdict{Rule: RuleNotResolved, Reason: fmt.Sprintf("%s was not given out by this VM's DNS for an allowed name", dst.Addr())})
 		return
 	}
-	if s.cfg.AttributeWhen != nil && s.cfg.AttributeWhen() {
-		ev.owner = s.attribute(id.RemotePort, dst)
-		ev.owner() // waits, bounded
-	}
+	// Asked before the guest's handshake completes: the process is still
+	// blocked in connect(), however short its life.
+	ev.Owner = s.owner(id.RemotePort, dst)
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
 		r.Complete(true)
 		ev.Verdict, ev.Duration, ev.Err = byAddr, time.Since(start), "guest handshake: "+terr.String()
-		s.recordConn(ev)
+		s.cfg.Recorder.Conn(ev)
 		return
 	}
 	// The handshake is done: free the slot before the slow part, so
@@ -134,7 +128,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		ep.Abort()
 		guest.Close()
 		ev.Verdict, ev.Kind, ev.Duration = v, kind, time.Since(start)
-		s.recordConn(ev)
+		s.cfg.Recorder.Conn(ev)
 	}
 	if len(names) == 0 {
 		// Allowed by address: whatever the protocol, no name to read.
@@ -344,7 +338,7 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 func (s *Stack) splice(guest *gonet.TCPConn, first []byte, dst netip.AddrPort, name string, ev *ConnEvent) {
 	defer func() {
 		ev.Duration = time.Since(ev.Start)
-		s.recordConn(*ev)
+		s.cfg.Recorder.Conn(*ev)
 	}()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Limits.DialTimeout)
 	up, err := s.cfg.Dialer.DialContext(ctx, "tcp4", dst.String())

@@ -129,13 +129,14 @@ func (s *Stack) httpRequests(up io.Writer, src io.Reader, name string, ev *ConnE
 
 // checkRequest decides the i-th request of a connection decided for name.
 func (s *Stack) checkRequest(req *http.Request, name string, i int) netpolicy.Verdict {
+	if i == 0 {
+		// Decided by the first flight, placeholders included.
+		return netpolicy.Verdict{Allowed: true}
+	}
 	pol := s.policy()
-	if c, ok := requestPlaceholder(req, pol.Credentials()); ok {
+	if c, _, ok := placeholderInRequest(req, pol.Credentials(), nil); ok {
 		return netpolicy.Verdict{Rule: RuleExfiltration,
 			Reason: fmt.Sprintf("the placeholder of %s (credential for %s) was sent over plain HTTP to %s", c.GuestEnv, c.Host, req.Host)}
-	}
-	if i == 0 {
-		return netpolicy.Verdict{Allowed: true} // decided by the first flight
 	}
 	if req.URL.Host != "" || req.Method == http.MethodConnect {
 		return netpolicy.Verdict{Rule: RuleNoName, Reason: "an HTTP request in proxy form (absolute URL or CONNECT): the guest's network is not a proxy"}
@@ -159,22 +160,8 @@ func (s *Stack) refuseRequest(ev *ConnEvent, host string, i int, v netpolicy.Ver
 	if err != nil {
 		name = host
 	}
-	s.recordConn(ConnEvent{Start: time.Now(), Name: name, Addr: ev.Addr, Kind: KindHTTP, Verdict: v, owner: ev.owner})
+	s.cfg.Recorder.Conn(ConnEvent{Start: time.Now(), Name: name, Addr: ev.Addr, Kind: KindHTTP, Verdict: v, Owner: ev.Owner})
 	ev.Err = fmt.Sprintf("ended at request %d: %s", i+1, v.Reason)
-}
-
-// requestPlaceholder finds a credential's placeholder in a request's
-// target or headers.
-func requestPlaceholder(req *http.Request, all []netpolicy.CredentialRule) (netpolicy.CredentialRule, bool) {
-	if len(all) == 0 {
-		return netpolicy.CredentialRule{}, false
-	}
-	var b strings.Builder
-	b.WriteString(req.RequestURI)
-	for k, vs := range req.Header {
-		b.WriteString("\n" + k + ":" + strings.Join(vs, ","))
-	}
-	return placeholderIn([]byte(b.String()), all)
 }
 
 // upgrade reports whether a request switches the connection to another

@@ -71,7 +71,7 @@ type interceptFlow struct {
 	name     string
 	dst      netip.AddrPort // the pinned (real) address dialled
 	verdict  netpolicy.Verdict
-	owner    func() Owner
+	owner    Owner
 	requests atomic.Int64
 }
 
@@ -124,7 +124,9 @@ func (l *connListener) Close() error {
 	return nil
 }
 
-func (*connListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(192, 168, 127, 1), Port: 443} }
+func (*connListener) Addr() net.Addr {
+	return net.TCPAddrFromAddrPort(netip.AddrPortFrom(gatewayAddr, 443))
+}
 
 // interceptor is the stack's credential path, built on first use.
 type interceptor struct {
@@ -187,14 +189,14 @@ func (s *Stack) intercept(guest net.Conn, first []byte, dst netip.AddrPort, name
 	fail := func(err string) {
 		guest.Close()
 		ev.Err, ev.Duration = err, time.Since(ev.Start)
-		s.recordConn(*ev)
+		s.cfg.Recorder.Conn(*ev)
 	}
-	if s.cfg.CA == nil || s.cfg.Secret == nil {
+	if s.cfg.CA == nil {
 		ev.Verdict = netpolicy.Verdict{Rule: RuleNoInterception, Reason: fmt.Sprintf("%s has a credential, but this VM has no CA to add it with", name)}
 		fail("")
 		return
 	}
-	fc := &flowConn{Conn: guest, first: first, flow: &interceptFlow{name: name, dst: dst, verdict: ev.Verdict, owner: ev.owner}, done: make(chan struct{})}
+	fc := &flowConn{Conn: guest, first: first, flow: &interceptFlow{name: name, dst: dst, verdict: ev.Verdict, owner: ev.Owner}, done: make(chan struct{})}
 	tc := tls.Server(fc, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"h2", "http/1.1"},
@@ -239,7 +241,7 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	flow.requests.Add(1)
-	ev := ConnEvent{Start: time.Now(), Name: flow.name, Addr: flow.dst, Kind: KindHTTPS, Method: r.Method, Path: r.URL.Path, Verdict: flow.verdict, owner: flow.owner}
+	ev := ConnEvent{Start: time.Now(), Name: flow.name, Addr: flow.dst, Kind: KindHTTPS, Method: r.Method, Path: r.URL.Path, Verdict: flow.verdict, Owner: flow.owner}
 	body := &countingReader{r: r.Body}
 	r.Body = body
 	refuse := func(status int, v netpolicy.Verdict) {
@@ -248,7 +250,7 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, strings.TrimSuffix(msg, "\n"), status)
 		ev.BytesReceived = int64(len(msg))
 		ev.Duration = time.Since(ev.Start)
-		s.recordConn(ev)
+		s.cfg.Recorder.Conn(ev)
 	}
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -268,14 +270,21 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cred, ok := pol.Credential(flow.name)
-	if where := misplacedPlaceholder(r, cred, ok, pol.Credentials()); where != "" {
-		refuse(http.StatusForbidden, netpolicy.Verdict{Rule: RuleExfiltration, Reason: where})
+	// Only the credential's own placeholder, in its own header.
+	own := func(c netpolicy.CredentialRule, header string) bool {
+		return ok && c.Placeholder == cred.Placeholder && strings.EqualFold(header, cred.Header)
+	}
+	if c, where, found := placeholderInRequest(r, pol.Credentials(), own); found {
+		refuse(http.StatusForbidden, netpolicy.Verdict{Rule: RuleExfiltration,
+			Reason: fmt.Sprintf("the placeholder of %s (credential for %s) is in %s of a request to %s", c.GuestEnv, c.Host, where, r.Host)})
 		return
 	}
 	var secret string
 	if ok {
 		var err error
-		if secret, err = s.cfg.Secret(cred); err != nil {
+		// Read on every request, so a rotated file applies.
+		if secret, err = cred.ReadSecret(); err != nil {
+			s.log.Warn("net: a credential cannot be read", "host", cred.Host, "source", cred.Source, "err", err)
 			ev.Err = err.Error()
 			refuse(http.StatusBadGateway, netpolicy.Verdict{Rule: RuleCredential, Reason: fmt.Sprintf("the credential for %s (%s) cannot be read: %v", cred.Host, cred.Source, err)})
 			return
@@ -299,7 +308,7 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rw := &guestWriter{ResponseWriter: w, secret: secret, placeholder: cred.Placeholder}
 	provider := modelProvider(flow.name)
 	if provider != "" {
-		rw.usage = func(contentType string) *usageReader { return newUsageReader(contentType) }
+		rw.readUsage = true
 	}
 	var upErr error
 	ctx := context.WithValue(out.Context(), upstreamErrKey{}, &upErr)
@@ -309,15 +318,11 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if upErr != nil {
 		ev.Err = "upstream: " + redact(upErr.Error(), secret, cred.Placeholder)
 	}
-	s.recordConn(ev)
+	s.cfg.Recorder.Conn(ev)
 	if provider != "" && rw.reader != nil {
-		var o Owner
-		if flow.owner != nil {
-			o = flow.owner()
-		}
 		s.cfg.Recorder.Model(ModelEvent{
-			TraceID: o.TraceID, Process: o.Process,
-			Start: ev.Start, Provider: provider, Model: rw.reader.Model, Host: flow.name, Path: r.URL.Path,
+			TraceID: flow.owner.TraceID, Process: flow.owner.Process,
+			Start: ev.Start, Provider: provider, Model: rw.reader.Model,
 			InputTokens: rw.reader.Input, OutputTokens: rw.reader.Output, Status: rw.status,
 			RequestBytes: body.n, ResponseBytes: rw.n, Duration: ev.Duration,
 		})
@@ -328,7 +333,7 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type ModelEvent struct {
 	Start                       time.Time
 	TraceID, Process            string // the guest process that asked (see Owner)
-	Provider, Model, Host, Path string
+	Provider, Model             string
 	InputTokens, OutputTokens   int64
 	Status                      int
 	RequestBytes, ResponseBytes int64
@@ -375,7 +380,7 @@ func (in *interceptor) transport(caFile string) (*http.Transport, error) {
 		roots = x509.NewCertPool()
 	}
 	if caFile != "" {
-		path, err := in.s.cfg.ExpandPath(caFile)
+		path, err := netpolicy.ExpandPath(caFile)
 		if err != nil {
 			return nil, err
 		}
@@ -409,29 +414,25 @@ func (in *interceptor) transport(caFile string) (*http.Transport, error) {
 	return t, nil
 }
 
-// misplacedPlaceholder says where a request carries a placeholder it may
-// not: any credential's in the URL or a header other than its own, or in
-// the own header of a credential that is not this host's. "" when none.
-func misplacedPlaceholder(r *http.Request, own netpolicy.CredentialRule, hasOwn bool, all []netpolicy.CredentialRule) string {
+// placeholderInRequest finds a credential's placeholder in a request's
+// target or a header that allowed does not accept, and says where.
+func placeholderInRequest(r *http.Request, all []netpolicy.CredentialRule, allowed func(c netpolicy.CredentialRule, header string) bool) (netpolicy.CredentialRule, string, bool) {
 	for _, c := range all {
-		mine := hasOwn && c.Placeholder == own.Placeholder
-		p := c.Placeholder
-		if strings.Contains(r.URL.RequestURI(), p) {
-			return fmt.Sprintf("the placeholder of %s (credential for %s) is in the URL of a request to %s", c.GuestEnv, c.Host, r.Host)
+		if strings.Contains(r.URL.RequestURI(), c.Placeholder) {
+			return c, "the URL", true
 		}
 		for k, vs := range r.Header {
+			if allowed != nil && allowed(c, k) {
+				continue
+			}
 			for _, v := range vs {
-				if !strings.Contains(v, p) && !strings.Contains(k, p) {
-					continue
+				if strings.Contains(v, c.Placeholder) || strings.Contains(k, c.Placeholder) {
+					return c, "header " + k, true
 				}
-				if mine && strings.EqualFold(k, own.Header) {
-					continue
-				}
-				return fmt.Sprintf("the placeholder of %s (credential for %s) is in header %s of a request to %s", c.GuestEnv, c.Host, k, r.Host)
 			}
 		}
 	}
-	return ""
+	return netpolicy.CredentialRule{}, "", false
 }
 
 // placeholderIn names the credential whose placeholder is in b, or "".
@@ -473,7 +474,7 @@ func (c *countingReader) Close() error { return c.r.Close() }
 type guestWriter struct {
 	http.ResponseWriter
 	secret, placeholder string
-	usage               func(contentType string) *usageReader
+	readUsage           bool // a model API's answer
 	reader              *usageReader
 	status              int
 	n                   int64
@@ -500,8 +501,8 @@ func (g *guestWriter) WriteHeader(code int) {
 			}
 		}
 	}
-	if g.usage != nil && code < 300 {
-		g.reader = g.usage(g.Header().Get("Content-Type"))
+	if g.readUsage && code < 300 {
+		g.reader = newUsageReader(g.Header().Get("Content-Type"))
 	}
 	g.ResponseWriter.WriteHeader(code)
 }

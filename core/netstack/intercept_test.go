@@ -124,15 +124,8 @@ func newCredRig(t *testing.T) *credRig {
 	pol.creds = creds
 	res := baseResolver()
 	res["api.anthropic.com"] = []netip.Addr{modelIP}
-	r := newRig(t, pol, res, testLimits(), func(c *Config) {
-		c.CA = ca
-		c.Secret = func(cr netpolicy.CredentialRule) (string, error) {
-			if cr.SourceEnv != "TEST_KEY" {
-				return "", fmt.Errorf("unexpected credential %+v", cr)
-			}
-			return testSecret, nil
-		}
-	})
+	t.Setenv("TEST_KEY", testSecret)
+	r := newRig(t, pol, res, testLimits(), func(c *Config) { c.CA = ca })
 	r.dialer.routes[netip.AddrPortFrom(modelIP, 443)] = srv.Listener.Addr().String()
 	r.servers(t)
 	for _, n := range []string{"api.anthropic.com", "allowed.example", "other.example"} {

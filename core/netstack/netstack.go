@@ -145,13 +145,9 @@ type Config struct {
 	Logger   *slog.Logger
 	MTU      int
 	Limits   Limits
-	// CA terminates the guest's TLS to names with credentials; Secret
-	// reads a credential's real value (on every request, so a rotated
-	// file applies); ExpandPath resolves a configured path ("~/…").
-	// Without CA and Secret, connections to such names are refused.
-	CA         CA
-	Secret     func(netpolicy.CredentialRule) (string, error)
-	ExpandPath func(string) (string, error)
+	// CA terminates the guest's TLS to names with credentials; without
+	// it, connections to such names are refused.
+	CA CA
 	// Attribute asks who in the guest owns a connection (its source port
 	// and its destination as the guest addressed it), when AttributeWhen
 	// says so (while a traced command runs): the owner is found before the
@@ -300,9 +296,6 @@ func New(cfg Config) (*Stack, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.ExpandPath == nil {
-		cfg.ExpandPath = func(p string) (string, error) { return p, nil }
 	}
 	if cfg.MTU == 0 {
 		cfg.MTU = DefaultMTU
@@ -487,54 +480,27 @@ func (s *Stack) overLimit(what string, counter *atomic.Int64) {
 
 func (s *Stack) policy() Policy { return s.cfg.Policy() }
 
-// attribute starts asking who owns a connection and returns the way to
-// the answer (the zero Owner when none came in time, or none was asked).
-func (s *Stack) attribute(guestPort uint16, dst netip.AddrPort) func() Owner {
-	none := func() Owner { return Owner{} }
-	if s.cfg.Attribute == nil {
-		return none
+// owner asks who in the guest made a connection (its source port, its
+// destination as the guest addressed it), waiting at most attributionWait;
+// the zero Owner when nobody is asked, too many questions are in flight, or
+// none came.
+func (s *Stack) owner(guestPort uint16, dst netip.AddrPort) Owner {
+	if s.cfg.Attribute == nil || s.cfg.AttributeWhen == nil || !s.cfg.AttributeWhen() {
+		return Owner{}
 	}
 	select {
 	case s.attrib <- struct{}{}:
-	default:
-		return none
-	}
-	if !s.track() {
-		<-s.attrib
-		return none
-	}
-	ch := make(chan Owner, 1)
-	go func() {
-		defer s.wg.Done()
 		defer func() { <-s.attrib }()
-		ctx, cancel := context.WithTimeout(s.ctx, attributionWait)
-		defer cancel()
-		o, err := s.cfg.Attribute(ctx, guestPort, dst)
-		if err != nil {
-			o = Owner{}
-		}
-		ch <- o
-	}()
-	var once sync.Once
-	var got Owner
-	return func() Owner {
-		once.Do(func() {
-			select {
-			case got = <-ch:
-			case <-time.After(attributionWait):
-			}
-		})
-		return got
+	default:
+		return Owner{}
 	}
-}
-
-// recordConn records a connection event with its owner, if asked for.
-func (s *Stack) recordConn(ev ConnEvent) {
-	if ev.owner != nil {
-		o := ev.owner()
-		ev.PID, ev.Process, ev.TraceID = o.PID, o.Process, o.TraceID
+	ctx, cancel := context.WithTimeout(s.ctx, attributionWait)
+	defer cancel()
+	o, err := s.cfg.Attribute(ctx, guestPort, dst)
+	if err != nil {
+		return Owner{}
 	}
-	s.cfg.Recorder.Conn(ev)
+	return o
 }
 
 // track counts a goroutine Close must wait for; false once Close began.

@@ -3,6 +3,7 @@ package unixsock
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"syscall"
@@ -93,4 +94,38 @@ func octalMode(m fs.FileMode) string {
 		bits |= 0o2000
 	}
 	return fmt.Sprintf("%04o", bits)
+}
+
+// ReadPrivateFile reads a regular file of at most max bytes that only this
+// user may read (a key, a secret): one that belongs to another user, or
+// that its group or others may read, is refused, as ssh refuses such a key.
+// Opening does not block, so a FIFO in its place cannot hang the reader.
+func ReadPrivateFile(path string, max int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	switch uid, me := ownerOf(st), os.Geteuid(); {
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, describe(st.Mode()))
+	case st.Mode().Perm()&0o077 != 0:
+		return nil, fmt.Errorf("%s has mode %s: it must be readable by its owner only (0600)", path, octalMode(st.Mode()))
+	case uid != me:
+		return nil, fmt.Errorf("%s belongs to uid %d, not to you (uid %d)", path, uid, me)
+	case st.Size() > max:
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
+	}
+	return data, nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -192,6 +193,51 @@ func TestDialRefusesAnotherUsersListener(t *testing.T) {
 			}
 			if reached := conns > 0; reached != tt.reached {
 				t.Errorf("the listener accepted %d connections; want a connection: %v", conns, tt.reached)
+			}
+		})
+	}
+}
+
+func TestReadPrivateFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), mode); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(p, mode)
+		return p
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, path, want string
+	}{
+		{"private", write("ok", "key", 0o600), ""},
+		{"group readable", write("group", "key", 0o640), "must be readable by its owner only (0600)"},
+		{"world readable", write("world", "key", 0o604), "must be readable by its owner only"},
+		{"too big", write("big", "12345", 0o600), "larger than 4 bytes"},
+		{"a directory", dir, "not a regular file"},
+		{"a FIFO with no writer", fifo, "not a regular file"},
+		{"missing", filepath.Join(dir, "none"), "no such file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			max := int64(4)
+			if tc.want == "" {
+				max = 16
+			}
+			b, err := ReadPrivateFile(tc.path, max)
+			if tc.want == "" {
+				if err != nil || string(b) != "key" {
+					t.Fatalf("got %q, %v", b, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
 			}
 		})
 	}

@@ -63,22 +63,14 @@ func openNetwork(v *VM) (*network, error) {
 	rec := &ledgerRecorder{v: v, log: limited}
 	rec.refusals = newRefusalBudget(rec.summary)
 	st, err := netstack.New(netstack.Config{
-		Policy:   v.netPolicy,
-		Resolver: net.DefaultResolver,
-		Dialer:   dialer,
-		Recorder: rec,
-		MTU:      v.opts.NetMTU,
-		Logger:   limited,
-		CA:       &v.netCA,
-		Secret: func(cr netpolicy.CredentialRule) (string, error) {
-			s, err := cr.ReadSecret()
-			if err != nil {
-				limited.Warn("net: a credential cannot be read", "host", cr.Host, "source", cr.Source, "err", err)
-			}
-			return s, err
-		},
-		ExpandPath: netpolicy.ExpandPath,
-		Attribute:  v.socketOwner,
+		Policy:    v.netPolicy,
+		Resolver:  net.DefaultResolver,
+		Dialer:    dialer,
+		Recorder:  rec,
+		MTU:       v.opts.NetMTU,
+		Logger:    limited,
+		CA:        &v.netCA,
+		Attribute: v.socketOwner,
 		// While a traced command runs, connections are attributed.
 		AttributeWhen: func() bool { return v.tracedExecs.Load() > 0 },
 	})

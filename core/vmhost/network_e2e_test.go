@@ -428,30 +428,10 @@ func TestGuestNetwork(t *testing.T) {
 	})
 }
 
-// dumpQuery prints a query's rows for a failure message.
+// dumpQuery prints a query's columns and rows, "|"-separated, for a
+// failure message.
 func dumpQuery(db *sql.DB, q string) string {
 	rows, err := db.Query(q)
-	if err != nil {
-		return err.Error()
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
-	var b strings.Builder
-	for rows.Next() {
-		vals := make([]any, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		rows.Scan(ptrs...)
-		fmt.Fprintln(&b, vals...)
-	}
-	return b.String()
-}
-
-// dump prints a table's last rows for a failure message.
-func dump(db *sql.DB, table string) string {
-	rows, err := db.Query("SELECT * FROM " + table + " ORDER BY id DESC LIMIT 20")
 	if err != nil {
 		return err.Error()
 	}
@@ -475,6 +455,11 @@ func dump(db *sql.DB, table string) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// dump prints a table's last rows for a failure message.
+func dump(db *sql.DB, table string) string {
+	return dumpQuery(db, "SELECT * FROM "+table+" ORDER BY id DESC LIMIT 20")
 }
 
 var _ = api.ExecRequest{}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 
 	"github.com/capsem/capsem/core/guestwire"
 )
@@ -28,7 +27,7 @@ type trustPaths struct{ ca, bundle, system string }
 
 func trustCAAt(ca []byte, at trustPaths) error {
 	ca = append(bytes.Clone(bytes.TrimSpace(ca)), '\n')
-	if err := writeWhole(at.ca, ca); err != nil {
+	if err := writeTrustFile(at.ca, ca); err != nil {
 		return err
 	}
 	system, err := readBounded(at.system, maxSystemBundle)
@@ -51,19 +50,7 @@ func trustCAAt(ca []byte, at trustPaths) error {
 		}
 		system = append(append(system, '\n'), ca...)
 	}
-	return writeWhole(at.bundle, bytes.TrimLeft(system, "\n"))
-}
-
-// writeWhole replaces path with data, atomically (a reader never sees half).
-func writeWhole(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return writeTrustFile(at.bundle, bytes.TrimLeft(system, "\n"))
 }
 
 func readBounded(path string, max int64) ([]byte, error) {
@@ -80,4 +67,11 @@ func readBounded(path string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
 	}
 	return b, nil
+}
+
+// writeTrustFile replaces path with data, readable by all, whole (the
+// agent's file write: no link followed, renamed into place).
+func writeTrustFile(path string, data []byte) error {
+	_, err := writeFile(path, data, 0o644, true, maxSystemBundle+guestwire.MaxTrustCA)
+	return err
 }
