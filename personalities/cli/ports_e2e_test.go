@@ -92,10 +92,20 @@ func checkPublishedPorts(t *testing.T, c capsemCLI, vm string, published int) {
 		}
 		// The host's connection is a row of the VM's ledger.
 		q := fmt.Sprintf("SELECT COUNT(*) FROM net_events WHERE source = 'published' AND conn_type = 'inbound' AND domain = 'published 127.0.0.1:%d' AND port = 3000 AND ip = '127.0.0.1' AND bytes_received > 0", published)
-		out := c.must("inspect", vm, q, "--json")
-		var r api.InspectResult
-		if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Rows) != 1 || r.Rows[0][0] != 1.0 {
-			t.Fatalf("want one ledger row for the published connection: %s %v", out, err)
+		// The row is written once the connection has ended on both sides,
+		// which may be just after the client has its answer.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			out := c.must("inspect", vm, q, "--json")
+			var r api.InspectResult
+			err := json.Unmarshal([]byte(out), &r)
+			if err == nil && len(r.Rows) == 1 && r.Rows[0][0] == 1.0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("want one ledger row for the published connection: %s %v", out, err)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	})
 	t.Run("a flood of host connections is bounded", func(t *testing.T) {

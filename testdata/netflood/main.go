@@ -5,10 +5,9 @@
 // once and sends nothing on them (so the host holds each while it waits for
 // a first flight), then sends -dns DNS queries for random names under
 // -suffix as fast as it can from several sockets. It prints
-// "conns established=N refused=N other=N window=N" and "dns sent=N
-// answered=N", where window is the most connections established within
-// any -window (the host holds a silent connection for a few seconds, so
-// that many were open at once).
+// "conns established=N refused=N other=N open=N" and "dns sent=N
+// answered=N", where open is the most connections open at one instant,
+// each from its handshake until the host (or the run's end) ended it.
 package main
 
 import (
@@ -32,23 +31,25 @@ func main() {
 	conns := flag.Int("conns", 0, "TCP connections to open at once")
 	addr := flag.String("addr", "", "where to connect (ip:port)")
 	hold := flag.Duration("hold", 3*time.Second, "how long to keep them open")
-	window := flag.Duration("window", 4*time.Second, "the window of the most-established count")
 	queries := flag.Int("dns", 0, "DNS queries to send")
 	suffix := flag.String("suffix", "flood.test", "the names' suffix")
 	flag.Parse()
 	unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 1 << 16, Max: 1 << 16})
 	if *conns > 0 {
-		flood(*conns, *addr, *hold, *window)
+		flood(*conns, *addr, *hold)
 	}
 	if *queries > 0 {
 		dnsFlood(*queries, *suffix)
 	}
 }
 
-func flood(n int, addr string, hold, window time.Duration) {
-	var times []time.Time
+func flood(n int, addr string, hold time.Duration) {
+	// Each connection is open from its handshake until the host ends it
+	// (it holds a silent one for a few seconds) or the end of the run.
+	type span struct{ from, to time.Time }
+	var spans []*span
 	var established, refused, other atomic.Int64
-	var wg sync.WaitGroup
+	var wg, readers sync.WaitGroup
 	var mu sync.Mutex
 	var open []net.Conn
 	sem := make(chan struct{}, 512) // connects in flight
@@ -62,10 +63,19 @@ func flood(n int, addr string, hold, window time.Duration) {
 			switch {
 			case err == nil:
 				established.Add(1)
+				sp := &span{from: time.Now()}
 				mu.Lock()
-				times = append(times, time.Now())
+				spans = append(spans, sp)
 				open = append(open, c)
 				mu.Unlock()
+				readers.Add(1)
+				go func() {
+					defer readers.Done()
+					c.Read(make([]byte, 1)) // returns when either side ends it
+					mu.Lock()
+					sp.to = time.Now()
+					mu.Unlock()
+				}()
 			case errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET):
 				refused.Add(1)
 			default:
@@ -78,15 +88,29 @@ func flood(n int, addr string, hold, window time.Duration) {
 	for _, c := range open {
 		c.Close()
 	}
-	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
-	most, lo := 0, 0
-	for hi := range times {
-		for times[hi].Sub(times[lo]) > window {
-			lo++
-		}
-		most = max(most, hi-lo+1)
+	readers.Wait()
+	// The most connections open at one instant: +1 at each start, -1 at
+	// each end, ends first on a tie.
+	type edge struct {
+		at    time.Time
+		delta int
 	}
-	fmt.Printf("conns established=%d refused=%d other=%d window=%d\n", established.Load(), refused.Load(), other.Load(), most)
+	var edges []edge
+	for _, sp := range spans {
+		edges = append(edges, edge{sp.from, 1}, edge{sp.to, -1})
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta
+	})
+	most, now := 0, 0
+	for _, e := range edges {
+		now += e.delta
+		most = max(most, now)
+	}
+	fmt.Printf("conns established=%d refused=%d other=%d open=%d\n", established.Load(), refused.Load(), other.Load(), most)
 }
 
 func dnsFlood(n int, suffix string) {
