@@ -171,6 +171,20 @@ type Info struct {
 	// Ports are the ports the VM publishes on the host now: its
 	// create's, and those port-forward added while it runs.
 	Ports []PortMapping `json:"ports,omitempty"`
+	// Network is the VM's network against its bounds; nil without one.
+	Network *NetworkUsage `json:"network,omitempty"`
+}
+
+// NetworkUsage is a VM's network against its bounds: TCP connections open
+// now, the most open at once since it started, the bound, and what the
+// guest was refused for reaching a bound (connections reset at SYN, DNS
+// queries dropped).
+type NetworkUsage struct {
+	OpenConnections int   `json:"open_connections"`
+	PeakConnections int   `json:"peak_connections"`
+	ConnectionLimit int   `json:"connection_limit"`
+	RefusedAtLimit  int64 `json:"refused_at_limit"`
+	QueriesDropped  int64 `json:"queries_dropped"`
 }
 
 // WorkspaceUsage is what a VM's workspace takes on the host against its

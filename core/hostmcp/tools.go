@@ -108,6 +108,14 @@ type (
 		// Workspace is what the running VM's workspace takes on the host.
 		Workspace *WorkspaceOut `json:"workspace,omitempty" jsonschema:"what the running VM's workspace takes on the host, against its bound (the guest gets ENOSPC at either bound)"`
 		Ports     []PortOut     `json:"ports,omitempty" jsonschema:"guest TCP ports published on the host: a connection to address:host reaches the guest's port guest"`
+		Network   *NetworkOut   `json:"network,omitempty" jsonschema:"the running VM's network against its bounds"`
+	}
+	NetworkOut struct {
+		OpenConnections int   `json:"openConnections"`
+		PeakConnections int   `json:"peakConnections" jsonschema:"the most TCP connections open at once since the VM started"`
+		ConnectionLimit int   `json:"connectionLimit"`
+		RefusedAtLimit  int64 `json:"refusedAtLimit" jsonschema:"connections reset at SYN because the bound was reached"`
+		QueriesDropped  int64 `json:"queriesDropped" jsonschema:"DNS queries dropped because too many were being resolved at once"`
 	}
 	PortOut struct {
 		Address string `json:"address"`
@@ -191,6 +199,10 @@ func vmOut(v api.VM) VMOut {
 		o.Accel, o.BootMs, o.StateReason = v.Process.Accel, v.Process.BootTimings["total"], v.Process.StateReason
 		if w := v.Process.Workspace; w != nil {
 			o.Workspace = &WorkspaceOut{UsedBytes: w.UsedBytes, LimitBytes: w.LimitBytes, Files: w.Files, FilesLimit: w.FilesLimit}
+		}
+		if n := v.Process.Network; n != nil {
+			o.Network = &NetworkOut{OpenConnections: n.OpenConnections, PeakConnections: n.PeakConnections, ConnectionLimit: n.ConnectionLimit,
+				RefusedAtLimit: n.RefusedAtLimit, QueriesDropped: n.QueriesDropped}
 		}
 	}
 	return o

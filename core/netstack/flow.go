@@ -74,6 +74,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	select {
 	case s.flows <- struct{}{}:
+		s.notePeakFlows()
 	default:
 		// Counted before the reset goes out, so whoever sees the
 		// refusal sees it counted.

@@ -45,7 +45,7 @@ func TestFlowLimit(t *testing.T) {
 	}
 	// The counter counts SYNs: a guest that retransmits a SYN before its
 	// reset arrives is refused again, so at least one per connection.
-	if st := r.host.Stats(); st.FlowsOverLimit < int64(refused) || st.OpenFlows != lim.Flows {
+	if st := r.host.Stats(); st.FlowsOverLimit < int64(refused) || st.OpenFlows != lim.Flows || st.PeakFlows != lim.Flows || st.FlowLimit != lim.Flows {
 		t.Errorf("stats %+v, %d connections refused", st, refused)
 	}
 	// Once the held flows end, new ones get through again.
@@ -57,8 +57,8 @@ func TestFlowLimit(t *testing.T) {
 	for r.host.Stats().OpenFlows > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := r.host.Stats().OpenFlows; n != 0 {
-		t.Fatalf("%d flows still open after the guest closed them all", n)
+	if st := r.host.Stats(); st.OpenFlows != 0 || st.PeakFlows != lim.Flows {
+		t.Fatalf("%d flows still open after the guest closed them all (the most at once: %d)", st.OpenFlows, st.PeakFlows)
 	}
 }
 

@@ -203,6 +203,7 @@ type Stack struct {
 	realTo  map[netip.Addr]netip.Addr
 
 	overFlows   atomic.Int64 // SYNs reset because Flows was reached
+	peakFlows   atomic.Int64 // the most flows open at once so far
 	overLookups atomic.Int64 // queries dropped because Lookups was reached
 	overInbound atomic.Int64 // DialGuest calls refused because Inbound was reached
 	lastWarn    atomic.Int64 // unix nanos of the last over-limit warning
@@ -216,6 +217,8 @@ type Stats struct {
 	InboundOverLimit int64
 	Pins             int
 	OpenFlows        int
+	PeakFlows        int // the most flows open at once since the stack started
+	FlowLimit        int
 	OpenInbound      int
 }
 
@@ -452,6 +455,8 @@ func (s *Stack) Stats() Stats {
 		FlowsOverLimit:   s.overFlows.Load(),
 		LookupsOverLimit: s.overLookups.Load(),
 		OpenFlows:        len(s.flows),
+		PeakFlows:        int(s.peakFlows.Load()),
+		FlowLimit:        cap(s.flows),
 		InboundOverLimit: s.overInbound.Load(),
 		OpenInbound:      len(s.inward),
 	}
@@ -464,6 +469,18 @@ func (s *Stack) Stats() Stats {
 	st.Pins = s.pins.n
 	s.pins.mu.Unlock()
 	return st
+}
+
+// notePeakFlows raises PeakFlows to the flows open now, once a flow
+// holds its token.
+func (s *Stack) notePeakFlows() {
+	n := int64(len(s.flows))
+	for {
+		peak := s.peakFlows.Load()
+		if n <= peak || s.peakFlows.CompareAndSwap(peak, n) {
+			return
+		}
+	}
 }
 
 // overLimit logs that a bound was reached, at most once every 10 s: a

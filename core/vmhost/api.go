@@ -85,7 +85,17 @@ func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
 		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start.String(), BootTimings: v.timings, State: state, StateReason: reason,
-		Workspace: v.ws.usage(), Ports: v.ports()})
+		Workspace: v.ws.usage(), Ports: v.ports(), Network: v.networkUsage()})
+}
+
+// networkUsage is the VM's network against its bounds, nil without one.
+func (v *VM) networkUsage() *api.NetworkUsage {
+	if v.net == nil || v.net.stack == nil {
+		return nil
+	}
+	st := v.net.stack.Stats()
+	return &api.NetworkUsage{OpenConnections: st.OpenFlows, PeakConnections: st.PeakFlows, ConnectionLimit: st.FlowLimit,
+		RefusedAtLimit: st.FlowsOverLimit, QueriesDropped: st.LookupsOverLimit}
 }
 
 // ports are the ports the VM publishes now.

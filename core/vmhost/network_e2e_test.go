@@ -516,8 +516,18 @@ func TestHostileGuestNetworkFlood(t *testing.T) {
 	fmt.Sscanf(res[strings.Index(res, "dns "):], "dns sent=%d answered=%d", &sent, &answered)
 	// The host holds each silent connection for its first-flight wait
 	// (5 s), so the guest fills the flow bound and is refused past it.
-	if open > 1024 || open < 1000 || refused == 0 {
-		t.Errorf("%d connections open at once, %d refused: the flow bound (1,024) did not hold", open, refused)
+	// The bound is the host's to hold and to count: the guest learns of
+	// an end only when its reader runs, so its own figure (open) can run
+	// past the bound by the connections ended but not yet noticed.
+	info, err := v.client.Info(ctx)
+	if err != nil || info.Network == nil {
+		t.Fatalf("info: %+v, %v", info, err)
+	}
+	n := info.Network
+	t.Logf("host: most open at once %d (bound %d), %d refused at the bound; guest: most open at once %d, %d refused",
+		n.PeakConnections, n.ConnectionLimit, n.RefusedAtLimit, open, refused)
+	if n.ConnectionLimit != 1024 || n.PeakConnections != n.ConnectionLimit || refused == 0 || n.RefusedAtLimit < int64(refused) {
+		t.Errorf("the flow bound did not hold: %+v; the guest saw %d refused", *n, refused)
 	}
 	if sent != 20000 || answered == 0 {
 		t.Errorf("DNS flood: %d sent, %d answered", sent, answered)

@@ -111,6 +111,10 @@ func printVM(v api.VM) {
 			rows = append(rows, [2]string{"workspace", fmt.Sprintf("%s of %s, %d of %d files",
 				humanBytes(w.UsedBytes), humanBytes(w.LimitBytes), w.Files, w.FilesLimit)})
 		}
+		if n := v.Process.Network; n != nil {
+			rows = append(rows, [2]string{"network", fmt.Sprintf("%d connections open (most at once %d, bound %d), %d refused at the bound, %d DNS queries dropped",
+				n.OpenConnections, n.PeakConnections, n.ConnectionLimit, n.RefusedAtLimit, n.QueriesDropped)})
+		}
 	}
 	// A running VM's own list has the ports port-forward added.
 	ports := v.Ports
