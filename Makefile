@@ -67,9 +67,10 @@ demo-gateway: build
 # server from npm, fetched once into the shared cache the sandbox may read.
 # Debian packages the tests need: gcc (cgo), node/npm (MCP peers), QEMU (the
 # VM tests boot real guests under TCG), e2fsprogs (per-VM disks), dpkg-deb
-# and apt-get download (guest assets come from Debian packages).
+# and apt-get download (guest assets come from Debian packages), erofs-utils
+# (root images).
 # Each entry is command:package; a missing command installs its package.
-APT_NEEDS := gcc:gcc node:nodejs qemu-system-x86_64:qemu-system-x86 mkfs.ext4:e2fsprogs dpkg-deb:dpkg
+APT_NEEDS := gcc:gcc node:nodejs qemu-system-x86_64:qemu-system-x86 mkfs.ext4:e2fsprogs dpkg-deb:dpkg mkfs.erofs:erofs-utils
 deps:
 	@missing=""; \
 	for need in $(APT_NEEDS); do command -v $${need%%:*} >/dev/null || missing="$$missing $${need#*:}"; done; \

@@ -25,7 +25,7 @@ import (
 // the PCI virtio transport (vmm accepts only PCI machines, q35 and pc), the
 // console port that carries the guest channel, vsock, 9p over a file
 // descriptor for the workspace (and over virtio for shares), overlay and ext4 (with the crc32c its checksums use) for the
-// per-VM disk, virtio-rng for an entropy device, and virtio-net for the
+// per-VM disk, erofs for the read-only root image, virtio-rng for an entropy device, and virtio-net for the
 // NIC. Names that are built into the kernel, or absent from it, are
 // skipped; dependencies (virtio_ring, netfs, jbd2, crc16, failover, ...)
 // are added from the modules' own metadata, and soft dependencies such as
@@ -40,6 +40,7 @@ var DefaultModules = []string{
 	"9pnet_fd", "9pnet_virtio", "9p",
 	"overlay",
 	"crc32c_generic", "ext4",
+	"erofs",
 }
 
 // LoadOrderPath is where the initramfs lists the modules to load (format:

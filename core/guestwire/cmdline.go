@@ -10,6 +10,10 @@ const (
 	// CmdlineUpperDisk names (by virtio serial) the disk that holds the
 	// overlay's upper layer; absent means the root stays the initramfs.
 	CmdlineUpperDisk = "capsem.upper"
+	// CmdlineLowerDisk names (by virtio serial) a read-only root image
+	// (EROFS) that becomes the overlay's lower layer in place of the
+	// initramfs; it needs an upper disk.
+	CmdlineLowerDisk = "capsem.lower"
 	// CmdlineWorkspace names the host workspace, mounted at GuestWorkspace
 	// (9p2000.L from the host's server on the WorkspacePort); absent means
 	// no workspace.
@@ -22,6 +26,20 @@ const (
 const (
 	// UpperDiskID is the per-VM disk's ID, also its virtio serial.
 	UpperDiskID = "capsem-upper"
+	// BaseDiskID is the read-only root image's ID, also its virtio serial.
+	BaseDiskID = "capsem-base"
+	// GuestInitramfs is where the agent keeps a read-only view of the
+	// initramfs in the switched root: the capsem binary the host built
+	// (GuestCapsemBinary) stays reachable there under any root image,
+	// which links its capsem commands to it.
+	GuestInitramfs    = "/run/capsem/initramfs"
+	GuestCapsemBinary = GuestInitramfs + "/init"
+	// GuestRootImage is where the agent mounts the root image (the
+	// overlay's lower layer), read-only.
+	GuestRootImage = "/run/capsem/base"
+	// GuestImageEnv is where a root image keeps the environment every
+	// command in the VM starts with (ParseImageEnv).
+	GuestImageEnv = "/etc/capsem/environment"
 	// WorkspaceTag is the workspace mount's source (what /proc/mounts shows).
 	WorkspaceTag = "workspace"
 	// WorkspacePort is the name of the byte stream (a virtio-serial port

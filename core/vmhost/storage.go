@@ -2,6 +2,7 @@ package vmhost
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -121,9 +122,21 @@ const (
 // guest runs from the initramfs, in RAM. The workspace reaches the guest
 // through the per-VM process's own server (serveWorkspace), not through
 // the machine.
-func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, diskGiB int) (disks []vmm.Disk, workspace, cmdline string, created bool, err error) {
+func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, diskGiB int, rootImage string) (disks []vmm.Disk, workspace, cmdline string, created bool, err error) {
 	if diskGiB < 0 || diskGiB > MaxDiskGiB {
 		return nil, "", "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
+	}
+	if rootImage != "" {
+		if diskGiB == 0 {
+			return nil, "", "", false, fmt.Errorf("root image %s: it needs a per-VM disk for what the guest writes (disk size 0)", rootImage)
+		}
+		if err := CheckRootImage(rootImage); err != nil {
+			return nil, "", "", false, err
+		}
+		// Every VM of this image opens it read-only: the host never
+		// rewrites an image in place (a new one has a new name).
+		disks = append(disks, vmm.Disk{ID: guestwire.BaseDiskID, Path: rootImage, ReadOnly: true})
+		cmdline += " " + guestwire.CmdlineLowerDisk + "=" + guestwire.BaseDiskID
 	}
 	if diskGiB > 0 {
 		path := paths.Session{Dir: sessionDir}.Disk()
@@ -147,4 +160,29 @@ func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, di
 	}
 	cmdline += " " + guestwire.CmdlineWorkspace + "=" + guestwire.WorkspaceTag
 	return disks, ws, cmdline, created, nil
+}
+
+// erofsMagic is EROFS's superblock magic, little-endian at byte 1024.
+const erofsMagic = 0xE0F5E1E2
+
+// CheckRootImage reports why path cannot be a VM's root image: missing,
+// not a regular file, or not EROFS.
+func CheckRootImage(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("root image: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("root image: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("root image %s: not a regular file", path)
+	}
+	var magic [4]byte
+	if _, err := f.ReadAt(magic[:], 1024); err != nil || binary.LittleEndian.Uint32(magic[:]) != erofsMagic {
+		return fmt.Errorf("root image %s: not an EROFS image (capsem image build makes one)", path)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package vmhost
 
 import (
 	"context"
+	"encoding/binary"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/vmm"
 )
 
 func needMkfs(t *testing.T) {
@@ -75,7 +77,7 @@ func TestPrepareStorage(t *testing.T) {
 	needMkfs(t)
 	ctx, log := context.Background(), slog.New(slog.DiscardHandler)
 	dir := t.TempDir()
-	disks, workspace, cmdline, created, err := prepareStorage(ctx, log, dir, 1)
+	disks, workspace, cmdline, created, err := prepareStorage(ctx, log, dir, 1, "")
 	if err != nil || !created {
 		t.Fatalf("created %v, err %v", created, err)
 	}
@@ -93,17 +95,55 @@ func TestPrepareStorage(t *testing.T) {
 		t.Fatalf("cmdline %q", cmdline)
 	}
 	// The second time the disk is reused, not created.
-	if _, _, _, created, err := prepareStorage(ctx, log, dir, 1); err != nil || created {
+	if _, _, _, created, err := prepareStorage(ctx, log, dir, 1, ""); err != nil || created {
 		t.Fatalf("reuse: created %v, err %v", created, err)
 	}
 	// Without a disk the workspace is still there.
-	disks, workspace, cmdline, _, err = prepareStorage(ctx, log, t.TempDir(), 0)
+	disks, workspace, cmdline, _, err = prepareStorage(ctx, log, t.TempDir(), 0, "")
 	if err != nil || len(disks) != 0 || workspace == "" || cmdline != " capsem.workspace=workspace" {
 		t.Fatalf("no disk: %+v %q %q %v", disks, workspace, cmdline, err)
 	}
 	for _, bad := range []int{-1, MaxDiskGiB + 1} {
-		if _, _, _, _, err := prepareStorage(ctx, log, t.TempDir(), bad); err == nil {
+		if _, _, _, _, err := prepareStorage(ctx, log, t.TempDir(), bad, ""); err == nil {
 			t.Errorf("disk size %d accepted", bad)
 		}
+	}
+}
+
+func TestPrepareStorageWithARootImage(t *testing.T) {
+	needMkfs(t)
+	ctx, log := context.Background(), slog.New(slog.DiscardHandler)
+	dir := t.TempDir()
+	image := filepath.Join(dir, "root.erofs")
+	superblock := make([]byte, 4096)
+	binary.LittleEndian.PutUint32(superblock[1024:], erofsMagic)
+	os.WriteFile(image, superblock, 0o644)
+	disks, _, cmdline, _, err := prepareStorage(ctx, log, dir, 1, image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(disks) != 2 || disks[0] != (vmm.Disk{ID: guestwire.BaseDiskID, Path: image, ReadOnly: true}) || disks[1].ID != guestwire.UpperDiskID {
+		t.Fatalf("disks %+v", disks)
+	}
+	if cmdline != " capsem.lower=capsem-base capsem.upper=capsem-upper capsem.workspace=workspace" {
+		t.Fatalf("cmdline %q", cmdline)
+	}
+	notErofs := filepath.Join(dir, "ext4.img")
+	os.WriteFile(notErofs, make([]byte, 4096), 0o644)
+	for _, tc := range []struct {
+		name, image string
+		disk        int
+		err         string
+	}{
+		{"no disk for the upper layer", image, 0, "needs a per-VM disk"},
+		{"missing", filepath.Join(dir, "gone.erofs"), 1, "no such file"},
+		{"a directory", dir, 1, "not a regular file"},
+		{"not erofs", notErofs, 1, "not an EROFS image"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, _, _, err := prepareStorage(ctx, log, t.TempDir(), tc.disk, tc.image); err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("err %v, want one containing %q", err, tc.err)
+			}
+		})
 	}
 }

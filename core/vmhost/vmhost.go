@@ -67,6 +67,9 @@ type Options struct {
 	// DiskGiB sizes the per-VM disk (paths.Session.Disk) when it has to
 	// be created; an existing one is reused. 0 means no disk.
 	DiskGiB int
+	// RootImage is the read-only root image (EROFS) under the per-VM
+	// disk's layer; "" keeps the minimal root, the initramfs.
+	RootImage string
 	// WorkspaceMiB bounds what the workspace may take on the host (0:
 	// DefaultWorkspaceMiB); a guest that reaches it gets ENOSPC.
 	WorkspaceMiB int
@@ -302,7 +305,7 @@ func (v *VM) joinLedger(opened <-chan openedLedger) error {
 // saved kernel has cached nothing of a user's disk).
 func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, error) {
 	o := v.opts
-	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, o.SessionDir, o.DiskGiB)
+	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, o.SessionDir, o.DiskGiB, o.RootImage)
 	if err != nil {
 		return vmm.Spec{}, false, err
 	}

@@ -211,7 +211,11 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		"mounts_ms", hello.Boot.MountsMS, "modules_ms", hello.Boot.ModulesMS, "storage_ms", hello.Boot.StorageMS,
 		"channel_ms", hello.Boot.ChannelMS, "after_wake_ms", hello.Boot.AfterWakeMS)
 
-	srv := &Server{Log: log, Dial: ch.Dial, Reaper: reaper, Hello: hello, SetClock: setClock, SetHostname: setHostname}
+	srv := &Server{Log: log, Dial: ch.Dial, Reaper: reaper, Hello: hello, SetClock: setClock, SetHostname: setHostname,
+		BaseEnv: imageEnv(log, guestwire.GuestImageEnv)}
+	if pid1 {
+		ensureMachineID(log, machineIDPath)
+	}
 	if pid1 {
 		srv.FactsPath = guestwire.GuestBootFacts
 	}
@@ -382,7 +386,7 @@ func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *m
 		}
 		opened <- portResult{f: f, err: err, took: time.Since(t)}
 	}()
-	storage, dev, lerr := locateStorage(ctx, plan, mods.wait)
+	storage, disks, lerr := locateStorage(ctx, plan, mods.wait)
 	logModules(log, mods.finish())
 	if lerr != nil {
 		cancel()
@@ -416,11 +420,16 @@ func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *m
 	// From here on the storage time is this VM's own (the part before the
 	// save point may have run in another VM).
 	storage.took = 0
-	if dev != "" {
-		if err := flushBlockDevice(dev); err != nil {
-			return nil, nil, 0, time.Time{}, err
+	if disks.upper != "" {
+		for _, dev := range []string{disks.upper, disks.lower} {
+			if dev == "" {
+				continue
+			}
+			if err := flushBlockDevice(dev); err != nil {
+				return nil, nil, 0, time.Time{}, err
+			}
 		}
-		if err := storage.assemble(dev); err != nil {
+		if err := storage.assemble(disks); err != nil {
 			return nil, nil, 0, time.Time{}, err
 		}
 	}

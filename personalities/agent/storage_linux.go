@@ -18,16 +18,17 @@ import (
 	"github.com/capsem/capsem/core/guestwire"
 )
 
-// Where the storage is staged. The disk and the read-only view of the
-// initramfs live under /run so that they move into the new root with it and
-// stay visible (and get unmounted cleanly at power off); the overlay is
-// assembled on /mnt, an empty directory of the initramfs, so the switch leaves
-// no stray directory behind in the guest's root.
+// Where the storage is staged. The disk, the root image and the read-only
+// view of the initramfs live under /run so that they move into the new
+// root with it and stay visible (and get unmounted cleanly at power off);
+// the overlay is assembled on /mnt, an empty directory of the initramfs, so
+// the switch leaves no stray directory behind in the guest's root.
 const (
-	storageRun = "/run/capsem"
-	diskMount  = "/run/capsem/disk"
-	lowerMount = "/run/capsem/lower"
-	newRoot    = "/mnt"
+	storageRun    = "/run/capsem"
+	diskMount     = "/run/capsem/disk"
+	baseMount     = guestwire.GuestRootImage
+	initramfsView = guestwire.GuestInitramfs
+	newRoot       = "/mnt"
 )
 
 // diskWait bounds the wait for the disk. Under TCG the kernel probes
@@ -49,12 +50,14 @@ func workspaceOptions(rfd, wfd int) string {
 // storagePlan is what the host attached, from the kernel command line.
 type storagePlan struct {
 	upperSerial  string // virtio serial of the upper-layer disk; "" for none
+	lowerSerial  string // virtio serial of the read-only root image; "" for the initramfs
 	workspaceTag string // 9p tag of the workspace; "" for none
 }
 
 func planStorage(cmdline string) storagePlan {
 	var p storagePlan
 	p.upperSerial, _ = guestwire.CmdlineValue(cmdline, guestwire.CmdlineUpperDisk)
+	p.lowerSerial, _ = guestwire.CmdlineValue(cmdline, guestwire.CmdlineLowerDisk)
 	p.workspaceTag, _ = guestwire.CmdlineValue(cmdline, guestwire.CmdlineWorkspace)
 	return p
 }
@@ -65,8 +68,13 @@ func (p storagePlan) empty() bool { return p.upperSerial == "" && p.workspaceTag
 // has them built in; those are not waited for).
 var (
 	rootModules      = []string{"virtio_blk", "crc32c_generic", "ext4", "overlay"}
+	imageModules     = []string{"erofs"}
 	workspaceModules = []string{"9pnet_fd", "9p"}
 )
+
+// rootDisks are the devices of the root's disks: the per-VM disk (upper)
+// and, when the VM has one, the root image (lower).
+type rootDisks struct{ upper, lower string }
 
 // storageStage is the storage setup in two steps, so the slow part (the
 // ext4 and overlay mounts) runs while the rest of the modules still load:
@@ -83,36 +91,48 @@ type storageStage struct {
 }
 
 func prepareStorage(ctx context.Context, p storagePlan, wait func(...string)) (*storageStage, error) {
-	s, dev, err := locateStorage(ctx, p, wait)
-	if err != nil || dev == "" {
+	s, disks, err := locateStorage(ctx, p, wait)
+	if err != nil || disks.upper == "" {
 		return s, err
 	}
-	return s, s.assemble(dev)
+	return s, s.assemble(disks)
 }
 
-// locateStorage waits for the modules and the disk of p and returns the
-// disk's device ("" when p has none); nothing is mounted yet.
-func locateStorage(ctx context.Context, p storagePlan, wait func(...string)) (*storageStage, string, error) {
+// locateStorage waits for the modules and the disks of p and returns
+// their devices (none when p has no upper disk); nothing is mounted yet.
+func locateStorage(ctx context.Context, p storagePlan, wait func(...string)) (*storageStage, rootDisks, error) {
 	t := time.Now()
 	s := &storageStage{plan: p}
 	defer func() { s.took += time.Since(t) }()
+	var disks rootDisks
 	if p.upperSerial == "" {
-		return s, "", nil
+		if p.lowerSerial != "" {
+			return nil, disks, fmt.Errorf("agent: the root image %q came without a per-VM disk to hold its upper layer", p.lowerSerial)
+		}
+		return s, disks, nil
 	}
 	wait(rootModules...)
-	dev, err := waitForDisk(ctx, "/sys/block", p.upperSerial, diskWait)
-	if err != nil {
-		return nil, "", err
+	var err error
+	if disks.upper, err = waitForDisk(ctx, "/sys/block", p.upperSerial, diskWait); err != nil {
+		return nil, disks, err
 	}
-	s.attrs = append(s.attrs, "disk", dev, "find_disk_ms", time.Since(t).Milliseconds())
-	return s, dev, nil
+	s.attrs = append(s.attrs, "disk", disks.upper)
+	if p.lowerSerial != "" {
+		wait(imageModules...)
+		if disks.lower, err = waitForDisk(ctx, "/sys/block", p.lowerSerial, diskWait); err != nil {
+			return nil, disks, err
+		}
+		s.attrs = append(s.attrs, "image", disks.lower)
+	}
+	s.attrs = append(s.attrs, "find_disk_ms", time.Since(t).Milliseconds())
+	return s, disks, nil
 }
 
-// assemble mounts the disk dev and the overlay on newRoot.
-func (s *storageStage) assemble(dev string) error {
+// assemble mounts the disks and the overlay on newRoot.
+func (s *storageStage) assemble(disks rootDisks) error {
 	t := time.Now()
 	defer func() { s.took += time.Since(t) }()
-	mounted, err := assembleRoot(dev)
+	mounted, err := assembleRoot(disks)
 	if err != nil {
 		return err
 	}
@@ -189,15 +209,16 @@ func overlayOptions(lower, disk string) string {
 }
 
 // The root switch is switch_root's technique, since pivot_root cannot
-// leave rootfs: assemble the new root (an overlay of the initramfs under
-// the disk's upper layer) on a directory, move the pseudo filesystems into
-// it, move it onto / and chroot. The initramfs stays in memory as the
-// overlay's lower layer.
+// leave rootfs: assemble the new root (an overlay of the root image, or of
+// the initramfs without one, under the disk's upper layer) on a directory,
+// move the pseudo filesystems into it, move it onto / and chroot. The
+// initramfs stays in memory, and in view read-only at initramfsView: the
+// capsem binary there is what the guest's capsem commands run.
 
-// assembleRoot mounts dev (ext4) and the overlay on newRoot; nothing
+// assembleRoot mounts the disks and the overlay on newRoot; nothing
 // outside /run/capsem and newRoot changes yet.
-func assembleRoot(dev string) (ext4Mount time.Duration, err error) {
-	for _, d := range []string{diskMount, lowerMount} {
+func assembleRoot(disks rootDisks) (ext4Mount time.Duration, err error) {
+	for _, d := range []string{diskMount, initramfsView} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return 0, fmt.Errorf("agent: creating %s: %w", d, err)
 		}
@@ -212,8 +233,8 @@ func assembleRoot(dev string) (ext4Mount time.Duration, err error) {
 	// to read every block bitmap ahead of need, during the boot; the
 	// allocator reads them as it goes.
 	mt := time.Now()
-	if err := unix.Mount(dev, diskMount, "ext4", 0, "discard,noinit_itable,no_prefetch_block_bitmaps"); err != nil {
-		return 0, fmt.Errorf("agent: mounting the per-VM disk %s (ext4) on %s: %w", dev, diskMount, err)
+	if err := unix.Mount(disks.upper, diskMount, "ext4", 0, "discard,noinit_itable,no_prefetch_block_bitmaps"); err != nil {
+		return 0, fmt.Errorf("agent: mounting the per-VM disk %s (ext4) on %s: %w", disks.upper, diskMount, err)
 	}
 	ext4Mount = time.Since(mt)
 	// upper/ is the merged root's own directory: its mode is the root's.
@@ -225,15 +246,27 @@ func assembleRoot(dev string) (ext4Mount time.Duration, err error) {
 			return 0, fmt.Errorf("agent: creating %s on the per-VM disk: %w", d.path, err)
 		}
 	}
-	// The lower layer must not change under the overlay: a read-only bind
-	// of the initramfs root (not recursive, so no mounts show through).
-	if err := unix.Mount("/", lowerMount, "", unix.MS_BIND, ""); err != nil {
-		return 0, fmt.Errorf("agent: binding the initramfs root on %s: %w", lowerMount, err)
+	// The initramfs must not change under whoever reads it: a read-only
+	// bind of its root (not recursive, so no mounts show through).
+	if err := unix.Mount("/", initramfsView, "", unix.MS_BIND, ""); err != nil {
+		return 0, fmt.Errorf("agent: binding the initramfs root on %s: %w", initramfsView, err)
 	}
-	if err := unix.Mount("", lowerMount, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
-		return 0, fmt.Errorf("agent: making %s read-only: %w", lowerMount, err)
+	if err := unix.Mount("", initramfsView, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		return 0, fmt.Errorf("agent: making %s read-only: %w", initramfsView, err)
 	}
-	if err := unix.Mount("overlay", newRoot, "overlay", 0, overlayOptions(lowerMount, diskMount)); err != nil {
+	lower := initramfsView
+	if disks.lower != "" {
+		if err := os.MkdirAll(baseMount, 0o755); err != nil {
+			return 0, fmt.Errorf("agent: creating %s: %w", baseMount, err)
+		}
+		// nodev: the image's device nodes are the distribution's, and
+		// devtmpfs provides the live ones.
+		if err := unix.Mount(disks.lower, baseMount, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+			return 0, fmt.Errorf("agent: mounting the root image %s (erofs) on %s: %w", disks.lower, baseMount, err)
+		}
+		lower = baseMount
+	}
+	if err := unix.Mount("overlay", newRoot, "overlay", 0, overlayOptions(lower, diskMount)); err != nil {
 		return 0, fmt.Errorf("agent: mounting the root overlay on %s: %w", newRoot, err)
 	}
 	return ext4Mount, nil

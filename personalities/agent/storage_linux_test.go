@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +15,8 @@ func TestPlanStorage(t *testing.T) {
 	cases := map[string]storagePlan{
 		"console=ttyS0 capsem.channel=serial":                                        {},
 		"capsem.channel=serial capsem.upper=capsem-upper capsem.workspace=workspace": {upperSerial: "capsem-upper", workspaceTag: "workspace"},
-		"capsem.workspace=ws": {workspaceTag: "ws"},
+		"capsem.workspace=ws":                                {workspaceTag: "ws"},
+		"capsem.upper=capsem-upper capsem.lower=capsem-base": {upperSerial: "capsem-upper", lowerSerial: "capsem-base"},
 	}
 	for line, want := range cases {
 		if got := planStorage(line); got != want {
@@ -70,13 +73,55 @@ func TestWaitForDiskTimesOutWithTheSerial(t *testing.T) {
 }
 
 func TestOverlayOptions(t *testing.T) {
-	want := "lowerdir=/run/capsem/lower,upperdir=/run/capsem/disk/upper,workdir=/run/capsem/disk/work"
-	if got := overlayOptions(lowerMount, diskMount); got != want {
+	want := "lowerdir=/run/capsem/initramfs,upperdir=/run/capsem/disk/upper,workdir=/run/capsem/disk/work"
+	if got := overlayOptions(initramfsView, diskMount); got != want {
 		t.Fatalf("got %s", got)
 	}
 	// The overlay is assembled outside what moves into it: /run moves
 	// into the new root, so the new root cannot be under /run.
-	if strings.HasPrefix(newRoot+"/", "/run/") || !strings.HasPrefix(diskMount, "/run/") || !strings.HasPrefix(lowerMount, "/run/") {
+	if strings.HasPrefix(newRoot+"/", "/run/") || !strings.HasPrefix(diskMount, "/run/") || !strings.HasPrefix(initramfsView, "/run/") || !strings.HasPrefix(baseMount, "/run/") {
 		t.Fatal("staging paths")
+	}
+}
+
+func TestImageEnv(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, file string
+		want       map[string]string
+	}{
+		{"no file", "", DefaultEnv()},
+		{"the image's own", "PATH=/opt/bin:/usr/bin\nSHELL=/bin/bash\n", func() map[string]string {
+			e := DefaultEnv()
+			e["PATH"], e["SHELL"] = "/opt/bin:/usr/bin", "/bin/bash"
+			return e
+		}()},
+		{"refused", "LD_PRELOAD=/x.so\n", DefaultEnv()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name)
+			if tc.file != "" {
+				os.WriteFile(p, []byte(tc.file), 0o644)
+			}
+			got := imageEnv(slog.New(slog.DiscardHandler), p)
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestEnsureMachineID(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "machine-id")
+	os.WriteFile(p, nil, 0o444)
+	log := slog.New(slog.DiscardHandler)
+	ensureMachineID(log, p)
+	first, _ := os.ReadFile(p)
+	if len(strings.TrimSpace(string(first))) != 32 {
+		t.Fatalf("machine id %q", first)
+	}
+	ensureMachineID(log, p) // kept once there
+	if again, _ := os.ReadFile(p); string(again) != string(first) {
+		t.Errorf("machine id changed: %q then %q", first, again)
 	}
 }

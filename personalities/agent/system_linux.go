@@ -1,9 +1,14 @@
 package agent
 
 import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -551,4 +556,44 @@ func powerOff(log *slog.Logger) {
 		log.Error("power off failed", "err", err)
 	}
 	select {}
+}
+
+// imageEnv is DefaultEnv under the root image's own environment file
+// (guestwire.GuestImageEnv; none in the minimal root). A file that does not
+// parse is logged and ignored: commands still run, with the defaults.
+func imageEnv(log *slog.Logger, path string) map[string]string {
+	env := DefaultEnv()
+	data, err := readBounded(path, guestwire.MaxImageEnv)
+	if errors.Is(err, fs.ErrNotExist) {
+		return env
+	}
+	if err == nil {
+		var own map[string]string
+		if own, err = guestwire.ParseImageEnv(data); err == nil {
+			maps.Copy(env, own)
+			return env
+		}
+	}
+	log.Warn("ignoring the root image's environment", "path", path, "err", err)
+	return env
+}
+
+// machineIDPath is systemd's machine id, which D-Bus, journald and some
+// tools read: the image ships it empty, so each VM gets its own.
+const machineIDPath = "/etc/machine-id"
+
+// ensureMachineID gives the VM a random machine id when its root has none
+// (a persistent VM keeps the one its disk holds).
+func ensureMachineID(log *slog.Logger, path string) {
+	if b, err := os.ReadFile(path); err == nil && len(bytes.TrimSpace(b)) == 32 {
+		return
+	}
+	var id [16]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		log.Warn("making a machine id", "err", err)
+		return
+	}
+	if _, err := writeFile(path, []byte(hex.EncodeToString(id[:])+"\n"), 0o444, true, 64); err != nil {
+		log.Warn("writing the machine id", "path", path, "err", err)
+	}
 }

@@ -28,10 +28,11 @@ import (
 
 // Paths of the guest the checks look at.
 const (
-	relayBinary  = "capsem-mcp-server"
-	doctorBinary = "capsem-doctor"
-	lowerMount   = "/run/capsem/lower" // the base image, read-only (the agent's storage stage)
-	cmdlinePath  = "/proc/cmdline"
+	relayBinary   = "capsem-mcp-server"
+	doctorBinary  = "capsem-doctor"
+	initramfsView = guestwire.GuestInitramfs // the initramfs, read-only (the agent's storage stage)
+	baseMount     = guestwire.GuestRootImage
+	cmdlinePath   = "/proc/cmdline"
 )
 
 // vmHint is the fix of a failed guest check that names none of its own.
@@ -328,18 +329,31 @@ func checkBaseReadOnly(_ context.Context, r *doctor.Reporter) {
 	if !ok {
 		return
 	}
-	m, ok := mountinfo.At(ms, lowerMount)
-	if !ok || !slices.Contains(strings.Split(m.Options, ","), "ro") {
-		r.Failf("the agent binds the base read-only at boot", "the base image %s is not mounted read-only (%q)", lowerMount, m.Options)
-		return
+	// The root's lower layer: the root image when the VM has one, else
+	// the initramfs (always in view, for its capsem binary).
+	lowers := []string{initramfsView}
+	if cmdlineValue(guestwire.CmdlineLowerDisk) != "" {
+		m, ok := mountinfo.At(ms, baseMount)
+		if !ok || m.FSType != "erofs" {
+			r.Failf("the agent mounts the root image at boot: see the VM's console log", "the VM has a root image, but %s is not an erofs mount (found %q)", baseMount, m.FSType)
+			return
+		}
+		lowers = append(lowers, baseMount)
 	}
-	err := os.WriteFile(filepath.Join(lowerMount, ".capsem-doctor"), []byte("x"), 0o600)
-	if !errors.Is(err, unix.EROFS) {
-		os.Remove(filepath.Join(lowerMount, ".capsem-doctor"))
-		r.Failf("the agent binds the base read-only at boot", "a write to the base image %s gave %v, want EROFS", lowerMount, err)
-		return
+	for _, lower := range lowers {
+		m, ok := mountinfo.At(ms, lower)
+		if !ok || !slices.Contains(strings.Split(m.Options, ","), "ro") {
+			r.Failf("the agent mounts the base read-only at boot", "the base %s is not mounted read-only (%q)", lower, m.Options)
+			return
+		}
+		err := os.WriteFile(filepath.Join(lower, ".capsem-doctor"), []byte("x"), 0o600)
+		if !errors.Is(err, unix.EROFS) {
+			os.Remove(filepath.Join(lower, ".capsem-doctor"))
+			r.Failf("the agent mounts the base read-only at boot", "a write to the base %s gave %v, want EROFS", lower, err)
+			return
+		}
 	}
-	r.Okf("%s is read-only (a write fails with EROFS)", lowerMount)
+	r.Okf("%s read-only (a write fails with EROFS)", strings.Join(lowers, " and "))
 }
 
 func checkWritableDirs(_ context.Context, r *doctor.Reporter) {
