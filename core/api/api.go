@@ -70,12 +70,14 @@ const (
 	// StageAssets begins the stages of a guest asset build, the one part
 	// of a start that may take minutes (a first VM's).
 	StageAssets = "guest assets: "
+	// StageRootImage prefixes the root image's build steps.
+	StageRootImage = "root image: "
 )
 
 // StageLogLevel is the level a command line shows stage at: an asset
 // build is worth telling; the other stages pass in a moment.
 func StageLogLevel(stage string) slog.Level {
-	if strings.HasPrefix(stage, StageAssets) {
+	if strings.HasPrefix(stage, StageAssets) || strings.HasPrefix(stage, StageRootImage) {
 		return slog.LevelInfo
 	}
 	return slog.LevelDebug

@@ -56,6 +56,16 @@ const (
 	StateUnresponsive = "unresponsive"
 )
 
+// The roots a VM can have (CreateRequest.Base).
+const (
+	// BaseFull is Debian 12 with Node, Python, git and the AI CLIs,
+	// wired to the gateway: a read-only image under the VM's own layer.
+	BaseFull = "full"
+	// BaseMinimal is busybox from the initramfs, for a VM that needs
+	// nothing more.
+	BaseMinimal = "minimal"
+)
+
 // CreateRequest creates a VM. A VM with a name is persistent: stopping it
 // keeps its disk, workspace and session.db for resume. Without a name it
 // is ephemeral, removed when it stops.
@@ -65,6 +75,13 @@ type CreateRequest struct {
 	CPUs  int               `json:"cpus,omitempty"`   // default 2
 	Env   map[string]string `json:"env,omitempty"`    // for every exec in the VM
 	Image string            `json:"image,omitempty"`  // "" or "default": the built-in guest image
+	// Base is the VM's root: BaseFull (the default: Debian with the AI
+	// CLIs, from capsem image build) or BaseMinimal (busybox only).
+	Base string `json:"base,omitempty"`
+	// Workspace is an absolute host directory shared read-write as the
+	// guest's workspace and its commands' working directory; "": the
+	// VM's own, in its session directory.
+	Workspace string `json:"workspace,omitempty"`
 	// DiskGB sizes the VM's disk (default 8); 0: none, the guest runs
 	// from RAM.
 	DiskGB *int `json:"disk_gb,omitempty"`
@@ -97,6 +114,8 @@ type VM struct {
 	CPUs       int               `json:"cpus"`
 	Env        map[string]string `json:"env,omitempty"`
 	Image      string            `json:"image"`
+	Base       string            `json:"base,omitempty"`
+	Workspace  string            `json:"workspace,omitempty"`
 	CreatedAt  time.Time         `json:"created_at"`
 	StartedAt  time.Time         `json:"started_at,omitzero"`
 	PID        int               `json:"pid,omitempty"`

@@ -14,11 +14,13 @@ import (
 // is required.
 type (
 	CreateIn struct {
-		Name     string            `json:"name,omitempty" jsonschema:"a name makes the VM persistent: capsem_stop keeps its disk and ledger for capsem_resume (lower-case letters, digits, '-')"`
-		RAMMb    int               `json:"ramMb,omitempty" jsonschema:"guest memory in MB (default 1024)"`
-		CPUCount int               `json:"cpuCount,omitempty" jsonschema:"virtual CPUs (default 2)"`
-		Env      map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command in the VM, {\"KEY\": \"VALUE\"}"`
-		Image    string            `json:"image,omitempty" jsonschema:"the image to boot (default: the built-in one)"`
+		Name      string            `json:"name,omitempty" jsonschema:"a name makes the VM persistent: capsem_stop keeps its disk and ledger for capsem_resume (lower-case letters, digits, '-')"`
+		RAMMb     int               `json:"ramMb,omitempty" jsonschema:"guest memory in MB (default 1024)"`
+		CPUCount  int               `json:"cpuCount,omitempty" jsonschema:"virtual CPUs (default 2)"`
+		Env       map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command in the VM, {\"KEY\": \"VALUE\"}"`
+		Image     string            `json:"image,omitempty" jsonschema:"the image to boot (default: the built-in one)"`
+		Workspace string            `json:"workspace,omitempty" jsonschema:"an absolute host directory (a project, not / or the home directory) shared read-write as the VM's workspace, /root/workspace, and its commands' working directory; default: the VM's own"`
+		Base      string            `json:"base,omitempty" jsonschema:"the VM's root: full (Debian with Node, Python, git and Claude Code, Gemini CLI and Codex wired to the gateway; the default) or minimal (busybox only)"`
 		// WorkspaceMib: camelCase on the MCP wire, as every tool argument.
 		WorkspaceMib int      `json:"workspaceMib,omitempty" jsonschema:"bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it"`
 		Ports        []PortIn `json:"ports,omitempty" jsonschema:"guest TCP ports to publish on the host, at every start of the VM: [{\"host\": 8080, \"guest\": 3000}]; a host port that is taken fails the create"`
@@ -32,6 +34,7 @@ type (
 		Command string            `json:"command" jsonschema:"shell command to run (/bin/sh -c)"`
 		Timeout int               `json:"timeout,omitempty" jsonschema:"seconds after which the command is killed; none unless the user asked for a deadline"`
 		Env     map[string]string `json:"env,omitempty" jsonschema:"environment variables for the command"`
+		Base    string            `json:"base,omitempty" jsonschema:"the VM's root: full (the default) or minimal (busybox only, quicker to start)"`
 	}
 	ListIn struct{}
 	IDIn   struct {
@@ -90,21 +93,23 @@ type (
 // Outputs.
 type (
 	VMOut struct {
-		ID          string `json:"id"`
-		Name        string `json:"name,omitempty"`
-		Persistent  bool   `json:"persistent"`
-		Run         bool   `json:"run,omitempty" jsonschema:"the VM of a capsem_run or capsem run in progress: removed when its command ends"`
-		State       string `json:"state" jsonschema:"booting, running, unresponsive (running, but its guest missed its heartbeat: commands fail until it answers again, see stateReason), stopped (persistent) or defunct (its process died: see lastLog)"`
-		StateReason string `json:"stateReason,omitempty" jsonschema:"why an unresponsive VM is, and since when"`
-		RAMMb       int    `json:"ramMb"`
-		CPUCount    int    `json:"cpuCount"`
-		Image       string `json:"image"`
-		CreatedAt   string `json:"createdAt"`
-		StartedAt   string `json:"startedAt,omitempty"`
-		PID         int    `json:"pid,omitempty"`
-		LastLog     string `json:"lastLog,omitempty"`
-		Accel       string `json:"accel,omitempty" jsonschema:"kvm or tcg"`
-		BootMs      int64  `json:"bootMs,omitempty"`
+		ID           string `json:"id"`
+		Name         string `json:"name,omitempty"`
+		Persistent   bool   `json:"persistent"`
+		Run          bool   `json:"run,omitempty" jsonschema:"the VM of a capsem_run or capsem run in progress: removed when its command ends"`
+		State        string `json:"state" jsonschema:"booting, running, unresponsive (running, but its guest missed its heartbeat: commands fail until it answers again, see stateReason), stopped (persistent) or defunct (its process died: see lastLog)"`
+		StateReason  string `json:"stateReason,omitempty" jsonschema:"why an unresponsive VM is, and since when"`
+		RAMMb        int    `json:"ramMb"`
+		CPUCount     int    `json:"cpuCount"`
+		Image        string `json:"image"`
+		Base         string `json:"base,omitempty" jsonschema:"the VM's root: full or minimal"`
+		WorkspaceDir string `json:"workspaceDir,omitempty" jsonschema:"the host directory shared as its workspace, when one was given"`
+		CreatedAt    string `json:"createdAt"`
+		StartedAt    string `json:"startedAt,omitempty"`
+		PID          int    `json:"pid,omitempty"`
+		LastLog      string `json:"lastLog,omitempty"`
+		Accel        string `json:"accel,omitempty" jsonschema:"kvm or tcg"`
+		BootMs       int64  `json:"bootMs,omitempty"`
 		// Workspace is what the running VM's workspace takes on the host.
 		Workspace *WorkspaceOut `json:"workspace,omitempty" jsonschema:"what the running VM's workspace takes on the host, against its bound (the guest gets ENOSPC at either bound)"`
 		Ports     []PortOut     `json:"ports,omitempty" jsonschema:"guest TCP ports published on the host: a connection to address:host reaches the guest's port guest"`
@@ -181,7 +186,7 @@ type (
 )
 
 func vmOut(v api.VM) VMOut {
-	o := VMOut{ID: v.ID, Name: v.Name, Persistent: v.Persistent, Run: v.Run, State: v.State, RAMMb: v.RAMMB, CPUCount: v.CPUs, Image: v.Image,
+	o := VMOut{ID: v.ID, Name: v.Name, Persistent: v.Persistent, Run: v.Run, State: v.State, RAMMb: v.RAMMB, CPUCount: v.CPUs, Image: v.Image, Base: v.Base, WorkspaceDir: v.Workspace,
 		CreatedAt: v.CreatedAt.Format(time.RFC3339), PID: v.PID, LastLog: v.LastLog}
 	if !v.StartedAt.IsZero() {
 		o.StartedAt = v.StartedAt.Format(time.RFC3339)
@@ -269,7 +274,7 @@ func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, in CreateI
 	for _, p := range in.Ports {
 		ports = append(ports, api.PortMapping{Address: p.Address, Host: p.Host, Guest: p.Guest})
 	}
-	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image, WorkspaceMiB: in.WorkspaceMib, Ports: ports}, stage.next)
+	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image, Base: in.Base, Workspace: in.Workspace, WorkspaceMiB: in.WorkspaceMib, Ports: ports}, stage.next)
 	stop()
 	if err != nil {
 		return nil, VMOut{}, err
@@ -294,7 +299,7 @@ func (t *tools) run(ctx context.Context, req *mcp.CallToolRequest, in RunIn) (*m
 	defer stop()
 	var stdout, stderr api.ExecOutput
 	var started time.Time
-	ev, err := t.svc.RunStream(ctx, api.RunRequest{Exec: api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env}},
+	ev, err := t.svc.RunStream(ctx, api.RunRequest{CreateRequest: api.CreateRequest{Base: in.Base}, Exec: api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env}},
 		api.RunEvents{Stage: stage.next, Ready: func(vm api.VM) {
 			started = time.Now()
 			stage.next("running the command in " + vm.ID)

@@ -30,6 +30,12 @@ func badRequest(format string, args ...any) error {
 }
 func conflict(format string, args ...any) error { return refuse(http.StatusConflict, format, args...) }
 
+// unavailable: something the request needs cannot be had now (a root
+// image that cannot be made here).
+func unavailable(format string, args ...any) error {
+	return refuse(http.StatusServiceUnavailable, format, args...)
+}
+
 // CodeOf is the api.Error code for err.
 func CodeOf(err error) string {
 	var e *Error

@@ -29,6 +29,7 @@ const (
 	DefaultRAMMB = 1024
 	DefaultCPUs  = 2
 	DefaultImage = "default"
+	DefaultBase  = api.BaseFull
 	// bootTimeout bounds a VM's boot: assets may be built first.
 	bootTimeout = 5 * time.Minute
 	// stopTimeout bounds a clean stop before the process is killed.
@@ -41,6 +42,7 @@ func (s *Service) normalize(req *api.CreateRequest) (diskGB int, err error) {
 	req.RAMMB = cmp.Or(req.RAMMB, DefaultRAMMB)
 	req.CPUs = cmp.Or(req.CPUs, DefaultCPUs)
 	req.Image = cmp.Or(req.Image, DefaultImage)
+	req.Base = cmp.Or(req.Base, DefaultBase)
 	diskGB = vmhost.DefaultDiskGiB
 	if req.DiskGB != nil {
 		diskGB = *req.DiskGB
@@ -52,6 +54,17 @@ func (s *Service) normalize(req *api.CreateRequest) (diskGB int, err error) {
 	}
 	if req.Image != DefaultImage {
 		return 0, badRequest("image %q: only %q is available", req.Image, DefaultImage)
+	}
+	if req.Base != api.BaseFull && req.Base != api.BaseMinimal {
+		return 0, badRequest("base %q: want %q (Debian with the AI CLIs) or %q (busybox only)", req.Base, api.BaseFull, api.BaseMinimal)
+	}
+	if req.Workspace != "" {
+		if err := vmhost.CheckWorkspaceDir(req.Workspace); err != nil {
+			return 0, badRequest("%v", err)
+		}
+	}
+	if req.Base != api.BaseMinimal && diskGB == 0 {
+		return 0, badRequest("base %q needs a disk for what the VM writes: a disk size of 0 leaves only base %q", req.Base, api.BaseMinimal)
 	}
 	req.WorkspaceMiB = cmp.Or(req.WorkspaceMiB, vmhost.DefaultWorkspaceMiB)
 	if err := (vmhost.Resources{CPUs: req.CPUs, MemoryMiB: req.RAMMB, DiskGiB: diskGB, WorkspaceMiB: req.WorkspaceMiB}).Check(); err != nil {
@@ -161,11 +174,40 @@ func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool, s
 		return api.VM{}, err
 	}
 	defer v.mu.Unlock()
+	if err := s.resolveBase(ctx, v, stage); err != nil {
+		s.discard(v)
+		return api.VM{}, err
+	}
 	if err := s.boot(ctx, v, stage); err != nil {
 		s.discard(v)
 		return api.VM{}, err
 	}
 	return s.runningView(ctx, v), nil
+}
+
+// resolveBase records the root image of v's base, made first if need be;
+// the VM keeps that image for good (a later build makes a new file and
+// leaves it be). v.mu is held.
+func (s *Service) resolveBase(ctx context.Context, v *vm, stage func(string)) error {
+	s.mu.Lock()
+	base := v.rec.Base
+	s.mu.Unlock()
+	if base == api.BaseMinimal {
+		return nil
+	}
+	if s.o.RootImage == nil {
+		return unavailable("base %q: this service has no root images (use base %q)", base, api.BaseMinimal)
+	}
+	progress := func(line string) {
+		if stage != nil {
+			stage(api.StageRootImage + line)
+		}
+	}
+	path, err := s.o.RootImage(ctx, base, progress)
+	if err != nil {
+		return unavailable("base %q: %v", base, err)
+	}
+	return s.update(v, func(r *vmrecord.Record) { r.RootImage = path })
 }
 
 // runningView is v's description with its process's own report.
@@ -201,7 +243,7 @@ func (s *Service) reserve(req api.CreateRequest, diskGB int, run bool) (*vm, err
 	}
 	id := newID()
 	r := &vmrecord.Record{VM: api.VM{ID: id, Name: req.Name, Persistent: req.Name != "" && !run, Run: run, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
-		Env: req.Env, Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id),
+		Env: req.Env, Image: req.Image, Base: req.Base, Workspace: req.Workspace, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id),
 		Config: req.Config, NoAutodetect: req.NoAutodetect, Ports: req.Ports}, DiskGB: diskGB, WorkspaceMiB: req.WorkspaceMiB}
 	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
 	v := &vm{rec: r}
@@ -222,7 +264,7 @@ func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 	}
 	t0 := time.Now()
 	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
-		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB,
+		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB, RootImage: r.RootImage, Workspace: r.Workspace,
 		WorkspaceMiB: cmp.Or(r.WorkspaceMiB, vmhost.DefaultWorkspaceMiB), TCGCacheMiB: s.o.TCGCacheMiB}
 	for _, m := range r.Ports {
 		cfg.Publish = append(cfg.Publish, m.String())

@@ -47,7 +47,11 @@ type Options struct {
 	TCGCacheMiB int
 	// ProcessEnv is added to the scrubbed environment of per-VM processes.
 	ProcessEnv []string
-	Logger     *slog.Logger
+	// RootImage returns the root image of a base other than minimal,
+	// making it when it is missing or out of date (telling progress each
+	// step); nil: only the minimal base is available.
+	RootImage func(ctx context.Context, base string, progress func(string)) (string, error)
+	Logger    *slog.Logger
 }
 
 // Service owns the VMs.

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -30,11 +31,41 @@ func newTestService(t testing.TB) *Service {
 	run := t.TempDir()
 	t.Setenv("CAPSEM_RUN_DIR", run)
 	t.Setenv("CAPSEM_HOME", t.TempDir())
-	s, err := New(context.Background(), Options{Executable: "/nonexistent/capsem", Logger: slog.New(slog.DiscardHandler)})
+	s, err := New(context.Background(), Options{Executable: "/nonexistent/capsem", Logger: slog.New(slog.DiscardHandler),
+		RootImage: func(context.Context, string, func(string)) (string, error) { return "/nonexistent/root.erofs", nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestRootImageThatCannotBeMade: a create whose base cannot be had is a
+// 503 that says why, after the progress the image's build reported, and
+// leaves nothing behind; the minimal base needs no image.
+func TestRootImageThatCannotBeMade(t *testing.T) {
+	s := newTestService(t)
+	var asked []string
+	s.o.RootImage = func(_ context.Context, base string, progress func(string)) (string, error) {
+		asked = append(asked, base)
+		progress("debian: 3 s")
+		return "", errors.New("mmdebstrap: exit status 1")
+	}
+	var stages []string
+	_, err := s.CreateStream(context.Background(), api.CreateRequest{Name: "nobase", RAMMB: 256}, func(st string) { stages = append(stages, st) })
+	if StatusOf(err) != 503 || !strings.Contains(fmt.Sprint(err), `base "full": mmdebstrap: exit status 1`) {
+		t.Fatalf("err %v (%d)", err, StatusOf(err))
+	}
+	if !slices.Equal(asked, []string{api.BaseFull}) || !slices.Equal(stages, []string{api.StageRootImage + "debian: 3 s"}) {
+		t.Errorf("asked %v, stages %v", asked, stages)
+	}
+	if vms := s.List(); len(vms) != 0 {
+		t.Errorf("left %+v", vms)
+	}
+	asked = nil
+	_, err = s.Create(context.Background(), api.CreateRequest{Name: "nobase", RAMMB: 256, Base: api.BaseMinimal})
+	if len(asked) != 0 || !strings.Contains(fmt.Sprint(err), "/nonexistent/capsem") {
+		t.Errorf("minimal base: asked %v, err %v", asked, err)
+	}
 }
 
 func do(t testing.TB, h http.Handler, method, path, body string) (int, string) {
@@ -77,6 +108,11 @@ func TestHostileRequests(t *testing.T) {
 		{"negative disk", "POST", api.RouteVMs, `{"disk_gb":-1}`, 400, "disk -1 GiB"},
 		{"unknown image", "POST", api.RouteVMs, `{"image":"../../root"}`, 400, `image "../../root"`},
 		{"loader variable", "POST", api.RouteVMs, `{"env":{"LD_PRELOAD":"/x"}}`, 400, "LD_PRELOAD"},
+		{"unknown base", "POST", api.RouteVMs, `{"base":"ubuntu"}`, 400, `base "ubuntu": want "full"`},
+		{"full base without a disk", "POST", api.RouteVMs, `{"disk_gb":0}`, 400, `base "full" needs a disk`},
+		{"the root as workspace", "POST", api.RouteVMs, `{"workspace":"/"}`, 400, "the whole host"},
+		{"a relative workspace", "POST", api.RouteVMs, `{"workspace":"src"}`, 400, "want an absolute path"},
+		{"a missing workspace", "POST", api.RouteVMs, `{"workspace":"/nonexistent/src"}`, 400, "no such file"},
 		{"unknown VM", "GET", api.VMPath(api.RouteVM, "ghost"), "", 404, `no VM named "ghost"`},
 		{"traversal as a VM", "GET", "/v1/vms/..%2f..%2fetc/logs", "", 404, "no VM named"},
 		{"exec on an unknown VM", "POST", api.VMPath(api.RouteVMExec, "ghost"), `{"command":"true"}`, 404, "no VM named"},
@@ -419,7 +455,7 @@ func TestStreamedCreateThatFailsAfterAStage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	status, body := do(t, s.Handler(nil), "POST", api.RouteVMsLive, `{"name":"doomed","ram_mb":256,"no_autodetect":true}`)
+	status, body := do(t, s.Handler(nil), "POST", api.RouteVMsLive, `{"name":"doomed","ram_mb":256,"no_autodetect":true,"base":"minimal"}`)
 	var stages []string
 	vm, err := api.ReadCreateStream(strings.NewReader(body), func(st string) { stages = append(stages, st) })
 	if status != 200 || strings.Join(stages, "|") != "checking the guest assets" || err == nil ||

@@ -87,7 +87,7 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 		}
 		env[guestwire.EnvTraceID] = req.TraceID
 	}
-	res, err := v.control().Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: env, Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}, out, errOut)
+	res, err := v.control().Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: env, Cwd: v.execCwd(req.Cwd), TimeoutMS: req.TimeoutMS}, out, errOut)
 	row.Pending = false
 	row.DurationMS = time.Since(start).Milliseconds()
 	row.StdoutPreview, row.StderrPreview = out.String(), errOut.String()
@@ -110,4 +110,14 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 		v.log.Error("exec_events row not completed", "err", lerr)
 	}
 	return final
+}
+
+// execCwd is an exec's working directory: its own, else the workspace
+// when it is a host directory (what the user's agent works on), else the
+// guest's default.
+func (v *VM) execCwd(cwd string) string {
+	if cwd == "" && v.opts.WorkspaceDir != "" {
+		return guestwire.GuestWorkspace
+	}
+	return cwd
 }

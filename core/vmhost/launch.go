@@ -37,6 +37,7 @@ type ProcessConfig struct {
 	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
 	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
 	RootImage    string `name:"root-image" type:"path" help:"Read-only root image (EROFS, from capsem image build) under the per-VM disk's layer; none: the minimal root (busybox)."`
+	Workspace    string `name:"workspace" type:"path" help:"A host directory shared read-write as the guest's workspace (/root/workspace) and its commands' working directory, in place of the session's own; not / or your home."`
 	WorkspaceMiB int    `name:"workspace-mib" default:"0" help:"Bound on what the workspace may take on the host, in MiB (0: 16384); the guest gets ENOSPC at it."`
 	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
 	NoNetwork    bool   `name:"no-network" help:"Give the VM no network interface at all (by default it has one, behind the [net] policy)."`

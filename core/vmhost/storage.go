@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -116,13 +117,24 @@ const (
 	MaxWorkspaceMiB     = 1 << 30 // 1 PiB: no bound a host could reach
 )
 
+// storageRequest is what a VM's storage is made of: its session
+// directory, the size of its disk (0: none, the guest runs from the
+// initramfs, in RAM), its root image ("": the initramfs) and a host
+// directory as its workspace ("": the session's own).
+type storageRequest struct {
+	sessionDir   string
+	diskGiB      int
+	rootImage    string
+	workspaceDir string
+}
+
 // prepareStorage creates or reuses the session's disk and workspace
 // directory and returns what to add to the VM spec and the kernel command
-// line, and the workspace's directory. With diskGiB 0 there is no disk: the
-// guest runs from the initramfs, in RAM. The workspace reaches the guest
+// line, and the workspace's directory. The workspace reaches the guest
 // through the per-VM process's own server (serveWorkspace), not through
 // the machine.
-func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, diskGiB int, rootImage string) (disks []vmm.Disk, workspace, cmdline string, created bool, err error) {
+func prepareStorage(ctx context.Context, log *slog.Logger, req storageRequest) (disks []vmm.Disk, workspace, cmdline string, created bool, err error) {
+	sessionDir, diskGiB, rootImage := req.sessionDir, req.diskGiB, req.rootImage
 	if diskGiB < 0 || diskGiB > MaxDiskGiB {
 		return nil, "", "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
 	}
@@ -155,7 +167,12 @@ func prepareStorage(ctx context.Context, log *slog.Logger, sessionDir string, di
 		cmdline += " " + guestwire.CmdlineUpperDisk + "=" + guestwire.UpperDiskID
 	}
 	ws := paths.Session{Dir: sessionDir}.Workspace()
-	if err := os.Mkdir(ws, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+	if req.workspaceDir != "" {
+		if err := CheckWorkspaceDir(req.workspaceDir); err != nil {
+			return nil, "", "", false, err
+		}
+		ws = req.workspaceDir
+	} else if err := os.Mkdir(ws, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, "", "", false, fmt.Errorf("creating the workspace %s: %w", ws, err)
 	}
 	cmdline += " " + guestwire.CmdlineWorkspace + "=" + guestwire.WorkspaceTag
@@ -185,4 +202,55 @@ func CheckRootImage(path string) error {
 		return fmt.Errorf("root image %s: not an EROFS image (capsem image build makes one)", path)
 	}
 	return nil
+}
+
+// CheckWorkspaceDir reports why dir cannot be shared with a VM as its
+// workspace: not an absolute path to a directory, or one that would give
+// the guest far more than a project: the root, the user's home, or
+// capsem's own home (the network CA's key, every session) or a directory
+// holding it.
+func CheckWorkspaceDir(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("workspace %q: want an absolute path", dir)
+	}
+	dir = filepath.Clean(dir)
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("workspace %s: not a directory", dir)
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	for _, sys := range []string{"/proc", "/sys", "/dev"} {
+		if real == sys || strings.HasPrefix(real, sys+"/") {
+			return fmt.Errorf("workspace %s: a kernel interface, not a project directory", dir)
+		}
+	}
+	if real == "/" {
+		return fmt.Errorf("workspace %s: the host's root directory would give the VM the whole host", dir)
+	}
+	if home, err := os.UserHomeDir(); err == nil && sameDir(real, home) {
+		return fmt.Errorf("workspace %s: your home directory would give the VM your keys and credentials; share a project directory", dir)
+	}
+	if capsemHome, err := paths.Home(); err == nil {
+		if ch, err := filepath.EvalSymlinks(capsemHome); err == nil {
+			capsemHome = ch
+		}
+		if real == capsemHome || strings.HasPrefix(capsemHome+"/", real+"/") || strings.HasPrefix(real, capsemHome+"/") {
+			return fmt.Errorf("workspace %s: it holds or is inside capsem's home %s (the network CA's key, every session)", dir, capsemHome)
+		}
+	}
+	return nil
+}
+
+// sameDir: a and b are the same directory (b resolved through links).
+func sameDir(a, b string) bool {
+	if rb, err := filepath.EvalSymlinks(b); err == nil {
+		b = rb
+	}
+	return a == filepath.Clean(b)
 }

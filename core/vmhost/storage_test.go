@@ -77,7 +77,7 @@ func TestPrepareStorage(t *testing.T) {
 	needMkfs(t)
 	ctx, log := context.Background(), slog.New(slog.DiscardHandler)
 	dir := t.TempDir()
-	disks, workspace, cmdline, created, err := prepareStorage(ctx, log, dir, 1, "")
+	disks, workspace, cmdline, created, err := prepareStorage(ctx, log, storageRequest{sessionDir: dir, diskGiB: 1})
 	if err != nil || !created {
 		t.Fatalf("created %v, err %v", created, err)
 	}
@@ -95,16 +95,16 @@ func TestPrepareStorage(t *testing.T) {
 		t.Fatalf("cmdline %q", cmdline)
 	}
 	// The second time the disk is reused, not created.
-	if _, _, _, created, err := prepareStorage(ctx, log, dir, 1, ""); err != nil || created {
+	if _, _, _, created, err := prepareStorage(ctx, log, storageRequest{sessionDir: dir, diskGiB: 1}); err != nil || created {
 		t.Fatalf("reuse: created %v, err %v", created, err)
 	}
 	// Without a disk the workspace is still there.
-	disks, workspace, cmdline, _, err = prepareStorage(ctx, log, t.TempDir(), 0, "")
+	disks, workspace, cmdline, _, err = prepareStorage(ctx, log, storageRequest{sessionDir: t.TempDir()})
 	if err != nil || len(disks) != 0 || workspace == "" || cmdline != " capsem.workspace=workspace" {
 		t.Fatalf("no disk: %+v %q %q %v", disks, workspace, cmdline, err)
 	}
 	for _, bad := range []int{-1, MaxDiskGiB + 1} {
-		if _, _, _, _, err := prepareStorage(ctx, log, t.TempDir(), bad, ""); err == nil {
+		if _, _, _, _, err := prepareStorage(ctx, log, storageRequest{sessionDir: t.TempDir(), diskGiB: bad}); err == nil {
 			t.Errorf("disk size %d accepted", bad)
 		}
 	}
@@ -118,7 +118,7 @@ func TestPrepareStorageWithARootImage(t *testing.T) {
 	superblock := make([]byte, 4096)
 	binary.LittleEndian.PutUint32(superblock[1024:], erofsMagic)
 	os.WriteFile(image, superblock, 0o644)
-	disks, _, cmdline, _, err := prepareStorage(ctx, log, dir, 1, image)
+	disks, _, cmdline, _, err := prepareStorage(ctx, log, storageRequest{sessionDir: dir, diskGiB: 1, rootImage: image})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,49 @@ func TestPrepareStorageWithARootImage(t *testing.T) {
 		{"not erofs", notErofs, 1, "not an EROFS image"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, _, _, _, err := prepareStorage(ctx, log, t.TempDir(), tc.disk, tc.image); err == nil || !strings.Contains(err.Error(), tc.err) {
+			if _, _, _, _, err := prepareStorage(ctx, log, storageRequest{sessionDir: t.TempDir(), diskGiB: tc.disk, rootImage: tc.image}); err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("err %v, want one containing %q", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestCheckWorkspaceDir(t *testing.T) {
+	capsemHome := filepath.Join(t.TempDir(), "capsem-home")
+	os.MkdirAll(filepath.Join(capsemHome, "run"), 0o700)
+	t.Setenv("CAPSEM_HOME", capsemHome)
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	project := t.TempDir()
+	file := filepath.Join(project, "file")
+	os.WriteFile(file, nil, 0o600)
+	link := filepath.Join(t.TempDir(), "link-to-home")
+	os.Symlink(home, link)
+	for _, tc := range []struct {
+		name, dir, err string
+	}{
+		{"a project", project, ""},
+		{"relative", "project", "want an absolute path"},
+		{"missing", filepath.Join(project, "gone"), "no such file"},
+		{"a file", file, "not a directory"},
+		{"the root", "/", "the whole host"},
+		{"the root, unclean", "/./", "the whole host"},
+		{"home", home, "your home directory"},
+		{"home through a link", link, "your home directory"},
+		{"a kernel interface", "/proc/self", "kernel interface"},
+		{"capsem's home", capsemHome, "capsem's home"},
+		{"inside capsem's home", filepath.Join(capsemHome, "run"), "capsem's home"},
+		{"holding capsem's home", filepath.Dir(capsemHome), "capsem's home"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckWorkspaceDir(tc.dir)
+			if tc.err == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Fatalf("err %v, want one containing %q", err, tc.err)
 			}
 		})

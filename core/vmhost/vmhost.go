@@ -70,6 +70,9 @@ type Options struct {
 	// RootImage is the read-only root image (EROFS) under the per-VM
 	// disk's layer; "" keeps the minimal root, the initramfs.
 	RootImage string
+	// WorkspaceDir is a host directory shared as the guest's workspace
+	// and its commands' working directory; "": the session's own.
+	WorkspaceDir string
 	// WorkspaceMiB bounds what the workspace may take on the host (0:
 	// DefaultWorkspaceMiB); a guest that reaches it gets ENOSPC.
 	WorkspaceMiB int
@@ -305,7 +308,7 @@ func (v *VM) joinLedger(opened <-chan openedLedger) error {
 // saved kernel has cached nothing of a user's disk).
 func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, error) {
 	o := v.opts
-	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, o.SessionDir, o.DiskGiB, o.RootImage)
+	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, storageRequest{sessionDir: o.SessionDir, diskGiB: o.DiskGiB, rootImage: o.RootImage, workspaceDir: o.WorkspaceDir})
 	if err != nil {
 		return vmm.Spec{}, false, err
 	}

@@ -144,3 +144,44 @@ dd if=/dev/zero bs=1M count=200 >&3; rc=$?; ls -l /proc/self/fd/3 >&2; exit $rc`
 		t.Fatal("the guest made a device node in the host's workspace")
 	}
 }
+
+// TestHostDirectoryAsWorkspace: a host directory given as the workspace
+// is the guest's /root/workspace and its commands' working directory;
+// the guest's writes are on the host at once, the host's in the guest at
+// once, and files are the host user's on the host and root's in the guest.
+func TestHostDirectoryAsWorkspace(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hello.txt"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v := startVM(t, "hostws", func(c *vmhost.ProcessConfig) { c.Workspace = dir; c.NoNetwork = true })
+	defer v.stop(t)
+	out, _ := v.guestSh(t, `pwd; cat hello.txt; stat -c %u hello.txt; echo from the guest > made-by-guest.txt; mkdir -p sub/deeper`)
+	if want := "/root/workspace\nfrom the host\n0\n"; out != want {
+		t.Errorf("guest saw %q, want %q", out, want)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "made-by-guest.txt"))
+	if err != nil || string(got) != "from the guest\n" {
+		t.Fatalf("the guest's file on the host: %q, %v", got, err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(dir, "made-by-guest.txt"), &st); err != nil || st.Uid != uint32(os.Geteuid()) {
+		t.Errorf("the guest's file is owned by uid %d on the host, want %d (%v)", st.Uid, os.Geteuid(), err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "sub", "deeper")); err != nil || !fi.IsDir() {
+		t.Errorf("the guest's directory on the host: %v", err)
+	}
+	// The host edits; the guest reads the edit at once (no cache).
+	if err := os.WriteFile(filepath.Join(dir, "hello.txt"), []byte("edited on the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := v.guestSh(t, "cat /root/workspace/hello.txt"); out != "edited on the host\n" {
+		t.Errorf("after the host's edit the guest read %q", out)
+	}
+	// An exec that names its own directory keeps it.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if o := v.exec(ctx, &api.ExecRequest{Command: "pwd", Cwd: "/tmp"}); o.err != nil || o.stdout.String() != "/tmp\n" {
+		t.Errorf("exec with cwd /tmp ran in %q (%v)", o.stdout.String(), o.err)
+	}
+}

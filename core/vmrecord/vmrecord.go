@@ -30,9 +30,12 @@ import (
 // running VM) and what only the service needs.
 type Record struct {
 	api.VM
-	DiskGB       int    `json:"disk_gb"`
-	WorkspaceMiB int    `json:"workspace_mib,omitempty"` // 0: the default bound
-	Socket       string `json:"socket"`                  // the per-VM process's API
+	DiskGB       int `json:"disk_gb"`
+	WorkspaceMiB int `json:"workspace_mib,omitempty"` // 0: the default bound
+	// RootImage is the root image the VM was made with (Base resolved
+	// at its create), for every boot of it: "" for the minimal root.
+	RootImage string `json:"root_image,omitempty"`
+	Socket    string `json:"socket"` // the per-VM process's API
 }
 
 // Label is how messages name the VM: its name, else its id.

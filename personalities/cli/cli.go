@@ -96,7 +96,7 @@ func orDash(s string) string {
 // the last log holds what the guest made the VM's process write.
 func printVM(v api.VM) {
 	rows := [][2]string{{"id", v.ID}, {"name", orDash(v.Name)}, {"state", v.State}, {"persistent", fmt.Sprint(v.Persistent)}, {"run", fmt.Sprint(v.Run)},
-		{"memory", fmt.Sprintf("%d MB", v.RAMMB)}, {"cpus", fmt.Sprint(v.CPUs)}, {"image", v.Image},
+		{"memory", fmt.Sprintf("%d MB", v.RAMMB)}, {"cpus", fmt.Sprint(v.CPUs)}, {"image", v.Image}, {"base", orDash(v.Base)}, {"workspace", orDash(v.Workspace)},
 		{"created", v.CreatedAt.Local().Format(time.DateTime)}, {"session", v.SessionDir}}
 	if v.PID > 0 {
 		rows = append(rows, [2]string{"pid", fmt.Sprint(v.PID)})

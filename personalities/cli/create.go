@@ -13,10 +13,12 @@ type CreateCmd struct {
 	Name  string   `arg:"" optional:"" help:"A name makes the VM persistent (stop keeps its state for resume); without one it is removed when it stops."`
 	RAMMB int      `name:"ram-mb" help:"Guest memory in MB (default 1024)."`
 	CPUs  int      `name:"cpus" help:"Virtual CPUs (default 2)."`
+	Base  string   `name:"base" enum:"full,minimal," default:"" help:"The VM's root: full (Debian with Node, Python, git and the AI CLIs wired to the gateway; the default) or minimal (busybox only; boots on a bare host)."`
 	Env   []string `short:"e" sep:"none" help:"Environment variable for every command in the VM, K=V (repeatable)."`
 	// A pointer: 0 (no disk) differs from the default.
-	DiskGB       *int `name:"disk-gb" help:"Size of the VM's disk in GB (default 8); 0: none, the guest runs from RAM."`
-	WorkspaceMiB int  `name:"workspace-mib" help:"Bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it."`
+	DiskGB       *int   `name:"disk-gb" help:"Size of the VM's disk in GB (default 8); 0: none, the guest runs from RAM."`
+	Workspace    string `name:"workspace" type:"existingdir" help:"A host directory shared read-write as the VM's workspace (/root/workspace) and its commands' working directory (not / or your home); default: the VM's own."`
+	WorkspaceMiB int    `name:"workspace-mib" help:"Bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it."`
 	// type:"path" makes it absolute, as the service needs.
 	Config       string   `type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway, in place of $CAPSEM_HOME/user.toml (read again on every boot and policy reload)."`
 	NoAutodetect bool     `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings to the VM's gateway."`
@@ -39,7 +41,7 @@ func (c *CreateCmd) Run(ctx context.Context) error {
 		return err
 	}
 	stage := func(s string) { slog.Log(ctx, api.StageLogLevel(s), "starting the VM", "stage", s) }
-	v, err := cl.CreateStream(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Env: env, DiskGB: c.DiskGB, WorkspaceMiB: c.WorkspaceMiB,
+	v, err := cl.CreateStream(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Base: c.Base, Workspace: c.Workspace, Env: env, DiskGB: c.DiskGB, WorkspaceMiB: c.WorkspaceMiB,
 		Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports}, stage)
 	if err != nil {
 		return err

@@ -34,8 +34,10 @@ type Cmd struct {
 	Config       string   `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
 	NoAutodetect bool     `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
 	CPUs         int      `name:"cpus" default:"2" help:"Virtual CPUs."`
+	Base         string   `name:"base" enum:"full,minimal," default:"" help:"The VM's root: full (Debian with Node, Python, git and the AI CLIs wired to the gateway; the default) or minimal (busybox only; boots on a bare host)."`
 	RAMMB        int      `name:"ram-mb" default:"1024" help:"Guest memory in MB (as capsem create spells it)."`
 	DiskGB       int      `name:"disk-gb" default:"8" help:"Size of the VM's disk in GB (sparse, removed with the VM); 0: none, the guest runs from RAM."`
+	Workspace    string   `name:"workspace" type:"existingdir" help:"A host directory shared read-write as the VM's workspace (/root/workspace) and its commands' working directory (not / or your home); default: the VM's own."`
 	WorkspaceMiB int      `name:"workspace-mib" default:"16384" help:"Bound on what the VM's workspace may take on the host, in MiB; the guest gets ENOSPC at it."`
 	Publish      []string `short:"p" sep:"none" placeholder:"[ADDR:]HOST:GUEST" help:"Publish the guest's TCP port GUEST on the host's port HOST while the command runs (repeatable), on loopback unless ADDR is given."`
 	Command      []string `arg:"" passthrough:"" help:"The command and its arguments."`
@@ -128,7 +130,7 @@ func (c *Cmd) request() (api.RunRequest, error) {
 	}
 	disk := c.DiskGB
 	return api.RunRequest{
-		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, DiskGB: &disk, WorkspaceMiB: c.WorkspaceMiB, Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports},
+		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Base: c.Base, Workspace: c.Workspace, DiskGB: &disk, WorkspaceMiB: c.WorkspaceMiB, Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports},
 		Exec:          api.ExecRequest{Argv: argv, Env: env, TimeoutMS: c.Timeout.Milliseconds()},
 	}, nil
 }
