@@ -23,8 +23,13 @@ const (
 // ForStream returns the logger for f in format: JSON lines for machines
 // (files, pipes, `--log-format json`), short human lines on a terminal.
 func ForStream(f *os.File, level, format string) *slog.Logger {
-	if format == FormatText || (format != FormatJSON && isTerminal(f)) {
-		return slog.New(NewHumanHandler(f, parseLevel(level)))
+	tty := isTerminal(f)
+	if format == FormatText || (format != FormatJSON && tty) {
+		h := NewHumanHandler(f, parseLevel(level))
+		if tty {
+			h.term = f
+		}
+		return slog.New(h)
 	}
 	return New(f, level)
 }
@@ -51,11 +56,40 @@ type HumanHandler struct {
 	level  slog.Leveler
 	pre    []string // attributes given by WithAttrs, rendered
 	groups []string
+	// term is w when it is a terminal: it may hold a status line
+	// (Progress), which records are written above.
+	term   *os.File
+	status *string // the status line shown now, "" for none (under mu)
 }
 
 // NewHumanHandler writes to w at level and above.
 func NewHumanHandler(w io.Writer, level slog.Leveler) *HumanHandler {
-	return &HumanHandler{mu: &sync.Mutex{}, w: w, level: level}
+	return &HumanHandler{mu: &sync.Mutex{}, w: w, level: level, status: new(string)}
+}
+
+// clearLine erases the status line, if one is shown (mu held).
+func (h *HumanHandler) clearLine() {
+	if *h.status != "" {
+		io.WriteString(h.w, "\r\033[K")
+	}
+}
+
+// setStatus shows line as the status line in place of the last one ("":
+// none), cut to the terminal's width so that it never wraps.
+func (h *HumanHandler) setStatus(line string) {
+	if h.term == nil {
+		return
+	}
+	if ws, err := unix.IoctlGetWinsize(int(h.term.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 1 {
+		if r := []rune(line); len(r) > int(ws.Col)-1 {
+			line = string(r[:int(ws.Col)-1])
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.clearLine()
+	*h.status = line
+	io.WriteString(h.w, line)
 }
 
 func (h *HumanHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= h.level.Level() }
@@ -80,7 +114,9 @@ func (h *HumanHandler) Handle(_ context.Context, r slog.Record) error {
 	b.WriteByte('\n')
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.clearLine()
 	_, err := io.WriteString(h.w, b.String())
+	io.WriteString(h.w, *h.status)
 	return err
 }
 

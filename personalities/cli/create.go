@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/logs"
 )
 
 // CreateCmd is `capsem create [NAME]`.
@@ -40,9 +41,11 @@ func (c *CreateCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	stage := func(s string) { slog.Log(ctx, api.StageLogLevel(s), "starting the VM", "stage", s) }
+	progress := logs.NewProgress(slog.Default(), "starting the VM")
+	stage := func(s string) { progress.Stage(s, api.StageLogLevel(s)) }
 	v, err := cl.CreateStream(ctx, api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Base: c.Base, Workspace: c.Workspace, Env: env, DiskGB: c.DiskGB, WorkspaceMiB: c.WorkspaceMiB,
 		Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports}, stage)
+	progress.Done()
 	if err != nil {
 		return err
 	}

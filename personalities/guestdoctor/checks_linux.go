@@ -65,6 +65,7 @@ func checks(expectEnv map[string]string, probeURL string) []doctor.Group {
 		{Name: "mcp", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "relay", Run: checkMCP},
 		}},
+		{Name: "agents", Hint: vmHint, Checks: agentChecks()},
 		{Name: "net", Hint: vmHint, Checks: netChecks(probeURL)},
 		{Name: "sandbox", Hint: vmHint, Checks: []doctor.Check{
 			{Name: "raw-memory", Run: checkRawMemory},

@@ -293,11 +293,16 @@ func checkAllowedURL(ctx context.Context, r *doctor.Reporter, url string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	// The guest's own client (busybox wget); the doctor checks the path,
-	// not the certificate, which is the image's trust store's business.
-	out, err := exec.CommandContext(ctx, "wget", "-q", "--no-check-certificate", "-O", "-", url).Output()
+	// The guest's own client (curl in the full root, busybox wget in the
+	// minimal one); the doctor checks the path, not the certificate,
+	// which is the image's trust store's business.
+	argv := []string{"curl", "-fsSk", url}
+	if _, err := exec.LookPath("curl"); err != nil {
+		argv = []string{"wget", "-q", "--no-check-certificate", "-O", "-", url}
+	}
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).Output()
 	if err != nil {
-		r.Failf("the VM's [net] policy must allow the URL's host and port (capsem policy explain --url)", "wget %s: %v", url, err)
+		r.Failf("the VM's [net] policy must allow the URL's host and port (capsem policy explain --url)", "%s %s: %v", argv[0], url, err)
 		return
 	}
 	r.Okf("GET %s: %d bytes", url, len(out))

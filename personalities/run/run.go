@@ -20,6 +20,7 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/exitcode"
+	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/service"
 )
@@ -62,14 +63,17 @@ func (c *Cmd) Run(ctx context.Context) error {
 	})
 	defer bootLimit.Stop()
 	var vmID string
+	progress := logs.NewProgress(slog.Default(), "starting the VM")
+	defer progress.Done()
 	ready := func(vm api.VM) {
 		bootLimit.Stop()
+		progress.Done() // the command's output follows
 		vmID = vm.ID
 		if p := vm.Process; p != nil {
 			slog.Info("VM ready", "vm", vm.ID, "accel", p.Accel, "why", p.AccelReason, "start", p.Start)
 		}
 	}
-	stage := func(s string) { slog.Log(ctx, api.StageLogLevel(s), "starting the VM", "stage", s) }
+	stage := func(s string) { progress.Stage(s, api.StageLogLevel(s)) }
 	ev, err := cl.RunStream(ctx, req, api.RunEvents{Stage: stage, Ready: ready}, os.Stdout, os.Stderr)
 	if err != nil {
 		if vmID != "" {
