@@ -41,19 +41,20 @@ var (
 		unset:   "info"})
 )
 
-// The MCP gateway (capsem gateway, and each VM's).
+// The MCP gateway of capsem gateway (the per-VM gateways read them too, but
+// the service does not pass them on).
 var (
 	MCPDefaultTimeout = declare(seconds, about{name: "CAPSEM_MCP_DEFAULT_TIMEOUT_SECS", audience: User, readers: Host,
-		meaning: "MCP gateway: deadline of every method but tools/call, in seconds",
+		meaning: "capsem gateway: deadline of every method but tools/call, in seconds",
 		unset:   "[mcp.timeouts] default_secs"})
 	MCPToolCallTimeout = declare(seconds, about{name: "CAPSEM_MCP_TOOL_CALL_TIMEOUT_SECS", audience: User, readers: Host,
-		meaning: "MCP gateway: deadline of tools/call, in seconds",
+		meaning: "capsem gateway: deadline of tools/call, in seconds",
 		unset:   "[mcp.timeouts] tool_call_secs"})
 	MCPToolTimeouts = declare(toolSeconds, about{name: "CAPSEM_MCP_TOOL_TIMEOUTS", audience: User, readers: Host,
-		meaning: "MCP gateway: deadlines of single tools, server__tool=seconds,... (each replaces its [mcp.timeouts] tools entry)",
+		meaning: "capsem gateway: deadlines of single tools, server__tool=seconds,... (each replaces its [mcp.timeouts] tools entry)",
 		unset:   "[mcp.timeouts] tools"})
 	MCPInflight = declare(count, about{name: "CAPSEM_MCP_INFLIGHT", audience: User, readers: Host,
-		meaning: "MCP gateway: most requests dispatched at once, across all connections",
+		meaning: "capsem gateway: most requests dispatched at once, across all connections",
 		unset:   "max(32, 8 per CPU)"})
 	MCPEndpoint = declare(unixEndpoint, about{name: "CAPSEM_MCP_ENDPOINT", audience: User, readers: Host | Guest,
 		meaning: "capsem-mcp-server (the MCP relay): the gateway to reach, unix:PATH",
