@@ -3,10 +3,10 @@
 // meaning, its kind of value, who sets it, where it is read and whether the
 // service passes it on to the per-VM processes. Code reads a variable
 // through its handle (envvars.Home.Get(), envvars.MCPInflight.Value()),
-// never by a name of its own: the handles are the only values of their
-// types, so an undeclared variable cannot be read, and a test scans the
-// repository for CAPSEM_* names that bypass the registry or that the
-// registry declares and nothing reads.
+// never by a name of its own: only this package can make a handle (their
+// fields are unexported), so an undeclared variable cannot be read through
+// one, and a test scans the repository for CAPSEM_* names that bypass the
+// registry and for declarations nothing reads.
 //
 // Kong reads a few of them itself (env:"..." struct tags, which must be
 // literals); the scan checks those names too, and a test in personalities
