@@ -8,6 +8,7 @@ import (
 	"github.com/capsem/capsem/personalities/builtin"
 	"github.com/capsem/capsem/personalities/cli"
 	"github.com/capsem/capsem/personalities/doctor"
+	"github.com/capsem/capsem/personalities/envcmd"
 	"github.com/capsem/capsem/personalities/gateway"
 	"github.com/capsem/capsem/personalities/guestdoctor"
 	"github.com/capsem/capsem/personalities/image"
@@ -45,6 +46,7 @@ type CLI struct {
 	Service       service.Cmd        `cmd:"" help:"The service that owns your VMs (capsem service start|stop|status; alone: serve in the foreground)."`
 	Image         image.Cmd          `cmd:"" help:"Build the guest boot assets."`
 	Doctor        doctor.Cmd         `cmd:"" help:"Check whether capsem works on this host, and how to fix what does not."`
+	Env           envcmd.Cmd         `cmd:"" help:"List the CAPSEM_* environment settings: what each means and its value here."`
 	Gateway       gateway.Cmd        `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`
 	MCPRelay      relay.Cmd          `cmd:"" name:"mcp-relay" help:"The stdio MCP relay to the gateway (also installed as capsem-mcp-server)."`
 	Policy        policycmd.Cmd      `cmd:"" help:"Inspect, explain and reload the MCP and network policy."`

@@ -12,6 +12,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/exitcode"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/printable"
@@ -82,7 +83,7 @@ func Main(args []string) int {
 	logger := logs.ForStream(os.Stderr, cli.LogLevel, cli.LogFormat)
 	slog.SetDefault(logger)
 	ctx := logs.WithLogger(context.Background(), logger)
-	if path := os.Getenv("CAPSEM_CPUPROFILE"); path != "" {
+	if path := envvars.CPUProfile.Get(); path != "" {
 		// Developer aid: profile this process until it exits (see make bench).
 		if f, err := os.Create(path); err == nil {
 			if pprof.StartCPUProfile(f) == nil {
@@ -117,7 +118,7 @@ func isBareInit(args []string, pid int) bool {
 // reflective parse was a large part of the time from the kernel starting
 // /init to the agent's first step.
 func runInit() int {
-	logger := logs.New(os.Stderr, os.Getenv("CAPSEM_LOG_LEVEL")) // unset: info
+	logger := logs.New(os.Stderr, envvars.LogLevel.Get()) // unset: info
 	slog.SetDefault(logger)
 	if err := (&agent.Cmd{}).Run(logs.WithLogger(context.Background(), logger)); err != nil {
 		fmt.Fprintln(os.Stderr, "capsem:", err)

@@ -25,7 +25,7 @@ type ExecRequest struct {
 	TimeoutMS int64             `json:"timeout_ms,omitempty"` // 0: no timeout
 	// TraceID ties the command to what it causes: its exec_events row and
 	// the rows of the connections its processes make carry it (the guest
-	// gets it as guestwire.EnvTraceID, which child processes inherit).
+	// gets it as envvars.TraceID, which child processes inherit).
 	TraceID string `json:"trace_id,omitempty"`
 }
 

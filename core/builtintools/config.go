@@ -1,13 +1,10 @@
 package builtintools
 
 import (
-	"errors"
 	"fmt"
-	"math"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/netpolicy"
 )
 
@@ -16,22 +13,6 @@ const (
 	DefaultMaxBodyBytes int64 = 10 << 20
 	DefaultTimeout            = 30 * time.Second
 	DefaultMaxRedirects       = 10
-)
-
-// Bounds on values read from the environment, so a typo cannot turn the
-// builtin into an unbounded fetcher.
-const (
-	maxConfigBodyBytes int64 = 1 << 30
-	maxConfigTimeout         = time.Hour
-)
-
-// Environment variables read by ConfigFromEnv.
-const (
-	EnvDomainAllow      = "CAPSEM_DOMAIN_ALLOW"
-	EnvDomainBlock      = "CAPSEM_DOMAIN_BLOCK"
-	EnvHTTPMaxBody      = "CAPSEM_HTTP_MAX_BODY_BYTES"
-	EnvHTTPTimeoutSecs  = "CAPSEM_HTTP_TIMEOUT_SECS"
-	EnvHTTPAllowPrivate = "CAPSEM_HTTP_ALLOW_PRIVATE"
 )
 
 // Config is the builtin HTTP tools' network policy and limits.
@@ -94,63 +75,32 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// ConfigFromEnv builds a Config from CAPSEM_DOMAIN_ALLOW and
-// CAPSEM_DOMAIN_BLOCK (comma-separated patterns), CAPSEM_HTTP_MAX_BODY_BYTES
-// (positive integer), CAPSEM_HTTP_TIMEOUT_SECS (positive number, fractions
-// allowed) and CAPSEM_HTTP_ALLOW_PRIVATE (1, true, 0 or false; any case).
-// Unset or empty variables keep the defaults.
+// ConfigFromEnv builds a Config from the variables config.File.ServerDefs
+// sets for the builtin server: envvars.DomainAllow and DomainBlock
+// (comma-separated patterns), HTTPMaxBodyBytes (positive integer, at most
+// 1 GiB), HTTPTimeout (positive number of seconds, fractions allowed, at most
+// an hour) and HTTPAllowPrivate (1, true, 0 or false; any case). Unset or
+// empty variables keep the defaults.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	cfg := Config{
-		Allow: splitPatternList(getenv(EnvDomainAllow)),
-		Block: splitPatternList(getenv(EnvDomainBlock)),
+	var cfg Config
+	var err error
+	if cfg.Allow, _, err = envvars.DomainAllow.ValueFrom(getenv); err != nil {
+		return Config{}, err
 	}
-	if raw := strings.TrimSpace(getenv(EnvHTTPMaxBody)); raw != "" {
-		n, err := strconv.ParseInt(raw, 10, 64)
-		if err != nil {
-			return Config{}, fmt.Errorf("%s=%q: not a whole number of bytes: %w", EnvHTTPMaxBody, raw, err)
-		}
-		if n <= 0 || n > maxConfigBodyBytes {
-			return Config{}, fmt.Errorf("%s=%q: must be between 1 and %d bytes", EnvHTTPMaxBody, raw, maxConfigBodyBytes)
-		}
-		cfg.MaxBodyBytes = n
+	if cfg.Block, _, err = envvars.DomainBlock.ValueFrom(getenv); err != nil {
+		return Config{}, err
 	}
-	if raw := strings.TrimSpace(getenv(EnvHTTPTimeoutSecs)); raw != "" {
-		secs, err := strconv.ParseFloat(raw, 64)
-		if err != nil {
-			return Config{}, fmt.Errorf("%s=%q: not a number of seconds: %w", EnvHTTPTimeoutSecs, raw, err)
-		}
-		if math.IsNaN(secs) || secs <= 0 || secs > maxConfigTimeout.Seconds() {
-			return Config{}, fmt.Errorf("%s=%q: must be more than 0 and at most %d seconds", EnvHTTPTimeoutSecs, raw, int(maxConfigTimeout.Seconds()))
-		}
-		cfg.Timeout = time.Duration(secs * float64(time.Second))
-		if cfg.Timeout <= 0 {
-			return Config{}, errors.New(EnvHTTPTimeoutSecs + ": timeout rounds down to zero")
-		}
+	if cfg.MaxBodyBytes, _, err = envvars.HTTPMaxBodyBytes.ValueFrom(getenv); err != nil {
+		return Config{}, err
 	}
-	if raw := strings.TrimSpace(getenv(EnvHTTPAllowPrivate)); raw != "" {
-		switch strings.ToLower(raw) {
-		case "1", "true":
-			cfg.AllowPrivateNetworks = true
-		case "0", "false":
-			cfg.AllowPrivateNetworks = false
-		default:
-			return Config{}, fmt.Errorf("%s=%q: must be 1, true, 0 or false", EnvHTTPAllowPrivate, raw)
-		}
+	if cfg.Timeout, _, err = envvars.HTTPTimeout.ValueFrom(getenv); err != nil {
+		return Config{}, err
+	}
+	if cfg.AllowPrivateNetworks, _, err = envvars.HTTPAllowPrivate.ValueFrom(getenv); err != nil {
+		return Config{}, err
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, fmt.Errorf("domain policy from %s/%s: %w", EnvDomainAllow, EnvDomainBlock, err)
+		return Config{}, fmt.Errorf("domain policy from %s/%s: %w", envvars.DomainAllow.Name(), envvars.DomainBlock.Name(), err)
 	}
 	return cfg.withDefaults(), nil
-}
-
-// splitPatternList splits a comma list, dropping blanks so "a.com, b.com,"
-// is two patterns.
-func splitPatternList(raw string) []string {
-	var patterns []string
-	for entry := range strings.SplitSeq(raw, ",") {
-		if entry = strings.TrimSpace(entry); entry != "" {
-			patterns = append(patterns, entry)
-		}
-	}
-	return patterns
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capsem/capsem/core/envvars"
 )
 
 func TestConfigFromEnv(t *testing.T) {
@@ -22,11 +24,11 @@ func TestConfigFromEnv(t *testing.T) {
 		{
 			name: "all set",
 			env: map[string]string{
-				EnvDomainAllow:      " *.github.com, pypi.org ,,",
-				EnvDomainBlock:      "evil.com",
-				EnvHTTPMaxBody:      "1024",
-				EnvHTTPTimeoutSecs:  "2.5",
-				EnvHTTPAllowPrivate: "true",
+				envvars.DomainAllow.Name():      " *.github.com, pypi.org ,,",
+				envvars.DomainBlock.Name():      "evil.com",
+				envvars.HTTPMaxBodyBytes.Name(): "1024",
+				envvars.HTTPTimeout.Name():      "2.5",
+				envvars.HTTPAllowPrivate.Name(): "true",
 			},
 			want: Config{
 				Allow: []string{"*.github.com", "pypi.org"}, Block: []string{"evil.com"},
@@ -34,21 +36,21 @@ func TestConfigFromEnv(t *testing.T) {
 				AllowPrivateNetworks: true,
 			},
 		},
-		{name: "allow private 1", env: map[string]string{EnvHTTPAllowPrivate: "1"}, want: defaultsWith(Config{AllowPrivateNetworks: true})},
-		{name: "allow private TRUE", env: map[string]string{EnvHTTPAllowPrivate: " TRUE "}, want: defaultsWith(Config{AllowPrivateNetworks: true})},
-		{name: "allow private 0", env: map[string]string{EnvHTTPAllowPrivate: "0"}, want: defaultsWith(Config{})},
-		{name: "allow private false", env: map[string]string{EnvHTTPAllowPrivate: "false"}, want: defaultsWith(Config{})},
-		{name: "allow private yes", env: map[string]string{EnvHTTPAllowPrivate: "yes"}, wantErr: EnvHTTPAllowPrivate + `="yes": must be 1, true, 0 or false`},
-		{name: "allow private 2", env: map[string]string{EnvHTTPAllowPrivate: "2"}, wantErr: EnvHTTPAllowPrivate + `="2": must be 1, true, 0 or false`},
-		{name: "bad allow pattern", env: map[string]string{EnvDomainAllow: "good.com,*bad"}, wantErr: `allow list: domain pattern "*bad"`},
-		{name: "url in block list", env: map[string]string{EnvDomainBlock: "https://evil.com"}, wantErr: "not a URL"},
-		{name: "body not a number", env: map[string]string{EnvHTTPMaxBody: "10MB"}, wantErr: EnvHTTPMaxBody + `="10MB": not a whole number`},
-		{name: "body zero", env: map[string]string{EnvHTTPMaxBody: "0"}, wantErr: "must be between 1 and"},
-		{name: "body too large", env: map[string]string{EnvHTTPMaxBody: "99999999999"}, wantErr: "must be between 1 and"},
-		{name: "timeout not a number", env: map[string]string{EnvHTTPTimeoutSecs: "30s"}, wantErr: EnvHTTPTimeoutSecs + `="30s": not a number`},
-		{name: "timeout negative", env: map[string]string{EnvHTTPTimeoutSecs: "-1"}, wantErr: "must be more than 0"},
-		{name: "timeout NaN", env: map[string]string{EnvHTTPTimeoutSecs: "NaN"}, wantErr: "must be more than 0"},
-		{name: "timeout too long", env: map[string]string{EnvHTTPTimeoutSecs: "86400"}, wantErr: "at most 3600 seconds"},
+		{name: "allow private 1", env: map[string]string{envvars.HTTPAllowPrivate.Name(): "1"}, want: defaultsWith(Config{AllowPrivateNetworks: true})},
+		{name: "allow private TRUE", env: map[string]string{envvars.HTTPAllowPrivate.Name(): " TRUE "}, want: defaultsWith(Config{AllowPrivateNetworks: true})},
+		{name: "allow private 0", env: map[string]string{envvars.HTTPAllowPrivate.Name(): "0"}, want: defaultsWith(Config{})},
+		{name: "allow private false", env: map[string]string{envvars.HTTPAllowPrivate.Name(): "false"}, want: defaultsWith(Config{})},
+		{name: "allow private yes", env: map[string]string{envvars.HTTPAllowPrivate.Name(): "yes"}, wantErr: envvars.HTTPAllowPrivate.Name() + `="yes": must be 1, true, 0 or false`},
+		{name: "allow private 2", env: map[string]string{envvars.HTTPAllowPrivate.Name(): "2"}, wantErr: envvars.HTTPAllowPrivate.Name() + `="2": must be 1, true, 0 or false`},
+		{name: "bad allow pattern", env: map[string]string{envvars.DomainAllow.Name(): "good.com,*bad"}, wantErr: `allow list: domain pattern "*bad"`},
+		{name: "url in block list", env: map[string]string{envvars.DomainBlock.Name(): "https://evil.com"}, wantErr: "not a URL"},
+		{name: "body not a number", env: map[string]string{envvars.HTTPMaxBodyBytes.Name(): "10MB"}, wantErr: envvars.HTTPMaxBodyBytes.Name() + `="10MB": not a whole number`},
+		{name: "body zero", env: map[string]string{envvars.HTTPMaxBodyBytes.Name(): "0"}, wantErr: "must be between 1 and"},
+		{name: "body too large", env: map[string]string{envvars.HTTPMaxBodyBytes.Name(): "99999999999"}, wantErr: "must be between 1 and"},
+		{name: "timeout not a number", env: map[string]string{envvars.HTTPTimeout.Name(): "30s"}, wantErr: envvars.HTTPTimeout.Name() + `="30s": not a number`},
+		{name: "timeout negative", env: map[string]string{envvars.HTTPTimeout.Name(): "-1"}, wantErr: "must be more than 0"},
+		{name: "timeout NaN", env: map[string]string{envvars.HTTPTimeout.Name(): "NaN"}, wantErr: "must be more than 0"},
+		{name: "timeout too long", env: map[string]string{envvars.HTTPTimeout.Name(): "86400"}, wantErr: "at most 3600 seconds"},
 	}
 	for _, test := range tests {
 		t.Run(test.name, func(t *testing.T) {

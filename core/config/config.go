@@ -17,6 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/capsem/capsem/core/aggwire"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/netpolicy"
 	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/privsep"
@@ -386,19 +387,19 @@ func (f *File) ServerDefs() []aggwire.ServerDef {
 	b := f.MCP.Builtin
 	env := map[string]string{}
 	if len(b.DomainAllow) > 0 {
-		env["CAPSEM_DOMAIN_ALLOW"] = strings.Join(b.DomainAllow, ",")
+		env[envvars.DomainAllow.Name()] = strings.Join(b.DomainAllow, ",")
 	}
 	if len(b.DomainBlock) > 0 {
-		env["CAPSEM_DOMAIN_BLOCK"] = strings.Join(b.DomainBlock, ",")
+		env[envvars.DomainBlock.Name()] = strings.Join(b.DomainBlock, ",")
 	}
 	if b.MaxBodyBytes > 0 {
-		env["CAPSEM_HTTP_MAX_BODY_BYTES"] = fmt.Sprint(b.MaxBodyBytes)
+		env[envvars.HTTPMaxBodyBytes.Name()] = fmt.Sprint(b.MaxBodyBytes)
 	}
 	if b.TimeoutSecs > 0 {
-		env["CAPSEM_HTTP_TIMEOUT_SECS"] = fmt.Sprint(b.TimeoutSecs)
+		env[envvars.HTTPTimeout.Name()] = fmt.Sprint(b.TimeoutSecs)
 	}
 	if b.AllowPrivateNetworks {
-		env["CAPSEM_HTTP_ALLOW_PRIVATE"] = "1"
+		env[envvars.HTTPAllowPrivate.Name()] = "1"
 	}
 	defs := []aggwire.ServerDef{{Name: "builtin", Builtin: true, Enabled: f.permitsServer("builtin"), Env: env}}
 	for _, s := range f.MCP.Servers {

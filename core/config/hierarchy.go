@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/netpolicy"
 	"github.com/capsem/capsem/core/policy"
 )
@@ -35,9 +36,6 @@ type Sources struct {
 	HomeDir string
 }
 
-// CorpConfigEnv names corp.toml in place of /etc/capsem/corp.toml.
-const CorpConfigEnv = "CAPSEM_CORP_CONFIG"
-
 // DefaultSources resolves the standard locations: corp.toml from
 // CAPSEM_CORP_CONFIG else /etc/capsem/corp.toml; user.toml in capsemHome
 // unless configPath names another file; AI CLI settings in the user's home
@@ -45,9 +43,9 @@ const CorpConfigEnv = "CAPSEM_CORP_CONFIG"
 // it would silently drop the corp layer (name an empty file for none).
 func DefaultSources(lookupEnv func(string) (string, bool), capsemHome, userHome, configPath string, autodetect bool) (Sources, error) {
 	s := Sources{CorpPath: "/etc/capsem/corp.toml", UserPath: filepath.Join(capsemHome, "user.toml")}
-	if v, ok := lookupEnv(CorpConfigEnv); ok {
+	if v, ok := lookupEnv(envvars.CorpConfig.Name()); ok {
 		if v == "" {
-			return Sources{}, fmt.Errorf("%s is set but empty: name a corp.toml (an empty file for none), or unset it for /etc/capsem/corp.toml", CorpConfigEnv)
+			return Sources{}, fmt.Errorf("%s is set but empty: name a corp.toml (an empty file for none), or unset it for /etc/capsem/corp.toml", envvars.CorpConfig.Name())
 		}
 		s.CorpPath, s.CorpRequired = v, true
 	}

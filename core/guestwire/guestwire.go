@@ -52,11 +52,6 @@ const (
 	TypeSocketOwnerResult = "socket_owner_result"
 )
 
-// EnvTraceID is the variable an exec's trace id is given to the guest in:
-// its processes and their children carry it, so a connection one of them
-// makes can be attributed to the exec (TypeSocketOwner).
-const EnvTraceID = "CAPSEM_TRACE_ID"
-
 // SocketQuery names a TCP connection as the guest sees it: its own port
 // and the destination it connected to.
 type SocketQuery struct {

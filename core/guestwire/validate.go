@@ -13,10 +13,6 @@ import (
 // process) reaches the host through this socket.
 const GuestMCPSocket = "/run/capsem/mcp.sock"
 
-// RelayEndpointEnv overrides where the guest MCP relay (capsem-mcp-server)
-// connects: "unix:PATH" (a gateway on the host, for tests and the doctor).
-const RelayEndpointEnv = "CAPSEM_MCP_ENDPOINT"
-
 // Error lets a wire Error travel as a Go error on both ends.
 func (e *Error) Error() string { return e.Message }
 

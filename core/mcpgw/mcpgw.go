@@ -7,14 +7,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,6 +22,7 @@ import (
 	"github.com/capsem/capsem/core/aggclient"
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/endpoint"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/paths"
@@ -251,47 +251,31 @@ func (g *Gateway) Close() error {
 }
 
 // ApplyEnv lets the environment override the endpoint's limits:
-// CAPSEM_MCP_DEFAULT_TIMEOUT_SECS, CAPSEM_MCP_TOOL_CALL_TIMEOUT_SECS,
-// CAPSEM_MCP_INFLIGHT and CAPSEM_MCP_TOOL_TIMEOUTS ("server__tool=secs,...").
+// envvars.MCPDefaultTimeout, MCPToolCallTimeout, MCPInflight and
+// MCPToolTimeouts ("server__tool=secs,...", each replacing its entry).
 func ApplyEnv(cfg *endpoint.Config, getenv func(string) string) error {
-	positive := func(name string) (int, bool, error) {
-		v := getenv(name)
-		if v == "" {
-			return 0, false, nil
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			return 0, false, fmt.Errorf("%s=%q: want a positive integer", name, v)
-		}
-		return n, true, nil
-	}
-	if n, ok, err := positive("CAPSEM_MCP_DEFAULT_TIMEOUT_SECS"); err != nil {
+	if d, ok, err := envvars.MCPDefaultTimeout.ValueFrom(getenv); err != nil {
 		return err
 	} else if ok {
-		cfg.DefaultTimeout = time.Duration(n) * time.Second
+		cfg.DefaultTimeout = d
 	}
-	if n, ok, err := positive("CAPSEM_MCP_TOOL_CALL_TIMEOUT_SECS"); err != nil {
+	if d, ok, err := envvars.MCPToolCallTimeout.ValueFrom(getenv); err != nil {
 		return err
 	} else if ok {
-		cfg.ToolTimeout = time.Duration(n) * time.Second
+		cfg.ToolTimeout = d
 	}
-	if n, ok, err := positive("CAPSEM_MCP_INFLIGHT"); err != nil {
+	if n, ok, err := envvars.MCPInflight.ValueFrom(getenv); err != nil {
 		return err
 	} else if ok {
 		cfg.InFlight = n
 	}
-	if v := getenv("CAPSEM_MCP_TOOL_TIMEOUTS"); v != "" {
+	if timeouts, ok, err := envvars.MCPToolTimeouts.ValueFrom(getenv); err != nil {
+		return err
+	} else if ok {
 		if cfg.ToolTimeouts == nil {
 			cfg.ToolTimeouts = map[string]time.Duration{}
 		}
-		for _, item := range strings.Split(v, ",") {
-			name, secs, ok := strings.Cut(strings.TrimSpace(item), "=")
-			n, err := strconv.Atoi(secs)
-			if !ok || !strings.Contains(name, "__") || err != nil || n <= 0 {
-				return fmt.Errorf("CAPSEM_MCP_TOOL_TIMEOUTS: %q: want server__tool=positive-seconds", item)
-			}
-			cfg.ToolTimeouts[name] = time.Duration(n) * time.Second
-		}
+		maps.Copy(cfg.ToolTimeouts, timeouts)
 	}
 	return nil
 }
@@ -332,7 +316,7 @@ func AggregatorSpawner(sessionDir string, protectPaths []string, grantsFn func()
 		cmd, err := privsep.Command(ctx, privsep.Spec{
 			Executable: self,
 			Args:       []string{"mcp-aggregator"},
-			PassEnv:    []string{"CAPSEM_LOG_LEVEL"},
+			PassEnv:    []string{envvars.LogLevel.Name()},
 			Scratch:    scratch,
 			CacheDir:   cache,
 			Exec:       read,

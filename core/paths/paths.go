@@ -23,11 +23,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/capsem/capsem/core/envvars"
 )
 
 // Home is $CAPSEM_HOME, else ~/.capsem.
 func Home() (string, error) {
-	if h := os.Getenv("CAPSEM_HOME"); h != "" {
+	if h := envvars.Home.Get(); h != "" {
 		return filepath.Abs(h)
 	}
 	u, err := os.UserHomeDir()
@@ -49,7 +51,7 @@ func homeJoin(elem ...string) (string, error) {
 // CacheDir is the package cache shared by sandboxed MCP servers:
 // $CAPSEM_CACHE_DIR, else $CAPSEM_HOME/cache.
 func CacheDir() (string, error) {
-	if c := os.Getenv("CAPSEM_CACHE_DIR"); c != "" {
+	if c := envvars.CacheDir.Get(); c != "" {
 		return filepath.Abs(c)
 	}
 	return homeJoin("cache")
@@ -67,7 +69,7 @@ func UserConfig() (string, error) { return homeJoin("user.toml") }
 
 // RunDir holds runtime state: $CAPSEM_RUN_DIR, else $CAPSEM_HOME/run.
 func RunDir() (string, error) {
-	if d := os.Getenv("CAPSEM_RUN_DIR"); d != "" {
+	if d := envvars.RunDir.Get(); d != "" {
 		return filepath.Abs(d)
 	}
 	return homeJoin("run")
@@ -84,7 +86,7 @@ func runJoin(elem ...string) (string, error) {
 // ServiceSocket is the service's API socket: $CAPSEM_UDS_PATH, else
 // service.sock in RunDir.
 func ServiceSocket() (string, error) {
-	if p := os.Getenv("CAPSEM_UDS_PATH"); p != "" {
+	if p := envvars.UDSPath.Get(); p != "" {
 		return filepath.Abs(p)
 	}
 	return runJoin("service.sock")

@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/envvars"
 )
 
 // Command builds (does not start) the command for a sandboxed child
@@ -61,9 +63,9 @@ func Command(ctx context.Context, spec Spec) (*exec.Cmd, error) {
 	}
 	cmd := exec.CommandContext(ctx, spec.Executable, spec.Args...)
 	cmd.Env = append(envList(env),
-		envStage+"="+stageSandbox,
-		envPolicy+"="+enc,
-		EnvParentPID+"="+strconv.Itoa(os.Getpid()),
+		envvars.PrivsepStage.Pair(stageSandbox),
+		envvars.PrivsepPolicy.Pair(enc),
+		envvars.ParentPID.Pair(strconv.Itoa(os.Getpid())),
 	)
 	cmd.Dir = spec.Scratch
 	cmd.SysProcAttr = childSysProcAttr()

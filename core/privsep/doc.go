@@ -13,7 +13,7 @@
 //
 //   - The parent calls [Command]. The child is the same executable with the
 //     allowlisted environment plus private variables: a stage marker, the
-//     encoded sandbox policy and [EnvParentPID].
+//     encoded sandbox policy and the parent's pid (envvars.ParentPID).
 //   - The child calls [Enter] first thing in main. With the marker present it
 //     locks its goroutine to its OS thread, and on that thread alone sets
 //     no_new_privs, drops every capability (bounding set too, when it holds
@@ -57,7 +57,7 @@
 //     once per VM).
 //  3. Spec.Env, e.g. a server's configured env (it may override PATH).
 //
-// After the first stage the child also sees [EnvSandbox], which names the
+// After the first stage the child also sees envvars.Sandbox, which names the
 // mechanisms that were applied (for diagnostics; it is not a security
 // boundary). Names that steer the dynamic loader or a shell before any code
 // runs (LD_*, BASH_ENV, ENV, BASH_FUNC_*) and the package's own variables are

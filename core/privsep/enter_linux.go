@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/envvars"
 )
 
 // selfExe is what the first stage executes: the very file this process was
@@ -26,7 +28,7 @@ const selfExe = "/proc/self/exe"
 // [ErrParentGone] means the parent exited first, and exiting quietly is
 // fine.
 func Enter() error {
-	stage, ok := os.LookupEnv(envStage)
+	stage, ok := envvars.PrivsepStage.Lookup()
 	if !ok {
 		return nil
 	}
@@ -46,13 +48,13 @@ func enterSandbox(stage string) error {
 	if stage != stageSandbox {
 		return fmt.Errorf("unknown sandbox stage %q", stage)
 	}
-	pol, err := decodePolicy(os.Getenv(envPolicy))
+	pol, err := decodePolicy(envvars.PrivsepPolicy.Get())
 	if err != nil {
 		return err
 	}
-	want, err := strconv.Atoi(os.Getenv(EnvParentPID))
-	if err != nil || want < 1 {
-		return fmt.Errorf("%s=%q is not a pid", EnvParentPID, os.Getenv(EnvParentPID))
+	want, err := envvars.ParentPID.Parse(envvars.ParentPID.Get())
+	if err != nil {
+		return err
 	}
 	// The parent armed SIGKILL-on-parent-death for the thread it forked,
 	// but the kernel does not copy it to new threads, and the exec below
@@ -112,7 +114,7 @@ func checkParent(want int) error {
 }
 
 // stage2Env removes the private stage variables from environ and records
-// the applied mechanisms in [EnvSandbox].
+// the applied mechanisms in envvars.Sandbox.
 func stage2Env(environ []string, mech string) []string {
 	out := make([]string, 0, len(environ))
 	for _, kv := range environ {
@@ -122,5 +124,5 @@ func stage2Env(environ []string, mech string) []string {
 		}
 		out = append(out, kv)
 	}
-	return append(out, EnvSandbox+"="+mech)
+	return append(out, envvars.Sandbox.Pair(mech))
 }

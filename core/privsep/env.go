@@ -6,27 +6,24 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/capsem/capsem/core/envvars"
 )
 
-// Environment variables with a meaning to this package.
-const (
-	// EnvParentPID carries the parent's pid to the first stage, which exits
-	// when getppid no longer matches: the parent died before the
-	// parent-death signal was armed. It is removed before the second stage.
-	EnvParentPID = "CAPSEM_PARENT_PID"
-	// EnvSandbox is set in the second stage and lists, comma-separated, the
-	// mechanisms the first stage applied: "nnp", "caps", "landlock-v<ABI>",
-	// "seccomp". It is informational (a doctor can print it); an
-	// unrestricted process can set it too.
-	EnvSandbox = "CAPSEM_SANDBOX"
+// The environment variables with a meaning to this package are declared in
+// core/envvars:
+//   - PrivsepStage marks the first stage; only [Command] sets it.
+//   - PrivsepPolicy carries the encoded policy to the first stage.
+//   - ParentPID carries the parent's pid to the first stage, which exits
+//     when getppid no longer matches: the parent died before the
+//     parent-death signal was armed. It is removed before the second stage.
+//   - Sandbox is set in the second stage and lists, comma-separated, the
+//     mechanisms the first stage applied: "nnp", "caps", "landlock-v<ABI>",
+//     "seccomp". It is informational (a doctor can print it); an
+//     unrestricted process can set it too.
 
-	// envStage marks the first stage; only [Command] sets it.
-	envStage = "CAPSEM_PRIVSEP_STAGE"
-	// envPolicy carries the encoded policy to the first stage.
-	envPolicy = "CAPSEM_PRIVSEP_POLICY"
-	// stageSandbox is the only stage value [Enter] accepts.
-	stageSandbox = "sandbox"
-)
+// stageSandbox is the only value of envvars.PrivsepStage [Enter] accepts.
+const stageSandbox = "sandbox"
 
 // SafePath is the PATH every child starts with: system directories only, so
 // that nothing from the user's PATH (which may point into writable or
@@ -48,7 +45,8 @@ func DefaultPassEnv() []string {
 
 // reserved reports names that only this package may set.
 func reserved(name string) bool {
-	return name == envStage || name == envPolicy || name == EnvParentPID || name == EnvSandbox
+	return name == envvars.PrivsepStage.Name() || name == envvars.PrivsepPolicy.Name() ||
+		name == envvars.ParentPID.Name() || name == envvars.Sandbox.Name()
 }
 
 // dangerous reports names that change what runs before any program code

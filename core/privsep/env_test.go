@@ -4,6 +4,8 @@ import (
 	"maps"
 	"strings"
 	"testing"
+
+	"github.com/capsem/capsem/core/envvars"
 )
 
 func TestBuildEnv(t *testing.T) {
@@ -71,8 +73,8 @@ func TestBuildEnv(t *testing.T) {
 		{name: "BASH_ENV refused", spec: Spec{Scratch: "/s", Env: map[string]string{"BASH_ENV": "/x"}}, wantErr: "not allowed"},
 		{name: "shell function refused", spec: Spec{Scratch: "/s", Env: map[string]string{"BASH_FUNC_ls%%": "() { :; }"}}, wantErr: "not allowed"},
 		{name: "stage marker refused", spec: Spec{Scratch: "/s", Env: map[string]string{"CAPSEM_PRIVSEP_STAGE": "x"}}, wantErr: "reserved"},
-		{name: "sandbox marker refused", spec: Spec{Scratch: "/s", Env: map[string]string{EnvSandbox: "landlock"}}, wantErr: "reserved"},
-		{name: "parent pid refused", spec: Spec{Scratch: "/s", Env: map[string]string{EnvParentPID: "1"}}, wantErr: "reserved"},
+		{name: "sandbox marker refused", spec: Spec{Scratch: "/s", Env: map[string]string{envvars.Sandbox.Name(): "landlock"}}, wantErr: "reserved"},
+		{name: "parent pid refused", spec: Spec{Scratch: "/s", Env: map[string]string{envvars.ParentPID.Name(): "1"}}, wantErr: "reserved"},
 		{name: "empty name", spec: Spec{Scratch: "/s", Env: map[string]string{"": "x"}}, wantErr: "empty"},
 		{name: "equals in name", spec: Spec{Scratch: "/s", Env: map[string]string{"A=B": "x"}}, wantErr: "'='"},
 		{name: "NUL in value", spec: Spec{Scratch: "/s", Env: map[string]string{"A": "x\x00y"}}, wantErr: "NUL"},

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/capsem/capsem/core/envvars"
 )
 
 // The test binary doubles as the sandboxed child. TestMain calls Enter
@@ -389,7 +391,7 @@ func TestSandboxFromChildView(t *testing.T) {
 		}
 	}
 	wantSandbox := "nnp,caps,landlock-v" + strconv.Itoa(abi) + ",seccomp"
-	want[EnvSandbox] = wantSandbox
+	want[envvars.Sandbox.Name()] = wantSandbox
 	var wantEnv []string
 	for k, v := range want {
 		wantEnv = append(wantEnv, k+"="+v)
@@ -618,11 +620,11 @@ func TestFirstStageFailsClosed(t *testing.T) {
 		other = "2"
 	}
 	cases := []struct{ name, env, value, wantErr string }{
-		{"parent already gone", EnvParentPID, other, "parent process is gone"},
-		{"bad parent pid", EnvParentPID, "x", "is not a pid"},
-		{"tampered policy", envPolicy, "e30", "version 0"},
-		{"garbage policy", envPolicy, "%%%", "base64"},
-		{"unknown stage", envStage, "later", "unknown sandbox stage"},
+		{"parent already gone", envvars.ParentPID.Name(), other, "parent process is gone"},
+		{"bad parent pid", envvars.ParentPID.Name(), "x", `CAPSEM_PARENT_PID="x": not a pid`},
+		{"tampered policy", envvars.PrivsepPolicy.Name(), "e30", "version 0"},
+		{"garbage policy", envvars.PrivsepPolicy.Name(), "%%%", "base64"},
+		{"unknown stage", envvars.PrivsepStage.Name(), "later", "unknown sandbox stage"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -651,7 +653,7 @@ func TestCommandRefuses(t *testing.T) {
 		{"no scratch", Spec{Executable: exe}, "scratch directory"},
 		{"relative scratch", Spec{Executable: exe, Scratch: "scratch"}, "not absolute"},
 		{"grant covers protected", Spec{Executable: exe, Scratch: t.TempDir(), ReadOnly: []string{session}, Protect: []string{filepath.Join(session, "session.db")}}, "overlaps protected"},
-		{"reserved env", Spec{Executable: exe, Scratch: t.TempDir(), Env: map[string]string{EnvParentPID: "1"}}, "reserved"},
+		{"reserved env", Spec{Executable: exe, Scratch: t.TempDir(), Env: map[string]string{envvars.ParentPID.Name(): "1"}}, "reserved"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

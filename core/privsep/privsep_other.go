@@ -6,8 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
+
+	"github.com/capsem/capsem/core/envvars"
 )
 
 // Command is not implemented off Linux: the restrictions it promises
@@ -20,7 +21,7 @@ func Command(ctx context.Context, spec Spec) (*exec.Cmd, error) {
 // Enter fails when a sandbox stage is requested, since none can be applied
 // here, and does nothing otherwise.
 func Enter() error {
-	if _, ok := os.LookupEnv(envStage); ok {
+	if _, ok := envvars.PrivsepStage.Lookup(); ok {
 		return fmt.Errorf("privsep: sandbox requested but not supported on this system: %w", errors.ErrUnsupported)
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/privsep"
@@ -341,12 +342,11 @@ func credentialEnv(configPath string, noAutodetect bool) []string {
 }
 
 // processEnv is the per-VM processes' environment: nothing of the
-// service's own but what they need, the variables named in also, and the
-// options' additions.
+// service's own but what they need (the capsem variables envvars marks
+// passed on), the variables named in also, and the options' additions.
 func (s *Service) processEnv(also ...string) []string {
-	keep := []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
-		"CAPSEM_HOME", "CAPSEM_RUN_DIR", "CAPSEM_UDS_PATH", "CAPSEM_CACHE_DIR", "CAPSEM_CORP_CONFIG",
-		"CAPSEM_ACCEL", "CAPSEM_BOOT_STATE", "CAPSEM_LOG_LEVEL"}
+	keep := append([]string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR"},
+		envvars.PassedOn()...)
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/guestfs"
 )
 
@@ -112,7 +113,7 @@ func goBuild(t testing.TB, out string, env []string, args ...string) {
 // A capsem-mcp-server symlink sits next to it.
 func CapsemBinary(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("CAPSEM_TEST_BIN"); p != "" {
+	if p := envvars.TestBin.Get(); p != "" {
 		if _, err := os.Stat(p); err == nil {
 			return p
 		}
@@ -144,7 +145,7 @@ func EchoServer(t testing.TB) string {
 
 // EverythingPackage is the npm spec of @modelcontextprotocol/server-everything.
 func EverythingPackage() string {
-	if p := os.Getenv("CAPSEM_EVERYTHING_PKG"); p != "" {
+	if p := envvars.EverythingPkg.Get(); p != "" {
 		return p
 	}
 	return "@modelcontextprotocol/server-everything@2026.8.31"
@@ -162,7 +163,7 @@ func EverythingServer(t testing.TB) (string, []string) {
 // CacheDir is the shared package cache (CAPSEM_CACHE_DIR, set by make test),
 // else <repo>/.tools/cache.
 func CacheDir(t testing.TB) string {
-	if c := os.Getenv("CAPSEM_CACHE_DIR"); c != "" {
+	if c := envvars.CacheDir.Get(); c != "" {
 		return c
 	}
 	return filepath.Join(ModuleRoot(t), ".tools", "cache")
@@ -176,7 +177,7 @@ func GuestBinary(t testing.TB) string {
 	t.Helper()
 	capsem := CapsemBinary(t)
 	next := filepath.Join(filepath.Dir(capsem), "capsem-guest")
-	if os.Getenv("CAPSEM_TEST_BIN") == capsem {
+	if envvars.TestBin.Get() == capsem {
 		if _, err := os.Stat(next); err == nil {
 			return next
 		}
@@ -195,7 +196,7 @@ func GuestBinary(t testing.TB) string {
 // make test, else <repo>/.tools/capsem-home): guest assets, saved boots and
 // the accelerator verdict are made there once.
 func CapsemHome(t testing.TB) string {
-	if h := os.Getenv("CAPSEM_TEST_HOME"); h != "" {
+	if h := envvars.TestHome.Get(); h != "" {
 		return h
 	}
 	return filepath.Join(ModuleRoot(t), ".tools", "capsem-home")
@@ -294,7 +295,7 @@ func CapsemRunIn(t testing.TB, env []string, args ...string) (stdout, stderr str
 // NoCorpConfig is the CAPSEM_CORP_CONFIG=... entry that gives a test no
 // corp policy (an empty file; a host's /etc/capsem/corp.toml stays out).
 func NoCorpConfig(t testing.TB) string {
-	return "CAPSEM_CORP_CONFIG=" + filepath.Join(ModuleRoot(t), "testdata", "corp-none.toml")
+	return envvars.CorpConfig.Pair(filepath.Join(ModuleRoot(t), "testdata", "corp-none.toml"))
 }
 
 // ServiceEnv is the environment for a capsem service (or a `capsem mcp`
@@ -311,8 +312,8 @@ func ServiceEnv(t testing.TB) (env []string, runDir string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(runDir) })
-	env = append(os.Environ(), "CAPSEM_HOME="+CapsemHome(t), "CAPSEM_CACHE_DIR="+CacheDir(t), NoCorpConfig(t),
-		"CAPSEM_RUN_DIR="+runDir, "CAPSEM_NO_AUTODETECT=1")
+	env = append(os.Environ(), envvars.Home.Pair(CapsemHome(t)), envvars.CacheDir.Pair(CacheDir(t)), NoCorpConfig(t),
+		envvars.RunDir.Pair(runDir), envvars.NoAutodetect.Pair("1"))
 	capsem := CapsemBinary(t)
 	t.Cleanup(func() {
 		for _, args := range [][]string{{"purge", "--all"}, {"service", "stop"}} {

@@ -23,9 +23,6 @@ import (
 // the configuration resume from the state and carry on from the same
 // point, with their own disk, workspace, entropy and clock.
 
-// BootStateEnv set to "off" makes every VM boot (and none be saved).
-const BootStateEnv = "CAPSEM_BOOT_STATE"
-
 // replacedStateGrace is how old a replaced state must be before a publish
 // removes it.
 var replacedStateGrace = time.Minute

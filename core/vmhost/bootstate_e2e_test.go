@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/vmhost"
 )
 
@@ -208,7 +209,7 @@ func TestBootStateRefusedFallsBack(t *testing.T) {
 // saved.
 func TestBootStateOff(t *testing.T) {
 	states := bootStateDir(t)
-	t.Setenv(vmhost.BootStateEnv, "off")
+	t.Setenv(envvars.BootState.Name(), "off")
 	v := startVM(t, "bs-off", func(c *vmhost.ProcessConfig) { c.BootStateDir = states })
 	defer v.stop(t)
 	if v.info.Start != vmhost.ModeBoot.String() {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/ledger"
 )
@@ -26,8 +27,8 @@ func checkExec(req *api.ExecRequest) error {
 	if req.TimeoutMS < 0 {
 		return errors.New("timeout_ms must not be negative")
 	}
-	if _, ok := req.Env[guestwire.EnvTraceID]; ok {
-		return fmt.Errorf("env %s is set from trace_id, not given", guestwire.EnvTraceID)
+	if _, ok := req.Env[envvars.TraceID.Name()]; ok {
+		return fmt.Errorf("env %s is set from trace_id, not given", envvars.TraceID.Name())
 	}
 	return api.CheckTraceID(req.TraceID)
 }
@@ -85,7 +86,7 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 		if env == nil {
 			env = map[string]string{}
 		}
-		env[guestwire.EnvTraceID] = req.TraceID
+		env[envvars.TraceID.Name()] = req.TraceID
 	}
 	res, err := v.control().Exec(ctx, &guestwire.Exec{Argv: req.Argv, Shell: req.Command, Env: env, Cwd: v.execCwd(req.Cwd), TimeoutMS: req.TimeoutMS}, out, errOut)
 	row.Pending = false

@@ -8,10 +8,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/guestctl"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/vmm"
@@ -101,8 +101,8 @@ func (v *VM) planBoot(key []string, assetsDir string, canSave bool) bootPlan {
 	switch {
 	case key == nil:
 		return bootPlan{mode: ModeBoot}
-	case o.NoBootState || os.Getenv(BootStateEnv) == "off":
-		v.log.Info("saved VM states are off", "env", BootStateEnv)
+	case o.NoBootState || envvars.BootState.Get() == "off":
+		v.log.Info("saved VM states are off", "env", envvars.BootState.Name())
 		return bootPlan{mode: ModeBoot}
 	}
 	saved, err := newBootState(cmp.Or(o.BootStateDir, filepath.Join(assetsDir, "boot-states")), key, o.SessionDir)

@@ -22,6 +22,7 @@ import (
 	"github.com/alecthomas/kong"
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestctl"
 	"github.com/capsem/capsem/core/guestctl/memchan"
@@ -808,9 +809,9 @@ func TestMCPBridge(t *testing.T) {
 }
 
 func TestRunRefusesWhenNotPID1(t *testing.T) {
-	t.Setenv(AllowNotPID1Env, "")
+	t.Setenv(envvars.AgentAllowNotPID1.Name(), "")
 	err := (&Cmd{}).Run(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "PID 1") || !strings.Contains(err.Error(), AllowNotPID1Env) {
+	if err == nil || !strings.Contains(err.Error(), "PID 1") || !strings.Contains(err.Error(), envvars.AgentAllowNotPID1.Name()) {
 		t.Fatalf("got %v", err)
 	}
 }

@@ -9,13 +9,12 @@
 // It builds without cgo (it is the guest binary) and runs only on Linux.
 package agent
 
-// AllowNotPID1Env lets the agent run when it is not PID 1 (a test inside a
-// VM or container): it then mounts only what is not mounted yet, becomes a
-// child subreaper instead of init, and exits instead of powering off.
-const AllowNotPID1Env = "CAPSEM_AGENT_ALLOW_NOT_PID1"
-
 // Cmd is the agent personality.
 type Cmd struct {
+	// AllowNotPID1 (envvars.AgentAllowNotPID1) lets the agent run when it is
+	// not PID 1 (a test inside a VM or container): it then mounts only what
+	// is not mounted yet, becomes a child subreaper instead of init, and
+	// exits instead of powering off.
 	AllowNotPID1 bool `name:"allow-not-pid1" hidden:"" env:"CAPSEM_AGENT_ALLOW_NOT_PID1" help:"Run even when not PID 1 (tests)."`
 	// KernelArgs swallows whatever the kernel passes init on its command
 	// line: a parse error in PID 1 would panic the kernel.

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/logs"
@@ -39,7 +40,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 	pid1 := os.Getpid() == 1
 	if !pid1 && !c.AllowNotPID1 {
 		return fmt.Errorf("agent: this is the guest's init and must run as PID 1 (it is PID %d); set %s=1 to run it anyway for a test",
-			os.Getpid(), AllowNotPID1Env)
+			os.Getpid(), envvars.AgentAllowNotPID1.Name())
 	}
 	if !pid1 {
 		err := c.boot(ctx, log, false)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/guestwire"
 )
 
@@ -20,7 +21,7 @@ const maxOwnerScan = 4096
 // socketOwner finds the process holding the guest's TCP socket q names
 // (local port, destination), under procRoot (/proc): the socket's inode
 // from net/tcp, then the process with a descriptor on it, then its trace
-// id (guestwire.EnvTraceID, inherited from the exec that started it) and
+// id (envvars.TraceID, inherited from the exec that started it) and
 // name. A socket no process holds any more is PID 0, not an error.
 func socketOwner(q *guestwire.SocketQuery, procRoot string) (*guestwire.SocketOwner, error) {
 	remote, err := netip.ParseAddr(q.RemoteIP)
@@ -66,7 +67,7 @@ func ownerOf(pid int, dir string) *guestwire.SocketOwner {
 	}
 	if env, err := os.ReadFile(filepath.Join(dir, "environ")); err == nil {
 		for _, kv := range bytes.Split(env, []byte{0}) {
-			if v, ok := bytes.CutPrefix(kv, []byte(guestwire.EnvTraceID+"=")); ok {
+			if v, ok := bytes.CutPrefix(kv, []byte(envvars.TraceID.Name()+"=")); ok {
 				o.TraceID = string(v)
 			}
 		}

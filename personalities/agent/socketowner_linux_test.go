@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/guestwire"
 )
 
@@ -32,7 +33,7 @@ func TestSocketOwner(t *testing.T) {
 	}
 	defer ln.Close()
 	child := exec.Command(os.Args[0], "-test.run=^TestSocketOwner$")
-	child.Env = append(os.Environ(), "CAPSEM_TEST_SOCKET_CHILD="+ln.Addr().String(), guestwire.EnvTraceID+"=trace-abc")
+	child.Env = append(os.Environ(), "CAPSEM_TEST_SOCKET_CHILD="+ln.Addr().String(), envvars.TraceID.Pair("trace-abc"))
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}

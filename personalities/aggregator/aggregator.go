@@ -24,6 +24,7 @@ import (
 	"github.com/capsem/capsem/core/aggwire"
 	"github.com/capsem/capsem/core/builtintools"
 	"github.com/capsem/capsem/core/config"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/privsep"
 	"github.com/capsem/capsem/core/procs"
 	"github.com/capsem/capsem/core/version"
@@ -352,7 +353,7 @@ func (a *Aggregator) serverCommand(ctx context.Context, def aggwire.ServerDef) (
 	}
 	if def.Builtin {
 		spec.Args = []string{"mcp-builtin"}
-		spec.PassEnv = []string{"CAPSEM_LOG_LEVEL"}
+		spec.PassEnv = []string{envvars.LogLevel.Name()}
 	} else {
 		path := privsep.SafePath
 		if p, ok := def.Env["PATH"]; ok {

@@ -18,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/builtintools"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/version"
 )
 
@@ -42,7 +43,7 @@ func TestCmdRunOnStdioExitsCleanlyWhenStdinCloses(t *testing.T) {
 	}
 	child := exec.Command(executable, "-test.run=^$")
 	// An empty environment plus an allowlist, as the aggregator starts it.
-	child.Env = []string{childProcessEnv + "=1", builtintools.EnvDomainBlock + "=*.blocked.test"}
+	child.Env = []string{childProcessEnv + "=1", envvars.DomainBlock.Name() + "=*.blocked.test"}
 	stderr := &syncBuffer{}
 	child.Stderr = stderr
 
@@ -107,9 +108,9 @@ func TestServeUntilInputCloses(t *testing.T) {
 	defer upstream.Close()
 
 	env := map[string]string{
-		builtintools.EnvDomainBlock:      "*.blocked.test",
-		builtintools.EnvHTTPTimeoutSecs:  "5",
-		builtintools.EnvHTTPAllowPrivate: "1", // the upstream is on loopback
+		envvars.DomainBlock.Name():      "*.blocked.test",
+		envvars.HTTPTimeout.Name():      "5",
+		envvars.HTTPAllowPrivate.Name(): "1", // the upstream is on loopback
 	}
 	logs := &syncBuffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, nil))
@@ -228,10 +229,10 @@ func TestServeRejectsBadEnvironment(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{map[string]string{builtintools.EnvDomainAllow: "https://not-a-host.example/"}, "not a URL"},
-		{map[string]string{builtintools.EnvHTTPMaxBody: "lots"}, builtintools.EnvHTTPMaxBody},
-		{map[string]string{builtintools.EnvHTTPTimeoutSecs: "0"}, builtintools.EnvHTTPTimeoutSecs},
-		{map[string]string{builtintools.EnvHTTPAllowPrivate: "yes"}, builtintools.EnvHTTPAllowPrivate + `="yes": must be 1, true, 0 or false`},
+		{map[string]string{envvars.DomainAllow.Name(): "https://not-a-host.example/"}, "not a URL"},
+		{map[string]string{envvars.HTTPMaxBodyBytes.Name(): "lots"}, envvars.HTTPMaxBodyBytes.Name()},
+		{map[string]string{envvars.HTTPTimeout.Name(): "0"}, envvars.HTTPTimeout.Name()},
+		{map[string]string{envvars.HTTPAllowPrivate.Name(): "yes"}, envvars.HTTPAllowPrivate.Name() + `="yes": must be 1, true, 0 or false`},
 	}
 	for _, test := range tests {
 		logs := &syncBuffer{}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/capsem/capsem/core/aggwire"
 	"github.com/capsem/capsem/core/doctor"
-	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/mcpgw"
 	"github.com/capsem/capsem/core/unixsock"
 )
@@ -59,7 +59,7 @@ func (h *host) checkGateway(ctx context.Context, r *doctor.Reporter) {
 	go gw.Serve(ctx, ln)
 
 	relayCmd := exec.Command(h.self, "mcp-relay")
-	relayCmd.Env = append(os.Environ(), guestwire.RelayEndpointEnv+"=unix:"+sock)
+	relayCmd.Env = append(os.Environ(), envvars.MCPEndpoint.Pair("unix:"+sock))
 	client := mcp.NewClient(&mcp.Implementation{Name: "capsem-doctor", Version: "1"}, nil)
 	s, err := client.Connect(ctx, &mcp.CommandTransport{Command: relayCmd, TerminateDuration: 5 * time.Second}, nil)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/capsem/capsem/core/doctor"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/mountinfo"
 )
@@ -515,7 +516,7 @@ func (s *mcpSession) answer(id int) (map[string]json.RawMessage, error) {
 func relayEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, guestwire.RelayEndpointEnv+"=") {
+		if !strings.HasPrefix(kv, envvars.MCPEndpoint.Name()+"=") {
 			env = append(env, kv)
 		}
 	}

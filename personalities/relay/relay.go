@@ -19,14 +19,11 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/jsonrpc"
 	"github.com/capsem/capsem/core/mcpframe"
 	"github.com/capsem/capsem/core/procs"
 )
-
-// EndpointEnv overrides where the relay connects: "unix:PATH".
-const EndpointEnv = guestwire.RelayEndpointEnv
 
 // CodeTransport is the local error for a call the transport could not finish.
 const CodeTransport = -32001
@@ -38,7 +35,7 @@ type Cmd struct{}
 func (c *Cmd) Run(ctx context.Context) error {
 	procs.TuneGC()
 	procs.Limit(1) // a forwarder: one P is plenty, and it shares the CPUs
-	dial, err := DialerFromEnv(os.Getenv(EndpointEnv))
+	dial, err := DialerFromEnv(envvars.MCPEndpoint.Get())
 	if err != nil {
 		return err
 	}
@@ -61,9 +58,9 @@ func DialerFromEnv(spec string) (Dialer, error) {
 	if spec == "" {
 		return guestDialer(GuestSocket)
 	}
-	path, ok := strings.CutPrefix(spec, "unix:")
-	if !ok || path == "" {
-		return nil, fmt.Errorf("%s=%q: want unix:PATH", EndpointEnv, spec)
+	path, err := envvars.MCPEndpoint.Parse(spec)
+	if err != nil {
+		return nil, err
 	}
 	return func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
@@ -73,7 +70,7 @@ func DialerFromEnv(spec string) (Dialer, error) {
 
 func guestDialer(path string) (Dialer, error) {
 	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("no guest channel (%s: %v) and %s is not set (use unix:PATH)", path, err, EndpointEnv)
+		return nil, fmt.Errorf("no guest channel (%s: %v) and %s is not set (use unix:PATH)", path, err, envvars.MCPEndpoint.Name())
 	}
 	return func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/mcpframe"
 )
 
@@ -289,7 +290,7 @@ func TestRelayUnreachableEndpoint(t *testing.T) {
 
 func TestDialerFromEnv(t *testing.T) {
 	for _, bad := range []string{"tcp:1.2.3.4:5", "unix:", "/path"} {
-		if _, err := DialerFromEnv(bad); err == nil || !strings.Contains(err.Error(), EndpointEnv) {
+		if _, err := DialerFromEnv(bad); err == nil || !strings.Contains(err.Error(), envvars.MCPEndpoint.Name()) {
 			t.Errorf("%q: %v", bad, err)
 		}
 	}

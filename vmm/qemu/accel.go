@@ -16,12 +16,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/filelock"
 	"github.com/capsem/capsem/vmm"
 )
-
-// AccelEnv forces the accelerator when a spec leaves it empty.
-const AccelEnv = "CAPSEM_ACCEL"
 
 // Accel is the accelerator a VM runs with; CPU is QEMU's -cpu value.
 type Accel = vmm.Accel
@@ -141,8 +139,8 @@ func (b *Backend) ChooseAccel(ctx context.Context, spec vmm.Spec) (Accel, error)
 func (b *Backend) ChooseAccelFor(ctx context.Context, specAccel string, files BootFiles) (Accel, error) {
 	forced, source := specAccel, "the VM spec"
 	if forced == "" {
-		if env := b.getenv(AccelEnv); env != "" {
-			forced, source = env, AccelEnv
+		if env := b.getenv(envvars.Accel.Name()); env != "" {
+			forced, source = env, envvars.Accel.Name()
 		}
 	}
 	switch forced {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/vmm"
 )
 
@@ -194,16 +195,16 @@ func TestAccelProvedAgain(t *testing.T) {
 func TestAccelForced(t *testing.T) {
 	ctx := context.Background()
 	// tcg skips the proof.
-	f := newAccelFixture(t, "pvm", map[string]string{AccelEnv: "tcg"})
+	f := newAccelFixture(t, "pvm", map[string]string{envvars.Accel.Name(): "tcg"})
 	a, err := f.b.ChooseAccelFor(ctx, "", f.files)
-	if err != nil || a.Name != vmm.AccelTCG || !a.Forced || !strings.Contains(a.Reason, AccelEnv) {
+	if err != nil || a.Name != vmm.AccelTCG || !a.Forced || !strings.Contains(a.Reason, envvars.Accel.Name()) {
 		t.Fatalf("CAPSEM_ACCEL=tcg: %+v %v", a, err)
 	}
 	if n := f.probes(t); n != 0 {
 		t.Fatalf("forced TCG still probed KVM %d times", n)
 	}
 	// kvm fails with the proof's reason when KVM cannot run the guest...
-	f = newAccelFixture(t, "pvm", map[string]string{AccelEnv: "kvm"})
+	f = newAccelFixture(t, "pvm", map[string]string{envvars.Accel.Name(): "kvm"})
 	_, err = f.b.ChooseAccelFor(ctx, "", f.files)
 	if err == nil || !strings.Contains(err.Error(), "KVM forced by CAPSEM_ACCEL") || !strings.Contains(err.Error(), "failed to set MSR 0x10a") {
 		t.Fatalf("CAPSEM_ACCEL=kvm on a PVM host: %v", err)
@@ -218,11 +219,11 @@ func TestAccelForced(t *testing.T) {
 	if a, err := f.b.ChooseAccelFor(ctx, vmm.AccelTCG, f.files); err != nil || a.Name != vmm.AccelTCG || !strings.Contains(a.Reason, "spec") {
 		t.Fatalf("spec tcg over CAPSEM_ACCEL=kvm: %+v %v", a, err)
 	}
-	f = newAccelFixture(t, "kvm-works", map[string]string{AccelEnv: "kvm"})
+	f = newAccelFixture(t, "kvm-works", map[string]string{envvars.Accel.Name(): "kvm"})
 	if a, err := f.b.ChooseAccelFor(ctx, "", f.files); err != nil || a.Name != vmm.AccelKVM || a.CPU != "host" || !a.Forced {
 		t.Fatalf("CAPSEM_ACCEL=kvm on a working KVM: %+v %v", a, err)
 	}
-	f = newAccelFixture(t, "kvm-works", map[string]string{AccelEnv: "hvf"})
+	f = newAccelFixture(t, "kvm-works", map[string]string{envvars.Accel.Name(): "hvf"})
 	if _, err := f.b.ChooseAccelFor(ctx, "", f.files); err == nil || !strings.Contains(err.Error(), `"hvf"`) {
 		t.Fatalf("CAPSEM_ACCEL=hvf: %v", err)
 	}

@@ -54,7 +54,7 @@ type Backend struct {
 	// OpenKVM reports whether /dev/kvm opens; nil means OpenKVM. When it
 	// does, KVM is still proven before use (ChooseAccel).
 	OpenKVM func() error
-	// Getenv reads CAPSEM_ACCEL; nil means os.Getenv.
+	// Getenv reads envvars.Accel; nil means os.Getenv.
 	Getenv func(string) string
 	// VerdictPath caches the proof of KVM (Verdict); "" proves it at
 	// every Create.
