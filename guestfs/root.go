@@ -201,7 +201,11 @@ type RootState struct {
 // host's apt lists and tools). It neither fetches nor writes anything but
 // its memo of apt's answers.
 func RootStatus(ctx context.Context, dir string, recipe *Recipe) (*RootState, error) {
-	b, err := newRootBuilder(RootOptions{Dir: dir, Recipe: recipe, Logger: slog.New(slog.DiscardHandler)})
+	return rootStatus(ctx, RootOptions{Dir: dir, Recipe: recipe, Logger: slog.New(slog.DiscardHandler)})
+}
+
+func rootStatus(ctx context.Context, opts RootOptions) (*RootState, error) {
+	b, err := newRootBuilder(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -426,9 +430,6 @@ func (b *rootBuilder) setRef(key string) error {
 // build makes the image under the lock in a work directory under Dir,
 // renames the finished entry into the store, and points the ref at it.
 func (b *rootBuilder) build(ctx context.Context, in RootInputs) (*Root, error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("guestfs: building a root image needs root (mmdebstrap, chroot and device files)")
-	}
 	start := time.Now()
 	b.progress("root image %s: building (key %s…, %d Debian packages, %d npm packages)", b.recipe.Name, in.Key()[:12], len(in.Closure), len(b.recipe.NPM))
 	work, err := os.MkdirTemp(b.dir, rootWorkPrefix)

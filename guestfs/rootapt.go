@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -204,6 +205,9 @@ func formatDeb822(srcs []aptSource) []byte {
 	return b.Bytes()
 }
 
+// debVersionRE is Debian policy 5.6.12's version syntax, loosely.
+var debVersionRE = regexp.MustCompile(`^[0-9][A-Za-z0-9.+~:-]*$`)
+
 // parseAptSimulation turns apt-get -s output into sorted name=version
 // lines, one per "Inst" line.
 func parseAptSimulation(out []byte) ([]string, error) {
@@ -220,7 +224,7 @@ func parseAptSimulation(out []byte) ([]string, error) {
 		version, _, _ := strings.Cut(after, " ")
 		version = strings.TrimSuffix(version, ")")
 		name, _, _ = strings.Cut(name, ":")
-		if !ok || name == "" || version == "" {
+		if !ok || !debPackageRE.MatchString(name) || !debVersionRE.MatchString(version) {
 			return nil, fmt.Errorf("unexpected apt-get -s line %q", line)
 		}
 		closure = append(closure, name+"="+version)

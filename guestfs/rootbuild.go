@@ -185,6 +185,9 @@ func (b *rootBuilder) aptUpdate(ctx context.Context) error {
 // makeImage runs the build steps: the Debian tree, the npm tarballs, the
 // recipe's files, the smoke checks, then the EROFS image.
 func (h debianHost) makeImage(ctx context.Context, b *rootBuilder, in RootInputs, work, out string) (RootInputs, error) {
+	if os.Geteuid() != 0 {
+		return in, errors.New("building a root image needs root (mmdebstrap, chroot, the tree's owners)")
+	}
 	tree := filepath.Join(work, "tree")
 	sources := filepath.Join(work, "debian.sources")
 	if err := os.WriteFile(sources, []byte(in.Sources), 0o644); err != nil {
