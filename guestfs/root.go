@@ -199,7 +199,9 @@ type RootState struct {
 // RootStatus reports, without building, whether recipe's image was built
 // and whether it is current (the key recomputed from the recipe, the
 // host's apt lists and tools). It neither fetches nor writes anything but
-// its memo of apt's answers.
+// its memo of apt's answers. When the key cannot be recomputed (a tool
+// missing, apt failing) the error comes with what was found: the ref and
+// its image.
 func RootStatus(ctx context.Context, dir string, recipe *Recipe) (*RootState, error) {
 	return rootStatus(ctx, RootOptions{Dir: dir, Recipe: recipe, Logger: slog.New(slog.DiscardHandler)})
 }
@@ -242,7 +244,10 @@ func EnsureRoot(ctx context.Context, opts RootOptions) (*Root, error) {
 		return nil, err
 	}
 	if r, ok := b.cached(in.Key()); ok {
-		return r, b.pointRef(ctx, r.Key)
+		if err := b.pointRef(ctx, r.Key); err != nil {
+			return nil, err
+		}
+		return r, nil
 	}
 	unlock, err := lockFile(ctx, filepath.Join(b.dir, rootLockFile), "the root image", b.progress)
 	if err != nil {
@@ -250,7 +255,10 @@ func EnsureRoot(ctx context.Context, opts RootOptions) (*Root, error) {
 	}
 	defer unlock()
 	if r, ok := b.cached(in.Key()); ok { // another builder finished meanwhile
-		return r, b.setRef(r.Key)
+		if err := b.setRef(r.Key); err != nil {
+			return nil, err
+		}
+		return r, nil
 	}
 	return b.build(ctx, in)
 }
@@ -437,6 +445,11 @@ func (b *rootBuilder) build(ctx context.Context, in RootInputs) (*Root, error) {
 		return nil, fmt.Errorf("guestfs: creating a build directory: %w", err)
 	}
 	defer removeWorkDir(work, b.log)
+	// apt inside mmdebstrap downloads as _apt when that user can reach
+	// the tree (MkdirTemp makes it 0700), as root with a warning otherwise.
+	if err := os.Chmod(work, 0o755); err != nil {
+		return nil, fmt.Errorf("guestfs: %w", err)
+	}
 	out := filepath.Join(work, "out")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		return nil, fmt.Errorf("guestfs: %w", err)

@@ -576,3 +576,62 @@ func TestRestoreTree(t *testing.T) {
 		t.Error("a removed recipe file was not written again")
 	}
 }
+
+// TestMountForChecksAndRemoveWorkDir: the fallback's mounts in the host's
+// namespace (proc, and /dev bound in) are all undone, and removing a work
+// directory first detaches whatever is still mounted under it, so the
+// removal can never reach into the host's /dev.
+func TestMountForChecksAndRemoveWorkDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	mount, err := lookTool("mount")
+	if err != nil {
+		t.Skip(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	// Not t.TempDir: its cleanup would remove through a mount left behind.
+	work, err := os.MkdirTemp("", rootWorkPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if len(mountsUnder(work)) == 0 {
+			os.RemoveAll(work)
+		}
+	})
+	tree := filepath.Join(work, "tree")
+	for _, d := range []string{"proc", "dev"} {
+		if err := os.MkdirAll(filepath.Join(tree, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	undo, err := mountForChecks(context.Background(), log, mount, tree)
+	if err != nil {
+		t.Skipf("cannot mount here: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(tree, "dev/null")); err != nil {
+		undo()
+		t.Fatalf("/dev is not bound in: %v", err)
+	}
+	if got := mountsUnder(work); len(got) < 2 {
+		undo()
+		t.Fatalf("mounts under the tree: %v", got)
+	}
+	undo()
+	if got := mountsUnder(work); len(got) != 0 {
+		t.Fatalf("left mounted: %v", got)
+	}
+
+	// A build killed with its mounts in place: removal detaches them first.
+	if _, err := mountForChecks(context.Background(), log, mount, tree); err != nil {
+		t.Fatal(err)
+	}
+	removeWorkDir(work, log)
+	if _, err := os.Stat(work); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the work directory survived: %v (mounts %v)", err, mountsUnder(work))
+	}
+	if _, err := os.Stat("/dev/null"); err != nil {
+		t.Fatalf("the host's /dev/null is gone: %v", err)
+	}
+}
