@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path"
@@ -173,6 +174,13 @@ func aptFingerprint() (string, error) {
 // aptCommand runs an apt tool with a stable locale and returns stdout; the
 // error carries the tail of stderr, which is where apt explains itself.
 func (b *builder) aptCommand(ctx context.Context, dir, name string, args ...string) ([]byte, error) {
+	return runTool(ctx, b.log, dir, name, args...)
+}
+
+// runTool runs a host tool with a stable locale and returns stdout; the
+// error carries the tail of stderr, which is where such tools explain
+// themselves.
+func runTool(ctx context.Context, log *slog.Logger, dir, name string, args ...string) ([]byte, error) {
 	if os.Geteuid() == 0 && name == "apt-get" {
 		// As root, apt drops to _apt for downloads and warns when that user
 		// cannot write the target directory; downloading as root is fine.
@@ -183,15 +191,20 @@ func (b *builder) aptCommand(ctx context.Context, dir, name string, args ...stri
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	b.log.Debug("running", "cmd", name, "args", args)
+	log.Debug("running", "cmd", name, "args", args)
 	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if len(msg) > 2000 {
-			msg = "…" + msg[len(msg)-2000:]
-		}
-		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, tail(stderr.String(), 2000))
 	}
 	return stdout.Bytes(), nil
+}
+
+// tail is the last n bytes of a command's output, trimmed.
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		s = "…" + s[len(s)-n:]
+	}
+	return s
 }
 
 // resolveFresh asks apt for the current kernel and busybox versions.

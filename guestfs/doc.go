@@ -16,6 +16,16 @@
 //	apt-resolution.json     apt's answer, reused while its package lists are unchanged
 //	.lock                   flock held while building
 //
+// Root images (root.go) are built beside them from a recipe
+// (recipes/*.toml) and are content-addressed:
+//
+//	store/<key>/root.erofs      the read-only root a VM mounts under its overlay
+//	store/<key>/manifest.json   inputs (Debian closure…), npm pins, steps, smoke-check outputs, sha256
+//	refs/<recipe>               the key of the recipe's current image (refs/<recipe>.previous: the one before)
+//	npm/                        the pinned npm tarballs
+//	root-memo.json              tool versions and apt's closures, reused while unchanged
+//	.root.lock                  flock held while building a root image
+//
 // <hash> is a hash of the inputs (package versions and hashes, guest
 // binary hash, module list, BuilderVersion), so Ensure finds a current
 // build without building, and any input change selects a new one.

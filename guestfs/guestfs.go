@@ -490,9 +490,15 @@ func checkGuestBinary(p string, sums *sumCache) (string, error) {
 // capsem processes booting at once) never build the same assets twice or
 // prune what the other is writing. It polls so ctx can cancel the wait.
 func lockDir(ctx context.Context, b *builder) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(b.opts.Dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	return lockFile(ctx, filepath.Join(b.opts.Dir, ".lock"), "the assets", b.progress)
+}
+
+// lockFile takes an exclusive flock on p, saying once through progress
+// that it waits for another builder of what.
+func lockFile(ctx context.Context, p, what string, progress func(string, ...any)) (func(), error) {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("guestfs: opening the asset lock: %w", err)
+		return nil, fmt.Errorf("guestfs: opening the lock %s: %w", p, err)
 	}
 	said := false
 	for {
@@ -505,16 +511,16 @@ func lockDir(ctx context.Context, b *builder) (func(), error) {
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
 			f.Close()
-			return nil, fmt.Errorf("guestfs: locking the asset directory: %w", err)
+			return nil, fmt.Errorf("guestfs: locking %s: %w", p, err)
 		}
 		if !said {
-			b.progress("waiting for another capsem process building the assets…")
+			progress("waiting for another capsem process building %s…", what)
 			said = true
 		}
 		select {
 		case <-ctx.Done():
 			f.Close()
-			return nil, fmt.Errorf("guestfs: waiting for the asset lock: %w", ctx.Err())
+			return nil, fmt.Errorf("guestfs: waiting for the lock %s: %w", p, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -141,6 +141,26 @@ func (c *sumCache) forget(p string) {
 	}
 }
 
+// moved records that the file hashed at from was renamed to to: a rename
+// keeps its identity, so the sum still holds under the new path.
+func (c *sumCache) moved(from, to string) {
+	if c == nil {
+		return
+	}
+	af, err1 := filepath.Abs(from)
+	at, err2 := filepath.Abs(to)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[af]; ok {
+		delete(c.entries, af)
+		c.entries[at] = e
+		c.dirty = true
+	}
+}
+
 // save writes the cache when it changed, dropping entries for files that no
 // longer exist. Failing to save costs only a hash next time.
 func (c *sumCache) save() error {

@@ -1,5 +1,6 @@
 // Package image is `capsem image`: building and checking the guest boot
-// assets (kernel, initramfs) that guestfs makes from Debian packages.
+// assets (kernel, initramfs) and the root images that guestfs makes from
+// Debian and npm packages.
 package image
 
 import (
@@ -25,27 +26,53 @@ const GuestBinaryName = "capsem-guest"
 // method from the selected subcommand up to the root, so one here would
 // run again after the subcommand's.
 type Cmd struct {
-	Build BuildCmd `cmd:"" help:"Build the guest boot assets from Debian packages (cached; rebuilt only when inputs change)."`
+	Build BuildCmd `cmd:"" help:"Build the guest boot assets and root image from Debian and npm packages (cached; rebuilt only when inputs change)."`
 }
 
-// BuildCmd is `capsem image build [--force]`.
+// BuildCmd is `capsem image build [--force] [--base full|minimal|all]`.
 type BuildCmd struct {
 	Force       bool   `help:"Rebuild even when the cached assets are current."`
+	Base        string `name:"base" enum:"full,minimal,all" default:"all" help:"What to build besides the boot assets: minimal = nothing more; full = the full root image (Debian, Node, the AI CLIs); all = every recipe's root image."`
 	GuestBinary string `name:"guest-binary" type:"path" env:"CAPSEM_GUEST_BINARY" help:"CGO-free capsem build to use as the guest's /init (default: capsem-guest next to this executable)."`
 	Dir         string `name:"dir" type:"path" help:"Asset cache directory (default: $CAPSEM_HOME/assets)."`
 }
 
-// Run builds (or, without --force, checks and reuses) the assets, printing
-// progress on stderr and the resulting paths on stdout.
+// Run builds (or, without --force, checks and reuses) the boot assets and
+// then the root images --base asks for, printing progress on stderr and
+// the resulting paths on stdout.
 func (c *BuildCmd) Run(ctx context.Context) error {
-	return c.run(ctx, os.Stdout, os.Stderr, guestfs.Ensure, guestfs.Build)
+	return c.run(ctx, os.Stdout, os.Stderr, builders{
+		ensure: guestfs.Ensure, rebuild: guestfs.Build,
+		ensureRoot: guestfs.EnsureRoot, rebuildRoot: guestfs.BuildRoot,
+	})
 }
 
-type buildFunc func(context.Context, guestfs.Options) (*guestfs.Assets, error)
+type (
+	buildFunc func(context.Context, guestfs.Options) (*guestfs.Assets, error)
+	rootFunc  func(context.Context, guestfs.RootOptions) (*guestfs.Root, error)
+)
+
+// builders are the guestfs entry points run uses: cached ones, and forced
+// ones for --force.
+type builders struct {
+	ensure, rebuild         buildFunc
+	ensureRoot, rebuildRoot rootFunc
+}
+
+// baseRecipes are the root image recipes a --base value builds.
+func baseRecipes(base string) []string {
+	switch base {
+	case "minimal":
+		return nil
+	case "all":
+		return guestfs.RecipeNames()
+	}
+	return []string{base}
+}
 
 // run is Run with its outputs and the guestfs entry points passed in, so
 // tests can check the wiring without building a kernel.
-func (c *BuildCmd) run(ctx context.Context, stdout, progress io.Writer, ensure, rebuild buildFunc) error {
+func (c *BuildCmd) run(ctx context.Context, stdout, progress io.Writer, b builders) error {
 	opts, err := DefaultOptions(progress)
 	if err != nil {
 		return err
@@ -60,16 +87,40 @@ func (c *BuildCmd) run(ctx context.Context, stdout, progress io.Writer, ensure, 
 	if _, err := os.Stat(opts.GuestBinary); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("image build: guest binary %s not found: build one with CGO_ENABLED=0 go build -tags capsem_guest -o %s . (make build does) or pass --guest-binary", opts.GuestBinary, opts.GuestBinary)
 	}
-	build := ensure
+	build, buildRoot := b.ensure, b.ensureRoot
 	if c.Force {
-		build = rebuild
+		build, buildRoot = b.rebuild, b.rebuildRoot
 	}
 	a, err := build(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("image build: %w", err)
 	}
 	PrintAssets(stdout, a)
+	base := c.Base
+	if base == "" {
+		base = "all"
+	}
+	for _, name := range baseRecipes(base) {
+		recipe, err := guestfs.LoadRecipe(name)
+		if err != nil {
+			return fmt.Errorf("image build: %w", err)
+		}
+		r, err := buildRoot(ctx, guestfs.RootOptions{Dir: opts.Dir, Recipe: recipe, Progress: progress, Logger: opts.Logger})
+		if err != nil {
+			return fmt.Errorf("image build: %w", err)
+		}
+		PrintRoot(stdout, r)
+	}
 	return nil
+}
+
+// PrintRoot writes a root image's path, key and size, one "key: value" a
+// line, the keys prefixed root_<recipe>.
+func PrintRoot(w io.Writer, r *guestfs.Root) {
+	p := "root_" + r.Recipe
+	fmt.Fprintf(w, "%-19s%s\n", p+":", r.Image)
+	fmt.Fprintf(w, "%-19s%s\n", p+"_key:", r.Key)
+	fmt.Fprintf(w, "%-19s%d\n", p+"_size:", r.RootManifest.Image.Size)
 }
 
 // PrintAssets writes the asset paths and facts, one "key: value" a line.

@@ -3,6 +3,7 @@ package image
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,6 +36,37 @@ func TestDefaultOptions(t *testing.T) {
 	}
 }
 
+// fakeBuilders records what run calls and with which options.
+type fakeBuilders struct {
+	assets  *guestfs.Assets
+	calls   []string
+	opts    []guestfs.Options
+	roots   []guestfs.RootOptions
+	rootErr error
+}
+
+func (f *fakeBuilders) builders() builders {
+	boot := func(name string) buildFunc {
+		return func(_ context.Context, o guestfs.Options) (*guestfs.Assets, error) {
+			f.calls, f.opts = append(f.calls, name), append(f.opts, o)
+			return f.assets, nil
+		}
+	}
+	root := func(name string) rootFunc {
+		return func(_ context.Context, o guestfs.RootOptions) (*guestfs.Root, error) {
+			f.calls, f.roots = append(f.calls, name+" "+o.Recipe.Name), append(f.roots, o)
+			if f.rootErr != nil {
+				return nil, f.rootErr
+			}
+			r := &guestfs.Root{Dir: o.Dir + "/store/abc", Image: o.Dir + "/store/abc/root.erofs"}
+			r.Recipe, r.Key = o.Recipe.Name, strings.Repeat("ab", 32)
+			r.RootManifest.Image.Size = 739971072
+			return r, nil
+		}
+	}
+	return builders{ensure: boot("ensure"), rebuild: boot("build"), ensureRoot: root("ensureRoot"), rebuildRoot: root("buildRoot")}
+}
+
 func TestBuildCmd(t *testing.T) {
 	guest := filepath.Join(t.TempDir(), "guest")
 	if err := os.WriteFile(guest, []byte("#!/bin/sh\n"), 0o755); err != nil {
@@ -45,42 +77,79 @@ func TestBuildCmd(t *testing.T) {
 		Dir: dir, Kernel: dir + "/vmlinux", KernelCompressed: dir + "/vmlinuz",
 		Initramfs: dir + "/initramfs.cpio", KernelVersion: "6.1.0-99-amd64",
 	}
-	for _, force := range []bool{false, true} {
-		var called string
-		var got guestfs.Options
-		fake := func(name string) buildFunc {
-			return func(_ context.Context, o guestfs.Options) (*guestfs.Assets, error) {
-				called, got = name, o
-				return assets, nil
-			}
+	allRoots := func(verb string) []string {
+		var out []string
+		for _, n := range guestfs.RecipeNames() {
+			out = append(out, verb+" "+n)
 		}
+		return out
+	}
+	cases := []struct {
+		force bool
+		base  string
+		want  []string
+	}{
+		{false, "", append([]string{"ensure"}, allRoots("ensureRoot")...)},
+		{false, "all", append([]string{"ensure"}, allRoots("ensureRoot")...)},
+		{true, "all", append([]string{"build"}, allRoots("buildRoot")...)},
+		{false, "full", []string{"ensure", "ensureRoot full"}},
+		{true, "full", []string{"build", "buildRoot full"}},
+		{false, "minimal", []string{"ensure"}},
+		{true, "minimal", []string{"build"}},
+	}
+	for _, c := range cases {
+		f := &fakeBuilders{assets: assets}
 		var stdout, progress bytes.Buffer
-		cmd := &BuildCmd{Force: force, GuestBinary: guest, Dir: dir}
-		if err := cmd.run(context.Background(), &stdout, &progress, fake("ensure"), fake("build")); err != nil {
+		cmd := &BuildCmd{Force: c.force, Base: c.base, GuestBinary: guest, Dir: dir}
+		if err := cmd.run(context.Background(), &stdout, &progress, f.builders()); err != nil {
 			t.Fatal(err)
 		}
-		want := map[bool]string{false: "ensure", true: "build"}[force]
-		if called != want {
-			t.Fatalf("--force=%v called %s, want %s", force, called, want)
+		if strings.Join(f.calls, ",") != strings.Join(c.want, ",") {
+			t.Fatalf("--force=%v --base=%q called %v, want %v", c.force, c.base, f.calls, c.want)
 		}
+		got := f.opts[0]
 		if got.Dir != dir || got.GuestBinary != guest || got.Progress != &progress || got.Logger == nil {
 			t.Fatalf("options %+v", got)
 		}
-		for _, line := range []string{"kernel:            " + dir + "/vmlinux", "initramfs:         " + dir + "/initramfs.cpio", "kernel_version:    6.1.0-99-amd64"} {
-			if !strings.Contains(stdout.String(), line) {
+		for _, o := range f.roots {
+			if o.Dir != dir || o.Progress != &progress || o.Logger == nil || o.Recipe == nil {
+				t.Fatalf("root options %+v", o)
+			}
+		}
+		lines := []string{"kernel:            " + dir + "/vmlinux", "initramfs:         " + dir + "/initramfs.cpio", "kernel_version:    6.1.0-99-amd64"}
+		if len(f.roots) > 0 {
+			lines = append(lines, "root_full:         "+dir+"/store/abc/root.erofs", "root_full_key:     "+strings.Repeat("ab", 32), "root_full_size:    739971072")
+		} else if strings.Contains(stdout.String(), "root_") {
+			t.Fatalf("--base=minimal printed a root image:\n%s", stdout.String())
+		}
+		for _, line := range lines {
+			if !strings.Contains(stdout.String(), line+"\n") {
 				t.Fatalf("output lacks %q:\n%s", line, stdout.String())
 			}
 		}
 	}
 }
 
+func TestBuildCmdRootFails(t *testing.T) {
+	guest := filepath.Join(t.TempDir(), "guest")
+	if err := os.WriteFile(guest, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeBuilders{assets: &guestfs.Assets{}, rootErr: errors.New("smoke check `claude --version` failed")}
+	cmd := &BuildCmd{Base: "full", GuestBinary: guest, Dir: t.TempDir()}
+	err := cmd.run(context.Background(), &bytes.Buffer{}, &bytes.Buffer{}, f.builders())
+	if err == nil || !strings.Contains(err.Error(), "image build: smoke check") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
 func TestBuildCmdMissingGuestBinary(t *testing.T) {
 	cmd := &BuildCmd{GuestBinary: filepath.Join(t.TempDir(), "capsem-guest"), Dir: t.TempDir()}
-	never := func(context.Context, guestfs.Options) (*guestfs.Assets, error) {
-		t.Fatal("built without a guest binary")
-		return nil, nil
+	f := &fakeBuilders{}
+	err := cmd.run(context.Background(), &bytes.Buffer{}, &bytes.Buffer{}, f.builders())
+	if len(f.calls) > 0 {
+		t.Fatalf("built without a guest binary: %v", f.calls)
 	}
-	err := cmd.run(context.Background(), &bytes.Buffer{}, &bytes.Buffer{}, never, never)
 	if err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
 		t.Fatalf("error %v, want a hint to build the guest binary", err)
 	}
