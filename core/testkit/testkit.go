@@ -222,6 +222,20 @@ func SharedAssets(t testing.TB) *guestfs.Assets {
 	return a
 }
 
+// SharedRootImage is CapsemHome's full root image, built when missing
+// (minutes, the first time on a machine), as the first VM with base full
+// would.
+func SharedRootImage(t testing.TB) *guestfs.Root {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	r, err := guestfs.EnsureRoot(ctx, guestfs.RootOptions{Dir: filepath.Join(CapsemHome(t), "assets")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // PrivateAssets returns a fresh CAPSEM_HOME holding a copy of the shared
 // guest asset build (CapsemHome's, built first when missing), so a test can
 // damage it without touching the shared one; dir is the build's directory

@@ -249,3 +249,32 @@ func savedBoots(dir string) []string {
 	}
 	return out
 }
+
+// checkRootImage reports the full root's image: built, and current for
+// its recipe and the host's packages (a VM made now would get a new one).
+func (h *host) checkRootImage(ctx context.Context, r *doctor.Reporter) {
+	recipe, err := guestfs.LoadRecipe(guestfs.DefaultRecipe)
+	if err != nil {
+		r.Failf("", "%v", err)
+		return
+	}
+	st, err := guestfs.RootStatus(ctx, h.assetsDir(), recipe)
+	switch {
+	case st == nil:
+		r.Failf("", "%v", err)
+	case st.RefKey == "":
+		r.Warnf("capsem image build (or the first VM with base full) builds it, in minutes", "the %s root image is not built yet", st.Recipe)
+	case st.Root == nil:
+		r.Failf("capsem image build --force rebuilds it", "the %s root image %s is missing from the store", st.Recipe, st.RefKey[:12])
+	case err != nil:
+		r.Warnf("mmdebstrap, erofs-utils and apt must be installed to tell", "the %s root image %s (%s): cannot tell whether it is current: %v",
+			st.Recipe, st.RefKey[:12], humanSize(st.Root.RootManifest.Image.Size), err)
+	case !st.Current:
+		r.Warnf("the next VM with base full builds the new one, in minutes (or capsem image build now)", "the %s root image %s is out of date: its recipe or Debian's packages changed (now %s)",
+			st.Recipe, st.RefKey[:12], st.Key[:12])
+	default:
+		r.Okf("%s: %s, current (%s, built %s)", st.Recipe, st.RefKey[:12], humanSize(st.Root.RootManifest.Image.Size), st.Root.BuiltAt.Local().Format("2006-01-02 15:04"))
+	}
+}
+
+func humanSize(n int64) string { return fmt.Sprintf("%.0f MB", float64(n)/1e6) }

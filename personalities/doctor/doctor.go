@@ -123,6 +123,7 @@ func (h *host) groups() []doctor.Group {
 			{Name: "hashes", Run: h.checkAssetHashes},
 			{Name: "kernel", Run: h.checkKernel},
 			{Name: "saved-boots", Run: h.checkSavedBoots},
+			{Name: "root-image", Run: h.checkRootImage},
 		}},
 		{Name: "storage", Hint: "check the permissions and free space of $CAPSEM_HOME's filesystem, or set CAPSEM_HOME elsewhere", Checks: []doctor.Check{
 			{Name: "home-writable", Run: h.checkHomeWritable},

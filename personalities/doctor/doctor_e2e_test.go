@@ -68,7 +68,8 @@ func wantFail(t *testing.T, results map[string]doctor.Result, check, detail, hin
 // machine (warnings allowed: a host without a working KVM warns), with the
 // everything reference server configured beside the builtin.
 func TestDoctorPassesHere(t *testing.T) {
-	testkit.SharedAssets(t) // built, as after a first capsem run
+	testkit.SharedAssets(t)    // built, as after a first capsem run
+	testkit.SharedRootImage(t) // and the full root, as after a first VM of it
 	cmd, args := testkit.EverythingServer(t)
 	cfg := filepath.Join(t.TempDir(), "policy.toml")
 	quoted := make([]string, len(args))

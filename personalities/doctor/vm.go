@@ -14,6 +14,7 @@ import (
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/service"
 	"github.com/capsem/capsem/core/vmhost"
+	"github.com/capsem/capsem/guestfs"
 )
 
 // vmTimeout bounds the vm group: a boot (the first builds the assets and
@@ -48,6 +49,11 @@ func (h *host) checkVM(ctx context.Context, r *doctor.Reporter) {
 	defer os.RemoveAll(dir)
 	cfg := vmhost.ProcessConfig{SessionDir: dir, Socket: paths.Session{Dir: dir}.APISocket(), Name: "capsem-doctor",
 		Config: h.cmd.Config, NoAutodetect: h.cmd.NoAutodetect, CPUs: 2, MemoryMiB: 1024, GuestBin: h.guestBin, DiskGiB: vmhost.DefaultDiskGiB}
+	// The full root when it is built, so the VM's doctor checks the AI
+	// CLIs too; the minimal one otherwise (the assets group says why).
+	if root, err := guestfs.ResolveRoot(h.assetsDir(), guestfs.DefaultRecipe); err == nil {
+		cfg.RootImage = root.Image
+	}
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: h.self, Env: os.Environ()})
 	if err != nil {
 		r.Failf("", "starting the VM's process: %v", err)

@@ -38,7 +38,7 @@ type ServeCmd struct {
 func (c *ServeCmd) Run(ctx context.Context) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := service.Serve(ctx, service.Options{GuestBinary: c.GuestBin, NoAutodetect: c.NoAutodetect, TCGCacheMiB: c.TCGCacheMiB})
+	err := service.Serve(ctx, service.Options{GuestBinary: c.GuestBin, NoAutodetect: c.NoAutodetect, TCGCacheMiB: c.TCGCacheMiB, RootImage: rootImage})
 	if errors.Is(err, service.ErrAlreadyServing) {
 		sock, _ := paths.ServiceSocket()
 		fmt.Fprintf(os.Stderr, "capsem: a service is already serving on %s\n", sock)
