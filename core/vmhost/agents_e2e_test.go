@@ -319,3 +319,58 @@ func openLedger(t *testing.T, v *vmProc) *sql.DB {
 	}
 	return db
 }
+
+// TestGeminiCLIThroughTheGateway: real Gemini CLI, headless in a VM of the
+// full root with the settings the image ships (API key auth, the gateway
+// trusted, folder trust off), plays the same script: the everything
+// server's echo and the builtin http_get through the gateway, the model
+// traffic through the policy and the credential swap. Codex, the third
+// CLI, starts and lists the gateway among its MCP servers.
+func TestGeminiCLIThroughTheGateway(t *testing.T) {
+	w := newAgentWorld(t)
+	v := w.agentVM(t, "gemini")
+	defer v.stop(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	start := time.Now()
+	o := v.exec(ctx, &api.ExecRequest{Command: "gemini -p 'Call the echo tool, then fetch the page.' -m gemini-fake-model --output-format stream-json",
+		Env: map[string]string{"GOOGLE_GEMINI_BASE_URL": "https://" + fakemodel.GoogleHost + ":" + w.model.Port}})
+	if o.err != nil {
+		t.Fatalf("gemini: %v\n%s\n%s", o.err, o.stdout.String(), o.stderr.String())
+	}
+	out := o.stdout.String()
+	t.Logf("gemini -p took %v, exit %d", time.Since(start).Round(time.Millisecond), o.ev.ExitCode)
+	if o.ev.ExitCode != 0 || !strings.Contains(out, "FAKE-DONE:") || !strings.Contains(out, agentPage) {
+		t.Fatalf("gemini exit %d:\n%s\nstderr:\n%s", o.ev.ExitCode, out, o.stderr.String())
+	}
+	var results []fakemodel.ToolResult
+	for _, r := range w.model.Requests() {
+		if strings.HasSuffix(r.Path, ":streamGenerateContent") || strings.HasSuffix(r.Path, ":generateContent") {
+			if r.Key != w.model.Secret {
+				t.Errorf("the model got key %q on %s, not the secret", r.Key, r.Path)
+			}
+			if len(r.Results) > len(results) {
+				results = r.Results
+			}
+		}
+	}
+	if len(results) != 2 || !strings.Contains(results[0].Text, "Echo: "+agentEcho) || !strings.Contains(results[1].Text, agentPage) {
+		t.Errorf("tool results the model got back: %+v", results)
+	}
+	db := openLedger(t, v)
+	defer db.Close()
+	calls := dumpQuery(db, `SELECT tool_name, decision, process_name FROM mcp_calls WHERE method = 'tools/call' ORDER BY id`)
+	if want := "tool_name|decision|process_name\neverything__echo|allowed|gemini\nbuiltin__http_get|allowed|gemini\n"; calls != want {
+		t.Errorf("tools/call rows:\n%s\nwant:\n%s", calls, want)
+	}
+	var models, input int
+	db.QueryRow(`SELECT COUNT(*), COALESCE(SUM(input_tokens), 0) FROM model_calls WHERE provider = 'google'`).Scan(&models, &input)
+	if models < 3 || input != models*fakemodel.InputTokens {
+		t.Errorf("model_calls: %d rows, %d input tokens\n%s", models, input, dump(db, "model_calls"))
+	}
+
+	codex, _ := v.guestSh(t, "codex mcp list")
+	if !strings.Contains(codex, "capsem") || !strings.Contains(codex, "/usr/bin/capsem-mcp-server") {
+		t.Errorf("codex mcp list:\n%s", codex)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,12 +79,15 @@ func guestDialer(path string) (Dialer, error) {
 	}, nil
 }
 
-// ParentProcessName is the basename of the parent's argv[0], else its comm,
-// else "unknown", sanitized for a frame.
+// ParentProcessName is the name of the program that started the relay:
+// the basename of the parent's argv[0], else its comm, else "unknown",
+// sanitized for a frame. When argv[0] is an interpreter running a script
+// (Gemini CLI is `node /usr/local/bin/gemini`), the script names the
+// program.
 func ParentProcessName(ppid int) string {
 	if b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(ppid), "cmdline")); err == nil {
-		if arg0, _, _ := strings.Cut(string(b), "\x00"); arg0 != "" {
-			return mcpframe.SanitizeName(filepath.Base(arg0))
+		if name := programName(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")); name != "" {
+			return mcpframe.SanitizeName(name)
 		}
 	}
 	if b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(ppid), "comm")); err == nil {
@@ -92,6 +96,40 @@ func ParentProcessName(ppid int) string {
 		}
 	}
 	return "unknown"
+}
+
+// interpreters run a program given as a script: the script names it. Each
+// has the options that give it code on the command line instead.
+var interpreters = map[string][]string{
+	"node": {"-e", "--eval", "-p", "--print"}, "nodejs": {"-e", "--eval", "-p", "--print"}, "bun": {"-e", "--eval", "-p", "--print"},
+	"deno": {"eval"}, "python": {"-c", "-m"}, "python3": {"-c", "-m"}, "ruby": {"-e"}, "perl": {"-e", "-E"},
+	"sh": {"-c"}, "bash": {"-c"}, "dash": {"-c"},
+}
+
+// programName is the program an argv runs: the basename of argv[0], or,
+// for an interpreter, of its script: its first argument that is not an
+// option ("" when it has none; code on the command line, or a REPL, is
+// the interpreter itself).
+func programName(argv []string) string {
+	if len(argv) == 0 || argv[0] == "" {
+		return ""
+	}
+	name := filepath.Base(argv[0])
+	inline, ok := interpreters[name]
+	if !ok {
+		return name
+	}
+	for _, a := range argv[1:] {
+		switch {
+		case slices.Contains(inline, a):
+			return name
+		case strings.HasPrefix(a, "-"):
+			continue
+		default:
+			return strings.TrimSuffix(filepath.Base(a), ".js")
+		}
+	}
+	return name
 }
 
 // Relay forwards JSON-RPC lines as frames.

@@ -462,3 +462,27 @@ func TestRelayBatchesWhatArrivesTogether(t *testing.T) {
 		t.Fatalf("answer 4: %v", m)
 	}
 }
+
+func TestProgramName(t *testing.T) {
+	for _, tc := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"/usr/local/bin/claude", "-p", "hi"}, "claude"},
+		{[]string{"node", "/usr/local/bin/gemini", "-p", "hi"}, "gemini"},
+		{[]string{"/usr/local/bin/node", "--no-warnings", "/usr/local/lib/node_modules/@google/gemini-cli/bundle/gemini.js"}, "gemini"},
+		{[]string{"python3", "-u", "agent.py"}, "agent.py"},
+		{[]string{"python3", "-c", "import x"}, "python3"},
+		{[]string{"node"}, "node"},
+		{[]string{"bash", "-e", "run.sh"}, "run.sh"},
+		{[]string{"bash", "-c", "claude -p x"}, "bash"},
+		{[]string{"node", "-e", "1"}, "node"},
+		{[]string{"sh", "/opt/tool"}, "tool"},
+		{[]string{""}, ""},
+		{nil, ""},
+	} {
+		if got := programName(tc.argv); got != tc.want {
+			t.Errorf("%q: %q, want %q", tc.argv, got, tc.want)
+		}
+	}
+}
