@@ -20,7 +20,7 @@ import (
 
 // RootBuilderVersion is part of every root image's cache key: bump it when
 // a change in the builder alters what ends up in an image.
-const RootBuilderVersion = "1"
+const RootBuilderVersion = "2"
 
 // Files of a root image's store entry.
 const (

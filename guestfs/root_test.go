@@ -635,3 +635,32 @@ func TestMountForChecksAndRemoveWorkDir(t *testing.T) {
 		t.Fatalf("the host's /dev/null is gone: %v", err)
 	}
 }
+
+func TestStripSetID(t *testing.T) {
+	tree := t.TempDir()
+	files := map[string]os.FileMode{"su": os.ModeSetuid | 0o755, "wall": os.ModeSetgid | 0o755, "ls": 0o755, "tmpdir": os.ModeSticky | os.ModeDir | 0o777}
+	for name, mode := range files {
+		p := filepath.Join(tree, name)
+		if mode.IsDir() {
+			os.MkdirAll(p, 0o755)
+		} else {
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			os.WriteFile(p, nil, 0o644)
+		}
+		if err := os.Chmod(p, mode.Perm()|mode&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := stripSetID(tree)
+	if err != nil || n != 2 {
+		t.Fatalf("%d stripped, %v", n, err)
+	}
+	for name, want := range map[string]os.FileMode{"su": 0o755, "wall": 0o755, "ls": 0o755} {
+		if st, _ := os.Stat(filepath.Join(tree, name)); st.Mode() != want {
+			t.Errorf("%s: %v, want %v", name, st.Mode(), want)
+		}
+	}
+	if st, _ := os.Stat(filepath.Join(tree, "tmpdir")); st.Mode()&os.ModeSticky == 0 {
+		t.Errorf("a directory's sticky bit went: %v", st.Mode())
+	}
+}

@@ -269,6 +269,13 @@ func (h debianHost) makeImage(ctx context.Context, b *rootBuilder, in RootInputs
 	b.step("files", start, fmt.Sprintf("%d files and links, %d environment variables", len(b.recipe.Files), len(b.recipe.Env)))
 
 	start = time.Now()
+	stripped, err := stripSetID(tree)
+	if err != nil {
+		return in, err
+	}
+	b.step("no set-ID files", start, fmt.Sprintf("%d set-ID bits cleared", stripped))
+
+	start = time.Now()
 	if err := b.smokeChecks(ctx, tree, root, useNamespaces); err != nil {
 		return in, err
 	}
@@ -879,4 +886,35 @@ func unescapeMountinfo(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// stripSetID clears the set-user-ID and set-group-ID bits of every file in
+// tree: in a VM everything runs as root already, and a set-ID file would
+// let any process that drops its privileges gain them back (su, passwd,
+// mount, …). It returns how many files had one.
+func stripSetID(tree string) (int, error) {
+	n := 0
+	err := filepath.WalkDir(tree, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if mode := info.Mode(); mode&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
+			n++
+			if err := os.Chmod(p, mode.Perm()|(mode&fs.ModeSticky)); err != nil {
+				return fmt.Errorf("clearing the set-ID bits of %s: %w", p, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("guestfs: %w", err)
+	}
+	return n, nil
 }

@@ -64,7 +64,8 @@ func TestCLIVerbs(t *testing.T) {
 	c := capsemCLI{t: t, env: env}
 
 	published := freePort(t)
-	id := strings.TrimSpace(c.must("create", "dev", "--ram-mb", "512", "--cpus", "1", "-e", "WHO=cli", "--publish", fmt.Sprintf("%d:3000", published)))
+	// The minimal base: busybox's httpd serves the published port.
+	id := strings.TrimSpace(c.must("create", "dev", "--base", "minimal", "--ram-mb", "512", "--cpus", "1", "-e", "WHO=cli", "--publish", fmt.Sprintf("%d:3000", published)))
 	if !strings.HasPrefix(id, "vm-") {
 		t.Fatalf("create printed %q, want an id", id)
 	}

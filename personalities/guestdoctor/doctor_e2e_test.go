@@ -39,7 +39,7 @@ func TestGuestDoctorPassesInARealVM(t *testing.T) {
 	stdout, stderr, code := testkit.CapsemRun(t, "--env", "DOCTOR_PROBE=injected", "--", "sh", "-c",
 		"capsem-doctor --expect-env DOCTOR_PROBE=injected; echo ==; capsem-doctor --json --expect-env DOCTOR_PROBE=injected")
 	text, jsonOut, _ := strings.Cut(stdout, "==\n")
-	if code != 0 || !strings.HasSuffix(strings.TrimSpace(text), "RESULT: PASS (25 ok, 0 warn, 0 fail)") {
+	if code != 0 || !strings.HasSuffix(strings.TrimSpace(text), "RESULT: PASS (28 ok, 0 warn, 0 fail)") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	rs, sum := results(t, jsonOut)
@@ -53,7 +53,7 @@ func TestGuestDoctorPassesInARealVM(t *testing.T) {
 			t.Errorf("the text output lacks %q", doctor.FormatLine(r))
 		}
 	}
-	for _, g := range []string{"env", "fs", "exec", "mcp", "net", "sandbox"} {
+	for _, g := range []string{"env", "fs", "exec", "mcp", "agents", "net", "sandbox"} {
 		if groups[g] == 0 {
 			t.Errorf("group %s reported nothing", g)
 		}
@@ -66,7 +66,8 @@ func TestGuestDoctorPassesInARealVM(t *testing.T) {
 // TestGuestDoctorFindsFaults: each fault made on purpose in a real VM
 // fails its check, with the reason, and the doctor exits 1.
 func TestGuestDoctorFindsFaults(t *testing.T) {
-	stdout, stderr, code := testkit.CapsemRun(t, "--", "sh", "-c",
+	// The minimal base, whose capsem binary is /init itself.
+	stdout, stderr, code := testkit.CapsemRun(t, "--base", "minimal", "--", "sh", "-c",
 		"umount /root/workspace && umount /init && export LD_DOCTOR=1 && hostname impostor && "+
 			"capsem-doctor --json --expect-env ABSENT=1")
 	if code != 1 {

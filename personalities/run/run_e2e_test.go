@@ -262,18 +262,30 @@ func TestServiceStopEndsARun(t *testing.T) {
 	}
 }
 
-// TestRunWithoutADisk: --disk-gb 0 gives the VM no disk (the guest runs
-// from RAM); by default it has one.
+// TestRunWithoutADisk: by default a VM has the full root's image and its
+// own disk; the minimal base has the disk alone, and --disk-gb 0 none
+// (the guest runs from RAM), which the full base refuses, saying why.
 func TestRunWithoutADisk(t *testing.T) {
 	env, _ := testkit.ServiceEnv(t)
 	for _, tc := range []struct {
-		args []string
-		want string
-	}{{nil, "vda\n"}, {[]string{"--disk-gb", "0"}, ""}} {
-		args := append(tc.args, "--", "sh", "-c", "ls /sys/block | grep '^vd' || true")
+		args       []string
+		want, fail string
+	}{
+		{nil, "capsem-base\ncapsem-upper\n", ""},
+		{[]string{"--base", "minimal"}, "capsem-upper\n", ""},
+		{[]string{"--base", "minimal", "--disk-gb", "0"}, "", ""},
+		{[]string{"--disk-gb", "0"}, "", `base "full" needs a disk`},
+	} {
+		args := append(tc.args, "--", "sh", "-c", "cat /sys/block/vd*/serial 2>/dev/null | sort || true")
 		stdout, stderr, code := testkit.CapsemRunIn(t, env, args...)
+		if tc.fail != "" {
+			if code == 0 || !strings.Contains(stderr, tc.fail) {
+				t.Errorf("capsem run %v: exit %d, stderr %s; want a refusal naming %q", tc.args, code, stderr, tc.fail)
+			}
+			continue
+		}
 		if code != 0 || stdout != tc.want {
-			t.Errorf("capsem run %v: exit %d, block devices %q, want %q; stderr %s", tc.args, code, stdout, tc.want, stderr)
+			t.Errorf("capsem run %v: exit %d, disks %q, want %q; stderr %s", tc.args, code, stdout, tc.want, stderr)
 		}
 	}
 }
