@@ -1,6 +1,7 @@
 package config
 
 import (
+	_ "embed"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -74,7 +75,25 @@ type Merged struct {
 	Notes []string
 }
 
-// LoadHierarchy reads every source and merges them.
+// DefaultsSource names capsem's own defaults (defaults.toml) where a file
+// name would be.
+const DefaultsSource = "(capsem defaults)"
+
+//go:embed defaults.toml
+var defaultsTOML []byte
+
+// Defaults is capsem's own lowest layer: the [net] names the full root's
+// AI CLIs and package managers need (defaults.toml).
+func Defaults() *File {
+	f, err := Parse(DefaultsSource, defaultsTOML)
+	if err != nil {
+		panic("config: the embedded defaults.toml does not parse: " + err.Error())
+	}
+	return f
+}
+
+// LoadHierarchy reads every source and merges them, above capsem's own
+// defaults.
 func LoadHierarchy(src Sources) (*Merged, error) {
 	var layers []Layer
 	var notes []string
@@ -105,6 +124,7 @@ func LoadHierarchy(src Sources) (*Merged, error) {
 			layers = append(layers, Layer{Path: d.Path, Rank: policy.RankAuto, File: &File{MCP: MCP{Servers: d.Servers}}})
 		}
 	}
+	layers = append(layers, Layer{Path: DefaultsSource, Rank: policy.RankAuto, File: Defaults()})
 	m := Merge(layers)
 	m.Notes = append(notes, m.Notes...)
 	return m, nil
