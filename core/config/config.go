@@ -58,6 +58,7 @@ type Net struct {
 	Ports        []int             `toml:"ports"`         // destination ports (default: 80 and 443)
 	AllowPrivate []string          `toml:"allow_private"` // names that may reach private or loopback addresses
 	Hosts        map[string]string `toml:"hosts"`         // name → IPv4: fixed answers of the VM's DNS
+	GuestRoots   []string          `toml:"guest_roots"`   // PEM files (globs) of CAs the guest's TLS clients trust too
 	// Credentials are secrets the host adds to the guest's requests (see
 	// netpolicy.Credential); the real values stay out of the file.
 	Credentials []netpolicy.Credential `toml:"credentials"`
@@ -78,7 +79,7 @@ func (f *File) netLayer(source string) netpolicy.Layer {
 		Source: source, Default: n.Default, Allow: n.Allow, Block: n.Block,
 		Ports: n.Ports, PortsSet: set("ports", len(n.Ports) > 0),
 		AllowPrivate: n.AllowPrivate, AllowPrivateSet: set("allow_private", len(n.AllowPrivate) > 0),
-		Hosts: n.Hosts, Credentials: n.Credentials,
+		Hosts: n.Hosts, Credentials: n.Credentials, GuestRoots: n.GuestRoots,
 	}
 }
 

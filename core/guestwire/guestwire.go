@@ -208,6 +208,10 @@ type BootConfig struct {
 	// the agent writes it to GuestCAFile, and GuestCABundle (the system
 	// roots and it) becomes the bundle TLS clients are pointed at.
 	TrustCA []byte `msg:"trust_ca,omitempty"`
+	// ExtraRoots are more CA certificates (PEM) the guest's TLS clients
+	// trust, as the host does (a proxy's CA): the agent adds them to the
+	// distribution's bundle and to GuestCABundle.
+	ExtraRoots []byte `msg:"extra_roots,omitempty"`
 }
 
 // BootFile is a file the guest writes at boot (parents created, symlinks refused).

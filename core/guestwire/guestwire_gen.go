@@ -124,6 +124,12 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "TrustCA")
 				return
 			}
+		case "extra_roots":
+			z.ExtraRoots, err = dc.ReadBytes(z.ExtraRoots)
+			if err != nil {
+				err = msgp.WrapError(err, "ExtraRoots")
+				return
+			}
 		default:
 			err = dc.Skip()
 			if err != nil {
@@ -138,8 +144,8 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(5)
-	var zb0001Mask uint8 /* 5 bits */
+	zb0001Len := uint32(6)
+	var zb0001Mask uint8 /* 6 bits */
 	_ = zb0001Mask
 	if z.Env == nil {
 		zb0001Len--
@@ -160,6 +166,10 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 	if z.TrustCA == nil {
 		zb0001Len--
 		zb0001Mask |= 0x10
+	}
+	if z.ExtraRoots == nil {
+		zb0001Len--
+		zb0001Mask |= 0x20
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -274,6 +284,18 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 				return
 			}
 		}
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
+			// write "extra_roots"
+			err = en.Append(0xab, 0x65, 0x78, 0x74, 0x72, 0x61, 0x5f, 0x72, 0x6f, 0x6f, 0x74, 0x73)
+			if err != nil {
+				return
+			}
+			err = en.WriteBytes(z.ExtraRoots)
+			if err != nil {
+				err = msgp.WrapError(err, "ExtraRoots")
+				return
+			}
+		}
 	}
 	return
 }
@@ -282,8 +304,8 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(5)
-	var zb0001Mask uint8 /* 5 bits */
+	zb0001Len := uint32(6)
+	var zb0001Mask uint8 /* 6 bits */
 	_ = zb0001Mask
 	if z.Env == nil {
 		zb0001Len--
@@ -304,6 +326,10 @@ func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 	if z.TrustCA == nil {
 		zb0001Len--
 		zb0001Mask |= 0x10
+	}
+	if z.ExtraRoots == nil {
+		zb0001Len--
+		zb0001Mask |= 0x20
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -350,6 +376,11 @@ func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 			// string "trust_ca"
 			o = append(o, 0xa8, 0x74, 0x72, 0x75, 0x73, 0x74, 0x5f, 0x63, 0x61)
 			o = msgp.AppendBytes(o, z.TrustCA)
+		}
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
+			// string "extra_roots"
+			o = append(o, 0xab, 0x65, 0x78, 0x74, 0x72, 0x61, 0x5f, 0x72, 0x6f, 0x6f, 0x74, 0x73)
+			o = msgp.AppendBytes(o, z.ExtraRoots)
 		}
 	}
 	return
@@ -473,6 +504,12 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "TrustCA")
 				return
 			}
+		case "extra_roots":
+			z.ExtraRoots, bts, err = msgp.ReadBytesBytes(bts, z.ExtraRoots)
+			if err != nil {
+				err = msgp.WrapError(err, "ExtraRoots")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -498,7 +535,7 @@ func (z *BootConfig) Msgsize() (s int) {
 	for za0003 := range z.Files {
 		s += 1 + 5 + msgp.StringPrefixSize + len(z.Files[za0003].Path) + 5 + msgp.Uint32Size + 5 + msgp.BytesPrefixSize + len(z.Files[za0003].Data)
 	}
-	s += 16 + msgp.Int64Size + 9 + msgp.StringPrefixSize + len(z.Hostname) + 9 + msgp.BytesPrefixSize + len(z.TrustCA)
+	s += 16 + msgp.Int64Size + 9 + msgp.StringPrefixSize + len(z.Hostname) + 9 + msgp.BytesPrefixSize + len(z.TrustCA) + 12 + msgp.BytesPrefixSize + len(z.ExtraRoots)
 	return
 }
 

@@ -34,12 +34,13 @@ const (
 // in place of a secret, so one is recognisable wherever it turns up.
 const PlaceholderPrefix = "capsem-placeholder-"
 
-// TrustEnv points TLS clients at the bundle with the capsem CA: OpenSSL
-// and Go (SSL_CERT_FILE), Python requests, Node (which adds to its own).
+// TrustEnv points TLS clients at the bundle with the capsem CA and the
+// extra roots: OpenSSL and Go (SSL_CERT_FILE), Python requests, Node
+// (which adds what it names to its own roots).
 func TrustEnv() map[string]string {
 	return map[string]string{
 		"SSL_CERT_FILE":       GuestCABundle,
 		"REQUESTS_CA_BUNDLE":  GuestCABundle,
-		"NODE_EXTRA_CA_CERTS": GuestCAFile,
+		"NODE_EXTRA_CA_CERTS": GuestCABundle,
 	}
 }

@@ -152,8 +152,12 @@ func ValidateExec(e *Exec) error {
 	return ValidateEnv(e.Env)
 }
 
-// MaxTrustCA bounds BootConfig.TrustCA.
-const MaxTrustCA = 16 << 10
+// MaxTrustCA bounds BootConfig.TrustCA; MaxExtraRoots bounds
+// BootConfig.ExtraRoots.
+const (
+	MaxTrustCA    = 16 << 10
+	MaxExtraRoots = 1 << 20
+)
 
 // ValidateBootConfig checks the environment, the files (count, paths) and the
 // host name.
@@ -184,6 +188,14 @@ func ValidateBootConfig(c *BootConfig) error {
 		}
 		if !bytes.HasPrefix(bytes.TrimSpace(c.TrustCA), []byte("-----BEGIN CERTIFICATE-----")) {
 			return Errorf(CodeInvalid, "trust_ca is not a PEM certificate")
+		}
+	}
+	if len(c.ExtraRoots) > 0 {
+		if len(c.ExtraRoots) > MaxExtraRoots {
+			return Errorf(CodeTooLarge, "extra_roots is %d bytes, the limit is %d", len(c.ExtraRoots), MaxExtraRoots)
+		}
+		if !bytes.HasPrefix(bytes.TrimSpace(c.ExtraRoots), []byte("-----BEGIN CERTIFICATE-----")) {
+			return Errorf(CodeInvalid, "extra_roots are not PEM certificates")
 		}
 	}
 	if len(c.Hostname) > MaxHostname {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +35,10 @@ type Layer struct {
 	Hosts map[string]string
 	// Credentials are the [[net.credentials]] entries.
 	Credentials []Credential
+	// GuestRoots are PEM files, "~/…" or absolute, globs allowed, of CA
+	// certificates the guest's TLS clients trust beside the
+	// distribution's (a proxy's CA the host trusts too).
+	GuestRoots []string
 }
 
 // Keys of the [net] table, as verdicts and entries name them.
@@ -44,6 +49,7 @@ const (
 	KeyPorts        = "net.ports"
 	KeyAllowPrivate = "net.allow_private"
 	KeyHosts        = "net.hosts"
+	KeyGuestRoots   = "net.guest_roots"
 	// RulePrivateAddress is Verdict.Rule for an address refused because
 	// it is not public and not in allow_private.
 	RulePrivateAddress = "private-address"
@@ -73,6 +79,7 @@ type Policy struct {
 	hosts       map[string]fixedHost
 	credentials credentialSet
 	entries     []Entry
+	guestRoots  []string
 }
 
 // ref is a configured pattern and the file it came from.
@@ -188,6 +195,13 @@ func Compile(layers []Layer) (*Policy, error) {
 		}
 		p.ports = slices.DeleteFunc(p.ports, func(port uint16) bool { _, found := slices.BinarySearch(l.ports, port); return !found })
 	}
+	for _, l := range layers {
+		for _, r := range l.GuestRoots {
+			if !slices.Contains(p.guestRoots, r) {
+				p.guestRoots = append(p.guestRoots, r)
+			}
+		}
+	}
 	p.entries = p.describe(layers)
 	return p, nil
 }
@@ -242,6 +256,14 @@ func compileLayer(l Layer) (compiledLayer, []error) {
 			continue
 		}
 		c.private.add(pattern, pattern.String())
+	}
+	for _, p := range l.GuestRoots {
+		switch _, err := filepath.Match(p, ""); {
+		case !filepath.IsAbs(p) && !strings.HasPrefix(p, "~/"):
+			fail(KeyGuestRoots, "%q: want an absolute path or ~/…", p)
+		case err != nil:
+			fail(KeyGuestRoots, "%q: %v", p, err)
+		}
 	}
 	spelled := map[string]string{} // normalized → as written, to catch two spellings of one name
 	for _, name := range slices.Sorted(maps.Keys(l.Hosts)) {
@@ -423,6 +445,10 @@ func (p *Policy) FixedHost(name string) (netip.Addr, bool) {
 
 // Ports are the allowed destination ports, sorted.
 func (p *Policy) Ports() []uint16 { return slices.Clone(p.ports) }
+
+// GuestRoots are every layer's guest_roots, in order, each once: PEM files
+// (globs, "~/…") of CAs the guest trusts too.
+func (p *Policy) GuestRoots() []string { return slices.Clone(p.guestRoots) }
 
 // Entries describe every configured entry with its file, grouped by key
 // (default, block, allow, ports, allow_private, hosts), highest file first.

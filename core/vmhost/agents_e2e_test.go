@@ -374,3 +374,53 @@ func TestGeminiCLIThroughTheGateway(t *testing.T) {
 		t.Errorf("codex mcp list:\n%s", codex)
 	}
 }
+
+// TestPackageManagersThroughTheDefaultPolicy: with no configuration but
+// capsem's defaults, a VM of the full root installs from the registries
+// this machine reaches, through its network and the [net] policy: a
+// Debian package with apt-get and an npm package globally. Each
+// connection is a row in the ledger. (PyPI is allowed by the same
+// defaults but is not reachable from this machine.)
+func TestPackageManagersThroughTheDefaultPolicy(t *testing.T) {
+	root := testkit.SharedRootImage(t)
+	empty := filepath.Join(t.TempDir(), "empty.toml")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := startVM(t, "registries", func(c *vmhost.ProcessConfig) { c.RootImage, c.Config, c.MemoryMiB = root.Image, empty, 2048 })
+	defer v.stop(t)
+	var out strings.Builder
+	for _, step := range []string{
+		"apt-get update -q >/dev/null",
+		"DEBIAN_FRONTEND=noninteractive apt-get install -y -q jq >/dev/null",
+		`echo '{"installed":"jq"}' | jq -r .installed`,
+		"npm install -g --no-audit --no-fund is-number@7.0.0 >/dev/null",
+		`node -e 'console.log("is-number", require("/usr/local/lib/node_modules/is-number")(7))'`,
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		start := time.Now()
+		o := v.exec(ctx, &api.ExecRequest{Command: step})
+		cancel()
+		if o.err != nil || o.ev.ExitCode != 0 {
+			t.Fatalf("%s: %v\n%s\n%s", step, o.err, o.stdout.String(), o.stderr.String())
+		}
+		t.Logf("%s: %v", step, time.Since(start).Round(time.Millisecond))
+		out.WriteString(o.stdout.String())
+	}
+	if want := "jq\nis-number true\n"; out.String() != want {
+		t.Errorf("guest said %q, want %q", out.String(), want)
+	}
+	// Something outside the defaults stays refused.
+	if _, _, code := v.guestRun(t, "curl -fsS -m 20 -o /dev/null https://example.com/"); code == 0 {
+		t.Error("a name outside the defaults was reached")
+	}
+	db := openLedger(t, v)
+	defer db.Close()
+	for _, host := range []string{"deb.debian.org", "registry.npmjs.org"} {
+		var n int
+		db.QueryRow(`SELECT COUNT(*) FROM net_events WHERE domain = ? AND decision = 'allowed'`, host).Scan(&n)
+		if n == 0 {
+			t.Errorf("no allowed connection to %s in the ledger:\n%s", host, dump(db, "net_events"))
+		}
+	}
+}

@@ -2,7 +2,14 @@ package vmhost
 
 import (
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/capsem/capsem/core/guestwire"
@@ -62,4 +69,82 @@ func (c *credentialCA) guestTrust(creds []netpolicy.CredentialRule) (map[string]
 		env[cr.GuestEnv] = cr.Placeholder
 	}
 	return env, ca.CertPEM(), nil
+}
+
+// maxRootFile bounds one guest_roots file.
+const maxRootFile = 256 << 10
+
+// guestRoots reads the CA certificates the guest is to trust beside the
+// distribution's (the [net] guest_roots files, globs expanded) as one PEM
+// bundle, at most guestwire.MaxExtraRoots. A file that cannot be read or
+// holds no certificate is logged and skipped: the VM still starts, its
+// TLS clients trusting what they would without it.
+func guestRoots(log *slog.Logger, patterns []string) []byte {
+	var out []byte
+	seen := map[string]bool{}
+	for _, pattern := range patterns {
+		expanded, err := netpolicy.ExpandPath(pattern)
+		if err != nil {
+			log.Warn("net.guest_roots: skipping an entry", "entry", pattern, "err", err)
+			continue
+		}
+		files, err := filepath.Glob(expanded)
+		if err != nil {
+			log.Warn("net.guest_roots: skipping an entry", "entry", pattern, "err", err)
+			continue
+		}
+		for _, f := range files {
+			if seen[f] {
+				continue
+			}
+			seen[f] = true
+			certs, err := readRoots(f)
+			if err != nil {
+				log.Warn("net.guest_roots: skipping a file", "file", f, "err", err)
+				continue
+			}
+			if len(out)+len(certs) > guestwire.MaxExtraRoots {
+				log.Warn("net.guest_roots: past the bound, the rest is not trusted", "file", f, "bound_bytes", guestwire.MaxExtraRoots)
+				return out
+			}
+			out = append(out, certs...)
+		}
+	}
+	return out
+}
+
+// readRoots is the certificates of a PEM file, re-encoded (nothing but
+// CERTIFICATE blocks that parse).
+func readRoots(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxRootFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxRootFile {
+		return nil, fmt.Errorf("larger than %d bytes", maxRootFile)
+	}
+	var out []byte
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			return nil, fmt.Errorf("a certificate that does not parse: %w", err)
+		}
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: block.Bytes})...)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no PEM certificate in it")
+	}
+	return out, nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/netca"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/vmm"
 )
@@ -185,6 +186,38 @@ func TestCheckWorkspaceDir(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Fatalf("err %v, want one containing %q", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestGuestRoots(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := netca.LoadOrCreate(filepath.Join(dir, "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(dir, "local"), 0o755)
+	os.WriteFile(filepath.Join(dir, "local", "proxy.crt"), ca.CertPEM(), 0o644)
+	os.WriteFile(filepath.Join(dir, "local", "junk.crt"), []byte("not a certificate"), 0o644)
+	os.WriteFile(filepath.Join(dir, "local", "bad.crt"), []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "key-and-cert.pem"), append([]byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"), ca.CertPEM()...), 0o644)
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		name     string
+		patterns []string
+		certs    int
+	}{
+		{"a glob: the good file, the others skipped", []string{filepath.Join(dir, "local", "*.crt")}, 1},
+		{"the same file twice counts once", []string{filepath.Join(dir, "local", "proxy.crt"), filepath.Join(dir, "local", "*.crt")}, 1},
+		{"only the certificate of a file with a key", []string{filepath.Join(dir, "key-and-cert.pem")}, 1},
+		{"nothing matches", []string{filepath.Join(dir, "none", "*.crt")}, 0},
+		{"two files", []string{filepath.Join(dir, "local", "proxy.crt"), filepath.Join(dir, "key-and-cert.pem")}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := guestRoots(log, tc.patterns)
+			if n := strings.Count(string(got), "-----BEGIN CERTIFICATE-----"); n != tc.certs || strings.Contains(string(got), "PRIVATE KEY") {
+				t.Errorf("%d certificates in %q", n, got)
 			}
 		})
 	}

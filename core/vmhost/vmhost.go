@@ -163,13 +163,16 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, err
 	}
 	var trustEnv map[string]string
-	var trustCA []byte
+	var trustCA, extraRoots []byte
 	if !o.NoNetwork {
 		// The credentials configured at boot give the guest its
 		// placeholders and the CA; a reload changes what the host does
 		// with them, the guest's side waits for the next boot.
 		if trustEnv, trustCA, err = v.netCA.guestTrust(merged.Net.Credentials()); err != nil {
 			return nil, err
+		}
+		if extraRoots = guestRoots(v.log, merged.Net.GuestRoots()); len(extraRoots) > 0 && trustEnv == nil {
+			trustEnv = guestwire.TrustEnv()
 		}
 	}
 	t = v.mark("config", t)
@@ -204,7 +207,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err := v.joinLedger(ledgerOpened); err != nil {
 		return nil, err
 	}
-	if err := v.ctl.client.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano(), Env: trustEnv, TrustCA: trustCA}); err != nil {
+	if err := v.ctl.client.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano(), Env: trustEnv, TrustCA: trustCA, ExtraRoots: extraRoots}); err != nil {
 		return nil, fmt.Errorf("sending boot config: %w", err)
 	}
 	if err := v.startGateway(ctx, sources); err != nil {

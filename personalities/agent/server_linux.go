@@ -355,9 +355,9 @@ func (s *Server) bootConfig(c *guestwire.BootConfig) error {
 			return guestwire.Errorf(we.Code, "boot config file: %s", we.Message)
 		}
 	}
-	if len(c.TrustCA) > 0 {
-		if err := trustCA(c.TrustCA); err != nil {
-			return guestwire.Errorf(guestwire.CodeIO, "boot config trust_ca: %v", err)
+	if len(c.TrustCA) > 0 || len(c.ExtraRoots) > 0 {
+		if err := trustCA(c.TrustCA, c.ExtraRoots); err != nil {
+			return guestwire.Errorf(guestwire.CodeIO, "boot config trust_ca and extra_roots: %v", err)
 		}
 	}
 	s.mu.Lock()

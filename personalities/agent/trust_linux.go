@@ -14,21 +14,30 @@ import (
 // maxSystemBundle bounds the distribution's CA bundle read.
 const maxSystemBundle = 8 << 20
 
-// trustCA makes the guest's TLS clients trust ca (PEM): it is written
-// alone, as a bundle with the system roots (the one SSL_CERT_FILE names),
-// and appended to the distribution's bundle for programs that read only
-// that. Written again at every boot config, it is added once.
-func trustCA(ca []byte) error {
-	return trustCAAt(ca, trustPaths{ca: guestwire.GuestCAFile, bundle: guestwire.GuestCABundle, system: guestwire.GuestSystemBundle})
+// trustCA makes the guest's TLS clients trust ca (PEM, the capsem CA;
+// nil for none) and extra (PEM, more roots the host trusts; nil for none):
+// ca is written alone, both are appended to the distribution's bundle for
+// programs that read only that, and the bundle with them is the one
+// SSL_CERT_FILE names. Written again at every boot config, each is added
+// once.
+func trustCA(ca, extra []byte) error {
+	return trustCAAt(ca, extra, trustPaths{ca: guestwire.GuestCAFile, bundle: guestwire.GuestCABundle, system: guestwire.GuestSystemBundle})
 }
 
 // trustPaths are the files trustCA writes.
 type trustPaths struct{ ca, bundle, system string }
 
-func trustCAAt(ca []byte, at trustPaths) error {
-	ca = append(bytes.Clone(bytes.TrimSpace(ca)), '\n')
-	if err := writeTrustFile(at.ca, ca); err != nil {
-		return err
+func trustCAAt(ca, extra []byte, at trustPaths) error {
+	var add [][]byte
+	if len(bytes.TrimSpace(ca)) > 0 {
+		ca = append(bytes.Clone(bytes.TrimSpace(ca)), '\n')
+		if err := writeTrustFile(at.ca, ca); err != nil {
+			return err
+		}
+		add = append(add, ca)
+	}
+	if len(bytes.TrimSpace(extra)) > 0 {
+		add = append(add, append(bytes.Clone(bytes.TrimSpace(extra)), '\n'))
 	}
 	system, err := readBounded(at.system, maxSystemBundle)
 	switch {
@@ -37,18 +46,21 @@ func trustCAAt(ca []byte, at trustPaths) error {
 	case err != nil:
 		return err
 	}
-	if !bytes.Contains(system, bytes.TrimSpace(ca)) {
+	for _, pem := range add {
+		if bytes.Contains(system, bytes.TrimSpace(pem)) {
+			continue
+		}
 		if system != nil {
 			f, err := os.OpenFile(at.system, os.O_WRONLY|os.O_APPEND, 0)
 			if err != nil {
 				return err
 			}
-			_, werr := f.Write(append([]byte("\n"), ca...))
+			_, werr := f.Write(append([]byte("\n"), pem...))
 			if err := errors.Join(werr, f.Close()); err != nil {
-				return fmt.Errorf("adding the CA to %s: %w", at.system, err)
+				return fmt.Errorf("adding to %s: %w", at.system, err)
 			}
 		}
-		system = append(append(system, '\n'), ca...)
+		system = append(append(system, '\n'), pem...)
 	}
 	return writeTrustFile(at.bundle, bytes.TrimLeft(system, "\n"))
 }
@@ -72,6 +84,6 @@ func readBounded(path string, max int64) ([]byte, error) {
 // writeTrustFile replaces path with data, readable by all, whole (the
 // agent's file write: no link followed, renamed into place).
 func writeTrustFile(path string, data []byte) error {
-	_, err := writeFile(path, data, 0o644, true, maxSystemBundle+guestwire.MaxTrustCA)
+	_, err := writeFile(path, data, 0o644, true, maxSystemBundle+guestwire.MaxTrustCA+guestwire.MaxExtraRoots)
 	return err
 }

@@ -21,7 +21,7 @@ func TestTrustCA(t *testing.T) {
 		// Every boot config writes it again (a resumed VM gets one too):
 		// the CA is added once.
 		for range 2 {
-			if err := trustCAAt([]byte(ca+"\n\n"), at); err != nil {
+			if err := trustCAAt([]byte(ca+"\n\n"), nil, at); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -39,6 +39,40 @@ func TestTrustCA(t *testing.T) {
 			}
 		} else if _, err := os.Stat(at.system); err == nil {
 			t.Fatal("a system bundle was made where there was none")
+		}
+	}
+}
+
+// TestTrustExtraRoots: the host's extra roots join the system bundle and
+// the capsem bundle once, with or without a capsem CA; without one no CA
+// file is written.
+func TestTrustExtraRoots(t *testing.T) {
+	const ca = "-----BEGIN CERTIFICATE-----\nCAPSEM\n-----END CERTIFICATE-----"
+	const extra = "-----BEGIN CERTIFICATE-----\nPROXY-A\n-----END CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\nPROXY-B\n-----END CERTIFICATE-----\n"
+	const root = "-----BEGIN CERTIFICATE-----\nSYSTEM-ROOT\n-----END CERTIFICATE-----\n"
+	for _, withCA := range []bool{true, false} {
+		dir := t.TempDir()
+		at := trustPaths{ca: filepath.Join(dir, "capsem", "ca.pem"), bundle: filepath.Join(dir, "capsem", "ca-bundle.pem"), system: filepath.Join(dir, "certs.crt")}
+		os.WriteFile(at.system, []byte(root), 0o644)
+		var caPEM []byte
+		if withCA {
+			caPEM = []byte(ca)
+		}
+		for range 2 {
+			if err := trustCAAt(caPEM, []byte(extra), at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		read := func(p string) string { b, _ := os.ReadFile(p); return string(b) }
+		for _, f := range []string{at.system, at.bundle} {
+			got := read(f)
+			if strings.Count(got, "PROXY-A") != 1 || strings.Count(got, "PROXY-B") != 1 || strings.Count(got, "SYSTEM-ROOT") != 1 ||
+				strings.Count(got, "CAPSEM") != map[bool]int{true: 1, false: 0}[withCA] {
+				t.Errorf("with CA %v, %s: %q", withCA, f, got)
+			}
+		}
+		if _, err := os.Stat(at.ca); (err == nil) != withCA {
+			t.Errorf("with CA %v: the CA file: %v", withCA, err)
 		}
 	}
 }

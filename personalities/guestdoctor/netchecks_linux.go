@@ -56,15 +56,21 @@ func checkCredentialCA(_ context.Context, r *doctor.Reporter) {
 	slices.Sort(placeholders)
 	_, statErr := os.Stat(guestwire.GuestCAFile)
 	bundle := os.Getenv("SSL_CERT_FILE")
-	if bundle == "" {
+	// SSL_CERT_FILE is set for the host's extra roots too (guest_roots):
+	// credentials are configured when placeholders are given.
+	if len(placeholders) == 0 {
 		switch {
 		case statErr == nil:
 			r.Failf("", "%s exists but no credentials are configured: a CA is trusted for nothing", guestwire.GuestCAFile)
-		case len(placeholders) > 0:
-			r.Failf("", "credential placeholders in %s but no CA to use them with", strings.Join(placeholders, ", "))
+		case bundle != "":
+			r.Okf("no credentials configured: no capsem CA is trusted (%s holds the host's extra roots)", bundle)
 		default:
 			r.Okf("no credentials configured: no capsem CA is trusted")
 		}
+		return
+	}
+	if bundle == "" {
+		r.Failf("", "credential placeholders in %s but no CA to use them with", strings.Join(placeholders, ", "))
 		return
 	}
 	caPEM, err := os.ReadFile(guestwire.GuestCAFile)
@@ -85,10 +91,6 @@ func checkCredentialCA(_ context.Context, r *doctor.Reporter) {
 	bundled, err := os.ReadFile(bundle)
 	if err != nil || !strings.Contains(string(bundled), strings.TrimSpace(string(caPEM))) {
 		r.Failf("", "the bundle SSL_CERT_FILE names (%s) does not hold the capsem CA (%v)", bundle, err)
-		return
-	}
-	if len(placeholders) == 0 {
-		r.Warnf("", "the capsem CA is trusted but no variable holds a credential placeholder")
 		return
 	}
 	r.Okf("%q trusted through %s; placeholders in %s", ca.Subject.CommonName, bundle, strings.Join(placeholders, ", "))
