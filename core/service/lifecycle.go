@@ -44,7 +44,7 @@ func (s *Service) normalize(req *api.CreateRequest) (diskGB int, err error) {
 	req.CPUs = cmp.Or(req.CPUs, DefaultCPUs)
 	req.Image = cmp.Or(req.Image, DefaultImage)
 	req.Base = cmp.Or(req.Base, DefaultBase)
-	diskGB = vmhost.DefaultDiskGiB
+	diskGB = vmhost.DefaultDiskGB
 	if req.DiskGB != nil {
 		diskGB = *req.DiskGB
 	}
@@ -68,7 +68,7 @@ func (s *Service) normalize(req *api.CreateRequest) (diskGB int, err error) {
 		return 0, badRequest("base %q needs a disk for what the VM writes: a disk size of 0 leaves only base %q", req.Base, api.BaseMinimal)
 	}
 	req.WorkspaceMiB = cmp.Or(req.WorkspaceMiB, vmhost.DefaultWorkspaceMiB)
-	if err := (vmhost.Resources{CPUs: req.CPUs, MemoryMiB: req.RAMMB, DiskGiB: diskGB, WorkspaceMiB: req.WorkspaceMiB}).Check(); err != nil {
+	if err := (vmhost.Resources{CPUs: req.CPUs, RAMMB: req.RAMMB, DiskGB: diskGB, WorkspaceMiB: req.WorkspaceMiB}).Check(); err != nil {
 		return 0, badRequest("%v", err)
 	}
 	if err := checkEnv(req.Env); err != nil {
@@ -265,7 +265,7 @@ func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 	}
 	t0 := time.Now()
 	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
-		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, MemoryMiB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGiB: r.DiskGB, RootImage: r.RootImage, Workspace: r.Workspace,
+		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, RAMMB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGB: r.DiskGB, RootImage: r.RootImage, Workspace: r.Workspace,
 		WorkspaceMiB: cmp.Or(r.WorkspaceMiB, vmhost.DefaultWorkspaceMiB), TCGCacheMiB: s.o.TCGCacheMiB}
 	for _, m := range r.Ports {
 		cfg.Publish = append(cfg.Publish, m.String())

@@ -127,7 +127,7 @@ ca_file = %q
 func (w *agentWorld) agentVM(t *testing.T, name string) *vmProc {
 	root := testkit.SharedRootImage(t)
 	return startVM(t, name, func(c *vmhost.ProcessConfig) {
-		c.RootImage, c.Config, c.NetLoopbackOnly, c.MemoryMiB = root.Image, w.config, true, 2048
+		c.RootImage, c.Config, c.NetLoopbackOnly, c.RAMMB = root.Image, w.config, true, 2048
 	})
 }
 
@@ -387,7 +387,7 @@ func TestPackageManagersThroughTheDefaultPolicy(t *testing.T) {
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	v := startVM(t, "registries", func(c *vmhost.ProcessConfig) { c.RootImage, c.Config, c.MemoryMiB = root.Image, empty, 2048 })
+	v := startVM(t, "registries", func(c *vmhost.ProcessConfig) { c.RootImage, c.Config, c.RAMMB = root.Image, empty, 2048 })
 	defer v.stop(t)
 	var out strings.Builder
 	for _, step := range []string{

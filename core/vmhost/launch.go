@@ -33,9 +33,9 @@ type ProcessConfig struct {
 	Config       string `name:"config" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]]; replaces $CAPSEM_HOME/user.toml (corp.toml still applies)."`
 	NoAutodetect bool   `name:"no-autodetect" help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
 	CPUs         int    `name:"cpus" default:"2" help:"Virtual CPUs."`
-	MemoryMiB    int    `name:"memory-mib" default:"1024" help:"Guest memory in MiB."`
+	RAMMB        int    `name:"ram-mb" default:"1024" help:"Guest memory in MB (MiB), as capsem create spells it."`
 	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
-	DiskGiB      int    `name:"disk-gib" default:"8" help:"Size of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
+	DiskGB       int    `name:"disk-gb" default:"8" help:"Size in GB (GiB) of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
 	RootImage    string `name:"root-image" type:"path" help:"Read-only root image (EROFS, from capsem image build) under the per-VM disk's layer; none: the minimal root (busybox)."`
 	Workspace    string `name:"workspace" type:"path" help:"A host directory shared read-write as the guest's workspace (/root/workspace) and its commands' working directory, in place of the session's own; not / or your home."`
 	WorkspaceMiB int    `name:"workspace-mib" default:"0" help:"Bound on what the workspace may take on the host, in MiB (0: 16384); the guest gets ENOSPC at it."`
@@ -63,9 +63,9 @@ func (c ProcessConfig) Ports() ([]api.PortMapping, error) {
 
 // Resource bounds a ProcessConfig is checked against.
 const (
-	MinMemoryMiB = 128
-	MaxMemoryMiB = 64 << 10
-	MaxCPUs      = 64
+	MinRAMMB = 128
+	MaxRAMMB = 64 << 10
+	MaxCPUs  = 64
 )
 
 // Check reports what makes c unusable, naming the field.
@@ -83,12 +83,12 @@ func (c ProcessConfig) Check() error {
 	if _, err := c.Ports(); err != nil {
 		return err
 	}
-	return Resources{CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, DiskGiB: c.DiskGiB, WorkspaceMiB: c.WorkspaceMiB}.Check()
+	return Resources{CPUs: c.CPUs, RAMMB: c.RAMMB, DiskGB: c.DiskGB, WorkspaceMiB: c.WorkspaceMiB}.Check()
 }
 
 // Resources are a VM's sizes, as ProcessConfig spells them.
 type Resources struct {
-	CPUs, MemoryMiB, DiskGiB, WorkspaceMiB int
+	CPUs, RAMMB, DiskGB, WorkspaceMiB int
 }
 
 // Check reports which of r is out of bounds.
@@ -96,10 +96,10 @@ func (r Resources) Check() error {
 	switch {
 	case r.CPUs < 1 || r.CPUs > MaxCPUs:
 		return fmt.Errorf("cpus %d: want 1 to %d", r.CPUs, MaxCPUs)
-	case r.MemoryMiB < MinMemoryMiB || r.MemoryMiB > MaxMemoryMiB:
-		return fmt.Errorf("memory %d MiB: want %d to %d", r.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
-	case r.DiskGiB < 0 || r.DiskGiB > MaxDiskGiB:
-		return fmt.Errorf("disk %d GiB: want 0 (no per-VM disk) to %d", r.DiskGiB, MaxDiskGiB)
+	case r.RAMMB < MinRAMMB || r.RAMMB > MaxRAMMB:
+		return fmt.Errorf("memory %d MiB: want %d to %d", r.RAMMB, MinRAMMB, MaxRAMMB)
+	case r.DiskGB < 0 || r.DiskGB > MaxDiskGB:
+		return fmt.Errorf("disk %d GiB: want 0 (no per-VM disk) to %d", r.DiskGB, MaxDiskGB)
 	case r.WorkspaceMiB < 0 || r.WorkspaceMiB > MaxWorkspaceMiB:
 		return fmt.Errorf("workspace bound %d MiB: want %d to %d (0: the default, %d)", r.WorkspaceMiB, MinWorkspaceMiB, MaxWorkspaceMiB, DefaultWorkspaceMiB)
 	}

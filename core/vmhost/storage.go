@@ -22,12 +22,12 @@ import (
 
 // Bounds of the per-VM disk (paths.Session.Disk).
 const (
-	// DefaultDiskGiB is the per-VM disk's apparent size. It is sparse, so
+	// DefaultDiskGB is the per-VM disk's apparent size. It is sparse, so
 	// only what the guest writes takes room on the host.
-	DefaultDiskGiB = 8
-	// MaxDiskGiB bounds --disk-gib (ext4 with 4 KiB blocks goes further,
+	DefaultDiskGB = 8
+	// MaxDiskGB bounds --disk-gb (ext4 with 4 KiB blocks goes further,
 	// but nothing here needs more).
-	MaxDiskGiB = 4096
+	MaxDiskGB = 4096
 )
 
 // diskLabel is the filesystem label of the per-VM disk (e2label/blkid).
@@ -135,8 +135,8 @@ type storageRequest struct {
 // the machine.
 func prepareStorage(ctx context.Context, log *slog.Logger, req storageRequest) (disks []vmm.Disk, workspace, cmdline string, created bool, err error) {
 	sessionDir, diskGiB, rootImage := req.sessionDir, req.diskGiB, req.rootImage
-	if diskGiB < 0 || diskGiB > MaxDiskGiB {
-		return nil, "", "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGiB)
+	if diskGiB < 0 || diskGiB > MaxDiskGB {
+		return nil, "", "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGB)
 	}
 	if rootImage != "" {
 		if diskGiB == 0 {

@@ -146,8 +146,8 @@ echo from-guest > /root/workspace/guest.txt
 		t.Fatal(err)
 	}
 	t.Logf("disk.img after the first boot: %d bytes allocated of %d", st.Blocks*512, st.Size)
-	if st.Size != vmhost.DefaultDiskGiB<<30 || st.Blocks*512 > 64<<20 {
-		t.Fatalf("disk.img: size %d, %d bytes allocated; want %d GiB and sparse (under 64 MiB)", st.Size, st.Blocks*512, vmhost.DefaultDiskGiB)
+	if st.Size != vmhost.DefaultDiskGB<<30 || st.Blocks*512 > 64<<20 {
+		t.Fatalf("disk.img: size %d, %d bytes allocated; want %d GiB and sparse (under 64 MiB)", st.Size, st.Blocks*512, vmhost.DefaultDiskGB)
 	}
 	// The guest unmounted its disk cleanly: fsck finds nothing to do.
 	if e2fsck, err := exec.LookPath("e2fsck"); err == nil {

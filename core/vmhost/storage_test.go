@@ -30,7 +30,7 @@ func TestEnsureDiskIsSparseExt4AndReused(t *testing.T) {
 	needMkfs(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "disk.img")
-	created, err := ensureDisk(ctx, path, DefaultDiskGiB)
+	created, err := ensureDisk(ctx, path, DefaultDiskGB)
 	if err != nil || !created {
 		t.Fatalf("first ensureDisk: created=%v %v", created, err)
 	}
@@ -38,9 +38,9 @@ func TestEnsureDiskIsSparseExt4AndReused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("fresh %d GiB disk: %d bytes allocated", DefaultDiskGiB, u.Allocated)
-	if u.Size != DefaultDiskGiB<<30 || u.Allocated > 32<<20 {
-		t.Fatalf("size %d, allocated %d: want %d, sparse (under 32 MiB)", u.Size, u.Allocated, DefaultDiskGiB<<30)
+	t.Logf("fresh %d GiB disk: %d bytes allocated", DefaultDiskGB, u.Allocated)
+	if u.Size != DefaultDiskGB<<30 || u.Allocated > 32<<20 {
+		t.Fatalf("size %d, allocated %d: want %d, sparse (under 32 MiB)", u.Size, u.Allocated, DefaultDiskGB<<30)
 	}
 	st, _ := os.Stat(path)
 	if st.Mode().Perm() != 0o600 {
@@ -104,7 +104,7 @@ func TestPrepareStorage(t *testing.T) {
 	if err != nil || len(disks) != 0 || workspace == "" || cmdline != " capsem.workspace=workspace" {
 		t.Fatalf("no disk: %+v %q %q %v", disks, workspace, cmdline, err)
 	}
-	for _, bad := range []int{-1, MaxDiskGiB + 1} {
+	for _, bad := range []int{-1, MaxDiskGB + 1} {
 		if _, _, _, _, err := prepareStorage(ctx, log, storageRequest{sessionDir: t.TempDir(), diskGiB: bad}); err == nil {
 			t.Errorf("disk size %d accepted", bad)
 		}

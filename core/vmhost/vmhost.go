@@ -52,7 +52,7 @@ type Options struct {
 	// NoAutodetect leaves AI CLI settings out of the configuration.
 	NoAutodetect bool
 	CPUs         int
-	MemoryMiB    int
+	RAMMB        int
 	// TCGCacheMiB bounds the TCG translation cache (vmm.Spec.TCGCacheMiB).
 	TCGCacheMiB int
 	// ConsoleLogMaxBytes bounds the console log (vmm.Spec.ConsoleLogMaxBytes).
@@ -64,9 +64,9 @@ type Options struct {
 	// BootStateDir is where saved boots live; "" means boot-states/ in
 	// the guest assets' directory, so new assets never meet old states.
 	BootStateDir string
-	// DiskGiB sizes the per-VM disk (paths.Session.Disk) when it has to
+	// DiskGB sizes the per-VM disk (paths.Session.Disk) when it has to
 	// be created; an existing one is reused. 0 means no disk.
-	DiskGiB int
+	DiskGB int
 	// RootImage is the read-only root image (EROFS) under the per-VM
 	// disk's layer; "" keeps the minimal root, the initramfs.
 	RootImage string
@@ -311,7 +311,7 @@ func (v *VM) joinLedger(opened <-chan openedLedger) error {
 // saved kernel has cached nothing of a user's disk).
 func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, error) {
 	o := v.opts
-	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, storageRequest{sessionDir: o.SessionDir, diskGiB: o.DiskGiB, rootImage: o.RootImage, workspaceDir: o.WorkspaceDir})
+	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, storageRequest{sessionDir: o.SessionDir, diskGiB: o.DiskGB, rootImage: o.RootImage, workspaceDir: o.WorkspaceDir})
 	if err != nil {
 		return vmm.Spec{}, false, err
 	}
@@ -340,7 +340,7 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		Initramfs:          assets.Initramfs,
 		Cmdline:            "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init capsem.channel=serial" + storageArgs,
 		CPUs:               o.CPUs,
-		MemoryMiB:          o.MemoryMiB,
+		MemoryMiB:          o.RAMMB,
 		TCGCacheMiB:        o.TCGCacheMiB,
 		ConsoleLogMaxBytes: o.ConsoleLogMaxBytes,
 		Disks:              disks,
@@ -350,7 +350,7 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		ConsoleLog:         v.session.ConsoleLog(),
 		Firmware:           o.Firmware,
 	}
-	return spec, diskCreated || o.DiskGiB == 0, nil
+	return spec, diskCreated || o.DiskGB == 0, nil
 }
 
 // recordGuestTimings adds the parts of kernel_to_hello the guest measured:

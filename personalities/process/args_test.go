@@ -13,8 +13,8 @@ import (
 // back into the same configuration, lists (published ports) included.
 func TestArgsParseBack(t *testing.T) {
 	for _, want := range []vmhost.ProcessConfig{
-		{SessionDir: "/s", Socket: "/s/p.sock", Name: "capsem", CPUs: 2, MemoryMiB: 1024, DiskGiB: 8},
-		{SessionDir: "/s", Socket: "/s/p.sock", Name: "web", CPUs: 1, MemoryMiB: 512, NetMTU: 1500, NoAutodetect: true,
+		{SessionDir: "/s", Socket: "/s/p.sock", Name: "capsem", CPUs: 2, RAMMB: 1024, DiskGB: 8},
+		{SessionDir: "/s", Socket: "/s/p.sock", Name: "web", CPUs: 1, RAMMB: 512, NetMTU: 1500, NoAutodetect: true,
 			Publish: []string{"127.0.0.1:8080:3000", "[::1]:9090:80", "0.0.0.0:1:65535"}},
 	} {
 		var got Cmd

@@ -59,7 +59,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		Backend:    &qemu.Backend{Log: log, VerdictPath: verdicts},
 		Firmware:   qemu.PreferredFirmware(),
 		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
-		CPUs: c.CPUs, MemoryMiB: c.MemoryMiB, TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, DiskGiB: c.DiskGiB, RootImage: c.RootImage, WorkspaceDir: c.Workspace, WorkspaceMiB: c.WorkspaceMiB, Logger: log,
+		CPUs: c.CPUs, RAMMB: c.RAMMB, TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, DiskGB: c.DiskGB, RootImage: c.RootImage, WorkspaceDir: c.Workspace, WorkspaceMiB: c.WorkspaceMiB, Logger: log,
 		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage,
 		NoNetwork: c.NoNetwork, NetLoopbackOnly: c.NetLoopbackOnly, NetMTU: c.NetMTU, Ports: ports,
 	})
