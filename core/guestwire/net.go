@@ -28,6 +28,12 @@ const (
 	GuestCAFile       = "/etc/capsem/ca.pem"
 	GuestCABundle     = "/etc/capsem/ca-bundle.pem"
 	GuestSystemBundle = "/etc/ssl/certs/ca-certificates.crt"
+	// GuestExtraCAs holds only what capsem adds to the distribution's
+	// roots (the capsem CA, the extra roots), for clients that add a file
+	// to their own roots rather than replace them (Node's
+	// NODE_EXTRA_CA_CERTS; Claude Code's runtime refuses the whole bundle
+	// there).
+	GuestExtraCAs = "/etc/capsem/extra-cas.pem"
 )
 
 // PlaceholderPrefix starts every credential placeholder the guest is given
@@ -41,6 +47,6 @@ func TrustEnv() map[string]string {
 	return map[string]string{
 		"SSL_CERT_FILE":       GuestCABundle,
 		"REQUESTS_CA_BUNDLE":  GuestCABundle,
-		"NODE_EXTRA_CA_CERTS": GuestCABundle,
+		"NODE_EXTRA_CA_CERTS": GuestExtraCAs,
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/netca"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/testkit"
@@ -608,7 +609,7 @@ func testCredential(t *testing.T, v *vmProc, w *netWorld, run func(*testing.T, s
 	const placeholder = "capsem-placeholder-anthropic-api-key"
 	url := "https://api.anthropic.com:" + port(w.api) + "/v1/messages"
 	out, code := run(t, `echo "key=$ANTHROPIC_API_KEY"; echo "bundle=$SSL_CERT_FILE node=$NODE_EXTRA_CA_CERTS"; grep -c BEGIN "$SSL_CERT_FILE"`)
-	if code != 0 || !strings.Contains(out, "key="+placeholder+"\n") || !strings.Contains(out, "bundle=/etc/capsem/ca-bundle.pem node=/etc/capsem/ca.pem") {
+	if code != 0 || !strings.Contains(out, "key="+placeholder+"\n") || !strings.Contains(out, "bundle="+guestwire.GuestCABundle+" node="+guestwire.GuestExtraCAs) {
 		t.Fatalf("the guest's credential environment (%d): %s", code, out)
 	}
 	traced := v.exec(ctx, &api.ExecRequest{Command: "/tmp/credclient -url " + url, TraceID: "trace-model-1"})

@@ -21,11 +21,14 @@ const maxSystemBundle = 8 << 20
 // SSL_CERT_FILE names. Written again at every boot config, each is added
 // once.
 func trustCA(ca, extra []byte) error {
-	return trustCAAt(ca, extra, trustPaths{ca: guestwire.GuestCAFile, bundle: guestwire.GuestCABundle, system: guestwire.GuestSystemBundle})
+	return trustCAAt(ca, extra, trustPaths{ca: guestwire.GuestCAFile, bundle: guestwire.GuestCABundle, system: guestwire.GuestSystemBundle,
+		added: guestwire.GuestExtraCAs})
 }
 
-// trustPaths are the files trustCA writes.
-type trustPaths struct{ ca, bundle, system string }
+// trustPaths are the files trustCA writes: the capsem CA alone, the
+// bundle of everything trusted, the distribution's bundle, and what capsem
+// adds to it alone.
+type trustPaths struct{ ca, bundle, system, added string }
 
 func trustCAAt(ca, extra []byte, at trustPaths) error {
 	var add [][]byte
@@ -40,6 +43,7 @@ func trustCAAt(ca, extra []byte, at trustPaths) error {
 		add = append(add, append(bytes.Clone(bytes.TrimSpace(extra)), '\n'))
 	}
 	system, err := readBounded(at.system, maxSystemBundle)
+	hasSystem := err == nil // a root without one (busybox) gets none made
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		system = nil
@@ -50,7 +54,7 @@ func trustCAAt(ca, extra []byte, at trustPaths) error {
 		if bytes.Contains(system, bytes.TrimSpace(pem)) {
 			continue
 		}
-		if system != nil {
+		if hasSystem {
 			f, err := os.OpenFile(at.system, os.O_WRONLY|os.O_APPEND, 0)
 			if err != nil {
 				return err
@@ -61,6 +65,9 @@ func trustCAAt(ca, extra []byte, at trustPaths) error {
 			}
 		}
 		system = append(append(system, '\n'), pem...)
+	}
+	if err := writeTrustFile(at.added, bytes.Join(add, nil)); err != nil {
+		return err
 	}
 	return writeTrustFile(at.bundle, bytes.TrimLeft(system, "\n"))
 }

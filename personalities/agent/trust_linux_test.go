@@ -12,7 +12,7 @@ func TestTrustCA(t *testing.T) {
 	const root = "-----BEGIN CERTIFICATE-----\nSYSTEM-ROOT\n-----END CERTIFICATE-----\n"
 	for _, withSystem := range []bool{true, false} {
 		dir := t.TempDir()
-		at := trustPaths{ca: filepath.Join(dir, "capsem", "ca.pem"), bundle: filepath.Join(dir, "capsem", "ca-bundle.pem"), system: filepath.Join(dir, "certs.crt")}
+		at := trustPaths{ca: filepath.Join(dir, "capsem", "ca.pem"), bundle: filepath.Join(dir, "capsem", "ca-bundle.pem"), system: filepath.Join(dir, "certs.crt"), added: filepath.Join(dir, "capsem", "added.pem")}
 		if withSystem {
 			if err := os.WriteFile(at.system, []byte(root), 0o644); err != nil {
 				t.Fatal(err)
@@ -52,7 +52,14 @@ func TestTrustExtraRoots(t *testing.T) {
 	const root = "-----BEGIN CERTIFICATE-----\nSYSTEM-ROOT\n-----END CERTIFICATE-----\n"
 	for _, withCA := range []bool{true, false} {
 		dir := t.TempDir()
-		at := trustPaths{ca: filepath.Join(dir, "capsem", "ca.pem"), bundle: filepath.Join(dir, "capsem", "ca-bundle.pem"), system: filepath.Join(dir, "certs.crt")}
+		at := trustPaths{ca: filepath.Join(dir, "capsem", "ca.pem"), bundle: filepath.Join(dir, "capsem", "ca-bundle.pem"), system: filepath.Join(dir, "certs.crt"), added: filepath.Join(dir, "capsem", "added.pem")}
+		if err := trustCAAt([]byte(ca), []byte(extra), trustPaths{ca: filepath.Join(dir, "bare", "ca.pem"), bundle: filepath.Join(dir, "bare", "bundle.pem"),
+			system: filepath.Join(dir, "bare", "none.crt"), added: filepath.Join(dir, "bare", "added.pem")}); err != nil {
+			t.Fatalf("a root without a system bundle: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "bare", "none.crt")); err == nil {
+			t.Error("a system bundle was made where there was none")
+		}
 		os.WriteFile(at.system, []byte(root), 0o644)
 		var caPEM []byte
 		if withCA {
@@ -70,6 +77,10 @@ func TestTrustExtraRoots(t *testing.T) {
 				strings.Count(got, "CAPSEM") != map[bool]int{true: 1, false: 0}[withCA] {
 				t.Errorf("with CA %v, %s: %q", withCA, f, got)
 			}
+		}
+		if got := read(at.added); strings.Count(got, "PROXY-A") != 1 || strings.Contains(got, "SYSTEM-ROOT") ||
+			strings.Count(got, "CAPSEM") != map[bool]int{true: 1, false: 0}[withCA] {
+			t.Errorf("with CA %v: what capsem adds, alone: %q", withCA, got)
 		}
 		if _, err := os.Stat(at.ca); (err == nil) != withCA {
 			t.Errorf("with CA %v: the CA file: %v", withCA, err)

@@ -563,10 +563,11 @@ func TestTypeScriptSDKClient(t *testing.T) {
 		t.Errorf("unknown tool: %q", report.UnknownTool)
 	}
 	// The TypeScript client uses the initialize handshake (the Go SDK uses
-	// server/discover): both are in the ledger with the client's process name.
+	// server/discover): both are in the ledger with the client's process name
+	// (node client.mjs: the script names the program).
 	db := g.db(t)
-	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE method='initialize' AND process_name='node'`); n != 1 {
-		t.Errorf("initialize rows attributed to node: %d", n)
+	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE method='initialize' AND process_name='client'`); n != 1 {
+		t.Errorf("initialize rows attributed to the client script: %d", n)
 	}
 	if n := scalar[int](t, db, `SELECT COUNT(*) FROM mcp_calls WHERE method='notifications/initialized'`); n != 1 {
 		t.Errorf("initialized notification rows: %d", n)

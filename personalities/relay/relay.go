@@ -126,7 +126,11 @@ func programName(argv []string) string {
 		case strings.HasPrefix(a, "-"):
 			continue
 		default:
-			return strings.TrimSuffix(filepath.Base(a), ".js")
+			base := filepath.Base(a)
+			for _, ext := range []string{".js", ".mjs", ".cjs"} {
+				base = strings.TrimSuffix(base, ext)
+			}
+			return base
 		}
 	}
 	return name

@@ -478,6 +478,7 @@ func TestProgramName(t *testing.T) {
 		{[]string{"bash", "-c", "claude -p x"}, "bash"},
 		{[]string{"node", "-e", "1"}, "node"},
 		{[]string{"sh", "/opt/tool"}, "tool"},
+		{[]string{"node", "client.mjs", "/bin/capsem-mcp-server"}, "client"},
 		{[]string{""}, ""},
 		{nil, ""},
 	} {
