@@ -12,6 +12,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -44,6 +45,8 @@ func main() {
 	gatewaySection := flag.Bool("gateway", true, "run the MCP gateway section")
 	levels := flag.String("levels", "1,16,64", "comma-separated concurrency levels of the gateway section (for profiling one)")
 	netOnly := flag.Bool("net-only", false, "run only the guest network's figures (for working on it)")
+	imageOnly := flag.Bool("image-only", false, "run only the root image's figures (the full root beside the minimal)")
+	imageBuild := flag.Bool("image-build", false, "build the full root image when it is not current (minutes; the cold build is then measured)")
 	flag.Parse()
 	for _, f := range strings.Split(*levels, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -55,10 +58,16 @@ func main() {
 	}
 	if *netOnly {
 		capsem := os.Getenv("CAPSEM_TEST_BIN")
-		root, _ := os.Getwd()
-		home := filepath.Join(root, ".tools", "capsem-home")
-		if err := netBench(capsem, home, filepath.Join(filepath.Dir(capsem), "capsem-guest"), *vmRuns); err != nil {
+		if err := netBench(capsem, benchHome(), filepath.Join(filepath.Dir(capsem), "capsem-guest"), *vmRuns); err != nil {
 			fmt.Fprintln(os.Stderr, "benchreport: network:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *imageOnly {
+		capsem := os.Getenv("CAPSEM_TEST_BIN")
+		if err := imageBench(capsem, benchHome(), filepath.Join(filepath.Dir(capsem), "capsem-guest"), *vmRuns, *imageBuild); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport: root image:", err)
 			os.Exit(1)
 		}
 		return
@@ -70,11 +79,36 @@ func main() {
 		}
 	}
 	if *vmRuns > 0 {
-		if err := vmBench(os.Getenv("CAPSEM_TEST_BIN"), *vmRuns); err != nil {
+		capsem := os.Getenv("CAPSEM_TEST_BIN")
+		if err := vmBench(capsem, *vmRuns); err != nil {
 			fmt.Fprintln(os.Stderr, "benchreport: VM:", err)
 			os.Exit(1)
 		}
+		err := imageBench(capsem, benchHome(), filepath.Join(filepath.Dir(capsem), "capsem-guest"), *vmRuns, *imageBuild)
+		if errors.Is(err, errRootNotCurrent) {
+			fmt.Printf("\nRoot image: not measured: %v\n", err)
+		} else if err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport: root image:", err)
+			os.Exit(1)
+		}
 	}
+}
+
+// benchHome is the CAPSEM_HOME the VM figures use: the test home in
+// .tools, or $CAPSEM_BENCH_HOME; by its real path, as the sum cache of the
+// home's assets names files by path (a worktree's .tools is a symlink to
+// the main checkout's: through it, every asset would look new and be
+// hashed again).
+func benchHome() string {
+	home := os.Getenv("CAPSEM_BENCH_HOME")
+	if home == "" {
+		root, _ := os.Getwd()
+		home = filepath.Join(root, ".tools", "capsem-home")
+	}
+	if real, err := filepath.EvalSymlinks(home); err == nil {
+		return real
+	}
+	return home
 }
 
 // echoServer is one stdio MCP server both paths call.

@@ -27,11 +27,7 @@ import (
 // boot of the same kernel and initramfs; exec round trips on a warm VM,
 // channel throughput and the per-VM process's RSS.
 func vmBench(capsem string, runs int) error {
-	root, _ := os.Getwd()
-	home := filepath.Join(root, ".tools", "capsem-home")
-	if h := os.Getenv("CAPSEM_BENCH_HOME"); h != "" {
-		home = h
-	}
+	home := benchHome()
 	guest := filepath.Join(filepath.Dir(capsem), "capsem-guest")
 	assets, err := guestfs.Ensure(context.Background(), guestfs.Options{Dir: filepath.Join(home, "assets"), GuestBinary: guest, Progress: os.Stderr})
 	if err != nil {
