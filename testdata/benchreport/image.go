@@ -106,7 +106,7 @@ func imageBench(capsem, home, guest string, runs int, build bool) error {
 	}
 	defer os.RemoveAll(states)
 	minimal := func(c *vmhost.ProcessConfig) {
-		c.BootStateDir, c.NoAutodetect, c.CPUs, c.MemoryMiB = states, true, imageVMCPUs, imageVMRAMMiB
+		c.BootStateDir, c.NoAutodetect, c.CPUs, c.RAMMB = states, true, imageVMCPUs, imageVMRAMMiB
 	}
 	full := func(c *vmhost.ProcessConfig) { minimal(c); c.RootImage = root.Image }
 
