@@ -113,7 +113,7 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 	return final
 }
 
-// execCwd is an exec's working directory: its own, else the workspace
+// execCwd is an exec's or a shell's working directory: its own, else the workspace
 // when it is a host directory (what the user's agent works on), else the
 // guest's default.
 func (v *VM) execCwd(cwd string) string {

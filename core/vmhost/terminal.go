@@ -27,7 +27,7 @@ func (v *VM) handleTerminal(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	open := guestwire.TermOpen{Version: guestwire.TermProtocolVersion, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, Rows: req.Rows, Cols: req.Cols}
+	open := guestwire.TermOpen{Version: guestwire.TermProtocolVersion, Argv: req.Argv, Env: req.Env, Cwd: v.execCwd(req.Cwd), Rows: req.Rows, Cols: req.Cols}
 	payload, _ := json.Marshal(open)
 	if _, err := guestwire.ParseTermOpen(payload); err != nil {
 		writeError(w, http.StatusBadRequest, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -49,11 +50,17 @@ func (s *Server) terminal(ctx context.Context, c net.Conn) error {
 	if err != nil {
 		return err
 	}
+	env := s.execEnv(open.Env)
 	argv := open.Argv
 	if len(argv) == 0 {
+		// The root's own shell (the full root says bash), as a login.
 		argv = []string{"/bin/sh", "-l"}
+		for _, kv := range env {
+			if sh, ok := strings.CutPrefix(kv, "SHELL="); ok && strings.HasPrefix(sh, "/") {
+				argv[0] = sh
+			}
+		}
 	}
-	env := s.execEnv(open.Env)
 	path, err := lookPath(argv[0], env)
 	if err != nil {
 		return s.termFail(c, err)
