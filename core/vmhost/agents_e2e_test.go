@@ -123,12 +123,28 @@ ca_file = %q
 	return w
 }
 
-// agentVM is a VM of the full root in w.
+// agentVM is a VM of the full root in w, its gateway listing the
+// everything server's tools: a CLI lists the tools once, at its start,
+// and the server's first start (npx fetching it into a cold cache) may
+// take longer than the VM's boot.
 func (w *agentWorld) agentVM(t *testing.T, name string) *vmProc {
 	root := testkit.SharedRootImage(t)
-	return startVM(t, name, func(c *vmhost.ProcessConfig) {
+	v := startVM(t, name, func(c *vmhost.ProcessConfig) {
 		c.RootImage, c.Config, c.NetLoopbackOnly, c.RAMMB = root.Image, w.config, true, 2048
 	})
+	const list = `'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"wait","version":"1"}}}' ` +
+		`'{"jsonrpc":"2.0","method":"notifications/initialized"}' '{"jsonrpc":"2.0","id":2,"method":"tools/list"}'`
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		out, _, _ := v.guestRun(t, "printf '%s\\n' "+list+" | capsem-mcp-server | grep -c everything__echo || true")
+		if strings.TrimSpace(out) != "0" && strings.TrimSpace(out) != "" {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the gateway never listed the everything server's tools")
+		}
+		time.Sleep(2 * time.Second)
+	}
 }
 
 // streamEvents parses a CLI's stream-json output (one JSON object a line;
