@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/netca"
@@ -116,11 +117,16 @@ func guestRoots(log *slog.Logger, patterns []string) []byte {
 // readRoots is the certificates of a PEM file, re-encoded (nothing but
 // CERTIFICATE blocks that parse).
 func readRoots(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	// Non-blocking, and regular files only: a FIFO a glob matched must
+	// not hang the VM's start.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%v)", err)
+	}
 	data, err := io.ReadAll(io.LimitReader(f, maxRootFile+1))
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/capsem/capsem/core/guestwire"
@@ -202,13 +203,16 @@ func TestGuestRoots(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "local", "junk.crt"), []byte("not a certificate"), 0o644)
 	os.WriteFile(filepath.Join(dir, "local", "bad.crt"), []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "key-and-cert.pem"), append([]byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"), ca.CertPEM()...), 0o644)
+	if err := syscall.Mkfifo(filepath.Join(dir, "local", "fifo.crt"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	log := slog.New(slog.DiscardHandler)
 	for _, tc := range []struct {
 		name     string
 		patterns []string
 		certs    int
 	}{
-		{"a glob: the good file, the others skipped", []string{filepath.Join(dir, "local", "*.crt")}, 1},
+		{"a glob: the good file, the others (a FIFO too) skipped", []string{filepath.Join(dir, "local", "*.crt")}, 1},
 		{"the same file twice counts once", []string{filepath.Join(dir, "local", "proxy.crt"), filepath.Join(dir, "local", "*.crt")}, 1},
 		{"only the certificate of a file with a key", []string{filepath.Join(dir, "key-and-cert.pem")}, 1},
 		{"nothing matches", []string{filepath.Join(dir, "none", "*.crt")}, 0},
