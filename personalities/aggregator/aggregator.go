@@ -56,6 +56,15 @@ const BuiltinName = "builtin"
 // DefaultConnectTimeout bounds connecting one server (npx may download first).
 const DefaultConnectTimeout = 60 * time.Second
 
+// A server that fails to connect (a package still downloading past the
+// connect timeout, a crash at start) is connected again later, waiting
+// retryFirst, then twice as long each time up to retryMax, so that it
+// joins once it can without the VM or the policy being restarted.
+var (
+	retryFirst = 5 * time.Second
+	retryMax   = 2 * time.Minute
+)
+
 // ValidateServerName reports why a server name cannot be used, or nil. Only
 // the endpoint's own builtin definition may use the reserved name.
 func ValidateServerName(name string, builtin bool) error {
@@ -97,6 +106,11 @@ type server struct {
 	resources []aggwire.Resource
 	prompts   []aggwire.Prompt
 	cancel    context.CancelFunc
+	retry     *time.Timer // the next attempt after a failed one
+	// attempt counts the connects before this one; lastErr is how the
+	// one before failed.
+	attempt int
+	lastErr error
 }
 
 // New returns an empty aggregator.
@@ -260,6 +274,9 @@ func (a *Aggregator) closeAll() {
 }
 
 func (a *Aggregator) closeServer(s *server) {
+	if s.retry != nil {
+		s.retry.Stop()
+	}
 	if s.session != nil {
 		_ = s.session.Close()
 	}
@@ -267,6 +284,12 @@ func (a *Aggregator) closeServer(s *server) {
 
 func (a *Aggregator) connect(ctx context.Context, s *server) {
 	defer close(s.ready)
+	defer func() {
+		if s.session == nil && ctx.Err() == nil {
+			delay := min(retryFirst<<min(s.attempt, 16), retryMax)
+			s.retry = time.AfterFunc(delay, func() { a.connectAgain(s) })
+		}
+	}()
 	timeout := time.Duration(s.def.ConnectTimeoutMS) * time.Millisecond
 	if timeout <= 0 {
 		timeout = DefaultConnectTimeout
@@ -501,11 +524,16 @@ func (a *Aggregator) lookup(name string) *server {
 	return a.servers[name]
 }
 
-// waitAll waits until every server finished connecting (each is bounded by
-// its own connect timeout, so one dead server cannot stall the others' calls;
-// only catalog listings wait for the slowest connect).
+// waitAll waits until every server finished its first connect (each is
+// bounded by its own connect timeout, so one dead server cannot stall the
+// others' calls; only catalog listings wait for the slowest connect). A
+// server connecting again after a failure is not waited for: a listing
+// has it once it is connected.
 func waitAll(ctx context.Context, servers []*server) error {
 	for _, s := range servers {
+		if s.attempt > 0 {
+			continue
+		}
 		select {
 		case <-s.ready:
 		case <-ctx.Done():
@@ -531,9 +559,15 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 				if s.err != nil {
 					st.Error = s.err.Error()
 				}
+				if s.retry != nil {
+					st.Error += fmt.Sprintf(" (attempt %d; it will be tried again)", s.attempt+1)
+				}
 				st.ToolCount, st.ResourceCount, st.PromptCount = len(s.tools), len(s.resources), len(s.prompts)
 			default:
 				st.Error = "connecting"
+				if s.attempt > 0 {
+					st.Error = fmt.Sprintf("connecting again (attempt %d; the last one failed: %v)", s.attempt+1, s.lastErr)
+				}
 			}
 			out = append(out, st)
 		}
@@ -545,6 +579,11 @@ func (a *Aggregator) handle(ctx context.Context, req *aggwire.Request) *aggwire.
 		}
 		resp := &aggwire.Response{}
 		for _, s := range servers {
+			select {
+			case <-s.ready:
+			default:
+				continue // connecting again (waitAll)
+			}
 			resp.Tools = append(resp.Tools, s.tools...)
 			resp.Resources = append(resp.Resources, s.resources...)
 			resp.Prompts = append(resp.Prompts, s.prompts...)
@@ -760,6 +799,21 @@ func (a *Aggregator) reconnect(dead *server) *server {
 	go a.connect(a.ctx, fresh)
 	go a.closeServer(dead)
 	return fresh
+}
+
+// connectAgain replaces a server whose connect failed with a new attempt,
+// unless the server set changed meanwhile or the aggregator stopped.
+func (a *Aggregator) connectAgain(failed *server) {
+	a.mu.Lock()
+	if a.ctx.Err() != nil || a.servers[failed.def.Name] != failed {
+		a.mu.Unlock()
+		return
+	}
+	fresh := &server{def: failed.def, ready: make(chan struct{}), attempt: failed.attempt + 1, lastErr: failed.err}
+	a.servers[failed.def.Name] = fresh
+	a.mu.Unlock()
+	a.log.Info("MCP server: connecting again", "server", failed.def.Name, "attempt", fresh.attempt+1, "last_err", failed.err)
+	go a.connect(a.ctx, fresh)
 }
 
 // toolCallParams is tools/call's params with the arguments as they came.

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -258,5 +260,60 @@ func TestAggregatorIsDBFree(t *testing.T) {
 				t.Errorf("the aggregator links %s", forbidden)
 			}
 		}
+	}
+}
+
+// TestFailedServerConnectsAgain: a server that cannot start yet (its
+// package still downloading, say) is connected again after a growing
+// pause, without a refresh, and its tools join the listing once it
+// answers; while it is being retried, listings do not wait for it and its
+// status says which attempt it is on and how the last one failed.
+func TestFailedServerConnectsAgain(t *testing.T) {
+	first, max := retryFirst, retryMax
+	retryFirst, retryMax = 200*time.Millisecond, 400*time.Millisecond
+	t.Cleanup(func() { retryFirst, retryMax = first, max })
+	echo := testkit.EchoServer(t)
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	c := startAggregator(t, []aggwire.ServerDef{
+		{Name: "late", Command: "/bin/sh", Args: []string{"-c", `test -e "$0" && exec "$1"; echo "not yet" >&2; exit 1`, ready, echo}, Enabled: true,
+			ReadPaths: []string{dir, filepath.Dir(echo)}},
+		{Name: "echo", Command: echo, Enabled: true},
+	})
+	if n := len(c.do(&aggwire.Request{Method: aggwire.MethodListTools}).Tools); n != 6 {
+		t.Fatalf("%d tools before the late server can start, want echo's 6", n)
+	}
+	// A few attempts fail meanwhile; the status says so.
+	time.Sleep(time.Second)
+	var late aggwire.ServerStatus
+	for _, s := range c.do(&aggwire.Request{Method: aggwire.MethodListServers}).Servers {
+		if s.Name == "late" {
+			late = s
+		}
+	}
+	if late.Connected || !strings.Contains(late.Error, "attempt") {
+		t.Fatalf("late server before it can start: %+v, want an error naming its attempt", late)
+	}
+	if err := os.WriteFile(ready, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		start := time.Now()
+		tools := c.do(&aggwire.Request{Method: aggwire.MethodListTools}).Tools
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("a listing waited %v for a server being retried", d)
+		}
+		if len(tools) == 12 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the late server never joined: %d tools; servers %+v", len(tools), c.do(&aggwire.Request{Method: aggwire.MethodListServers}).Servers)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r := c.do(&aggwire.Request{Method: aggwire.MethodCallTool, Name: "late__echo", Arguments: []byte(`{"text":"joined"}`)})
+	if r.Error != "" || !strings.Contains(string(r.Result), "joined") {
+		t.Fatalf("call to the late server: %+v", r)
 	}
 }
