@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -52,5 +53,47 @@ func TestDefaultNetPolicy(t *testing.T) {
 				t.Errorf("the allow came from %q, want %q", v.Source, DefaultsSource)
 			}
 		})
+	}
+}
+
+// TestDefaultCredentials: capsem's own credentials for the three model
+// APIs apply only when the environment holds their key; a user's
+// credential for the same variable replaces the default one.
+func TestDefaultCredentials(t *testing.T) {
+	for _, k := range []string{"ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY"} {
+		t.Setenv(k, "")
+	}
+	hosts := func(m *Merged) (out []string) {
+		for _, c := range m.Net.Credentials() {
+			out = append(out, c.Host+" "+c.GuestEnv+" "+c.Source)
+		}
+		return out
+	}
+	m, err := LoadHierarchy(Sources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hosts(m); len(got) != 0 {
+		t.Fatalf("no keys set (or only blank ones), yet credentials: %q", got)
+	}
+	t.Setenv("ANTHROPIC_API_KEY", "sk-test")
+	t.Setenv("GEMINI_API_KEY", "g-test")
+	m, err = LoadHierarchy(Sources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"api.anthropic.com ANTHROPIC_API_KEY " + DefaultsSource, "generativelanguage.googleapis.com GEMINI_API_KEY " + DefaultsSource}
+	if got := hosts(m); !slices.Equal(got, want) {
+		t.Fatalf("credentials %q, want %q", got, want)
+	}
+	user := filepath.Join(t.TempDir(), "user.toml")
+	os.WriteFile(user, []byte("[net]\nallow = [\"llm.corp.example\"]\n[[net.credentials]]\nhost = \"llm.corp.example\"\nheader = \"x-api-key\"\nsource_env = \"CORP_KEY\"\nguest_env = \"ANTHROPIC_API_KEY\"\n"), 0o600)
+	m, err = LoadHierarchy(Sources{UserPath: user, UserRequired: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []string{"llm.corp.example ANTHROPIC_API_KEY " + user, "generativelanguage.googleapis.com GEMINI_API_KEY " + DefaultsSource}
+	if got := hosts(m); !slices.Equal(got, want) {
+		t.Fatalf("with the user's credential: %q, want %q", got, want)
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/netpolicy"
@@ -92,6 +94,20 @@ func Defaults() *File {
 	return f
 }
 
+// defaultsFor is Defaults with only the credentials whose key this
+// process's environment holds (lookup): a default credential without its
+// key would give every VM a placeholder for nothing and terminate the TLS
+// of its model API for no reason. The service passes the keys its own
+// environment holds on to the VMs' processes, so both see the same.
+func defaultsFor(lookup func(string) (string, bool)) *File {
+	f := Defaults()
+	f.Net.Credentials = slices.DeleteFunc(f.Net.Credentials, func(c netpolicy.Credential) bool {
+		v, ok := lookup(c.SourceEnv)
+		return !ok || strings.TrimSpace(v) == ""
+	})
+	return f
+}
+
 // LoadHierarchy reads every source and merges them, above capsem's own
 // defaults.
 func LoadHierarchy(src Sources) (*Merged, error) {
@@ -124,7 +140,7 @@ func LoadHierarchy(src Sources) (*Merged, error) {
 			layers = append(layers, Layer{Path: d.Path, Rank: policy.RankAuto, File: &File{MCP: MCP{Servers: d.Servers}}})
 		}
 	}
-	layers = append(layers, Layer{Path: DefaultsSource, Rank: policy.RankAuto, File: Defaults()})
+	layers = append(layers, Layer{Path: DefaultsSource, Rank: policy.RankAuto, File: defaultsFor(os.LookupEnv)})
 	m := Merge(layers)
 	m.Notes = append(notes, m.Notes...)
 	return m, nil
