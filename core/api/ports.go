@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -16,9 +18,9 @@ type PortMapping struct {
 	// Address is the host address listened on: an IP literal, ""
 	// meaning DefaultPortAddress (loopback). Anything else, 0.0.0.0
 	// included, must be asked for.
-	Address string `json:"address,omitempty"`
-	Host    int    `json:"host"`
-	Guest   int    `json:"guest"`
+	Address string `json:"address,omitempty" jsonschema:"the host address to listen on, an IP address (default 127.0.0.1: only this host reaches the port)"`
+	Host    int    `json:"host" jsonschema:"the host's port, 1 to 65535"`
+	Guest   int    `json:"guest" jsonschema:"the guest's port it reaches, 1 to 65535"`
 }
 
 // DefaultPortAddress is where a published port listens unless another
@@ -168,5 +170,31 @@ func CheckPorts(ports []PortMapping) error {
 		}
 		seen[l] = true
 	}
+	return nil
+}
+
+// UnmarshalText reads m from the [ADDR:]HOST:GUEST form
+// (ParsePortMapping), as command-line flags give it.
+func (m *PortMapping) UnmarshalText(b []byte) error {
+	p, err := ParsePortMapping(string(b))
+	if err != nil {
+		return err
+	}
+	*m = p
+	return nil
+}
+
+// UnmarshalJSON reads m from its JSON object, refusing fields it does
+// not have; without it, encoding/json would take UnmarshalText for the
+// object form too.
+func (m *PortMapping) UnmarshalJSON(b []byte) error {
+	type object PortMapping
+	var o object
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		return err
+	}
+	*m = PortMapping(o)
 	return nil
 }

@@ -70,35 +70,9 @@ const (
 // keeps its disk, workspace and session.db for resume. Without a name it
 // is ephemeral, removed when it stops.
 type CreateRequest struct {
-	Name  string            `json:"name,omitempty"`
-	RAMMB int               `json:"ram_mb,omitempty"` // default 1024
-	CPUs  int               `json:"cpus,omitempty"`   // default 2
-	Env   map[string]string `json:"env,omitempty"`    // for every exec in the VM
-	Image string            `json:"image,omitempty"`  // "" or "default": the built-in guest image
-	// Base is the VM's root: BaseFull (the default: Debian with the AI
-	// CLIs, from capsem image build) or BaseMinimal (busybox only).
-	Base string `json:"base,omitempty"`
-	// Workspace is an absolute host directory shared read-write as the
-	// guest's workspace and its commands' working directory; "": the
-	// VM's own, in its session directory.
-	Workspace string `json:"workspace,omitempty"`
-	// DiskGB sizes the VM's disk (default 8); 0: none, the guest runs
-	// from RAM.
-	DiskGB *int `json:"disk_gb,omitempty"`
-	// WorkspaceMiB bounds what the VM's workspace may take on the host
-	// (default 16384, 16 GiB); the guest gets ENOSPC at the bound.
-	WorkspaceMiB int `json:"workspace_mib,omitempty"`
-	// Config is the absolute path of a TOML file with the VM's [mcp]
-	// policy and servers, in place of the user's user.toml (corp.toml
-	// still applies); it is read again on every boot and policy reload.
-	Config string `json:"config,omitempty"`
-	// NoAutodetect keeps the mcpServers of Claude Code and Gemini CLI
-	// settings out of this VM's gateway.
-	NoAutodetect bool `json:"no_autodetect,omitempty"`
-	// Ports are published on the host at every start of the VM (a
-	// persistent VM's resume too); a host port that is taken fails the
-	// create.
-	Ports []PortMapping `json:"ports,omitempty"`
+	Name  string `json:"name,omitempty"`
+	Image string `json:"image,omitempty"` // "" or "default": the built-in guest image
+	VMConfig
 }
 
 // VM is one VM as the service knows it.
@@ -108,26 +82,18 @@ type VM struct {
 	Persistent bool   `json:"persistent"`
 	// Run says the VM belongs to a run: it is removed when the run's
 	// command ends.
-	Run        bool              `json:"run,omitempty"`
-	State      string            `json:"state"`
-	RAMMB      int               `json:"ram_mb"`
-	CPUs       int               `json:"cpus"`
-	Env        map[string]string `json:"env,omitempty"`
-	Image      string            `json:"image"`
-	Base       string            `json:"base,omitempty"`
-	Workspace  string            `json:"workspace,omitempty"`
-	CreatedAt  time.Time         `json:"created_at"`
-	StartedAt  time.Time         `json:"started_at,omitzero"`
-	PID        int               `json:"pid,omitempty"`
-	SessionDir string            `json:"session_dir"`
-	// Config is the create request's; NoAutodetect says whether the VM's
-	// gateway leaves AI CLI settings out (asked for, or the service's
-	// own option).
-	Config       string `json:"config,omitempty"`
-	NoAutodetect bool   `json:"no_autodetect,omitempty"`
-	// Ports are the create request's, published at every start (those a
-	// running VM publishes now, port-forward's too, are Process.Ports).
-	Ports []PortMapping `json:"ports,omitempty"`
+	Run        bool      `json:"run,omitempty"`
+	State      string    `json:"state"`
+	Image      string    `json:"image"`
+	CreatedAt  time.Time `json:"created_at"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	PID        int       `json:"pid,omitempty"`
+	SessionDir string    `json:"session_dir"`
+	// VMConfig is the create request's with its defaults filled in;
+	// NoAutodetect also when it is the service's own option. Its ports
+	// are published at every start (those a running VM publishes now,
+	// port-forward's too, are Process.Ports).
+	VMConfig
 	// LastLog holds the last lines of a defunct VM's process log.
 	LastLog string `json:"last_log,omitempty"`
 	// Process is the running VM's own report (accelerator, boot timings).

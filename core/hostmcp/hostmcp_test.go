@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -45,7 +46,7 @@ func (f *fakeService) Version(context.Context) (api.Version, error) {
 	return api.Version{Version: "9.9"}, nil
 }
 func (f *fakeService) List(context.Context) ([]api.VM, error) {
-	return []api.VM{{ID: "vm-0123456789ab", Name: "keep", Persistent: true, State: api.StateStopped, RAMMB: 512, CPUs: 1, Image: "default",
+	return []api.VM{{ID: "vm-0123456789ab", Name: "keep", Persistent: true, State: api.StateStopped, VMConfig: api.VMConfig{RAMMB: 512, CPUs: 1}, Image: "default",
 		CreatedAt: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}}, nil
 }
 func (f *fakeService) Create(_ context.Context, req api.CreateRequest) (api.VM, error) {
@@ -56,7 +57,7 @@ func (f *fakeService) Create(_ context.Context, req api.CreateRequest) (api.VM, 
 	for _, m := range req.Ports {
 		published = append(published, m.Normalized())
 	}
-	return api.VM{ID: "vm-aaaaaaaaaaaa", Name: req.Name, State: api.StateRunning, RAMMB: req.RAMMB, CPUs: req.CPUs, Ports: req.Ports,
+	return api.VM{ID: "vm-aaaaaaaaaaaa", Name: req.Name, State: api.StateRunning, VMConfig: req.VMConfig,
 		Process: &api.Info{Accel: "tcg", BootTimings: map[string]int64{"total": 700}, Ports: published}}, nil
 }
 func (f *fakeService) Info(_ context.Context, vm string) (api.VM, error) {
@@ -430,4 +431,84 @@ func TestRunStagesAndCleanup(t *testing.T) {
 	if g.execCtx == nil {
 		t.Error("the cancelled call did not end the service's run")
 	}
+}
+
+// TestCreateTakesEveryVMSetting: each setting of api.VMConfig is an
+// argument of capsem_create under its camelCase name (cpuCount as the
+// seed spells it) and reaches the service as the create request's; an
+// argument capsem_create does not have is refused, naming it.
+func TestCreateTakesEveryVMSetting(t *testing.T) {
+	f := &fakeService{}
+	cs := connect(t, f, nil)
+	args := map[string]any{"name": "dev", "image": "default", "cpuCount": 3, "ramMb": 768, "diskGb": 0, "base": "minimal",
+		"workspace": "/srv/project", "workspaceMib": 64, "config": "/etc/vm.toml", "noAutodetect": true, "noNetwork": true,
+		"netMtu": 1500, "env": map[string]string{"A": "1"}}
+	if res := call(t, cs, "capsem_create", args); res.IsError {
+		t.Fatalf("create: %+v", res.Content[0])
+	}
+	f.mu.Lock()
+	got := f.createIn
+	f.mu.Unlock()
+	want := api.CreateRequest{Name: "dev", Image: "default", VMConfig: api.VMConfig{CPUs: 3, RAMMB: 768, DiskGB: new(0), Base: "minimal",
+		Workspace: "/srv/project", WorkspaceMiB: 64, Config: "/etc/vm.toml", NoAutodetect: true, NoNetwork: true, NetMTU: 1500, Env: map[string]string{"A": "1"}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the service was asked for\n%+v, want\n%+v", got, want)
+	}
+	// Every setting was given above: a new one must be added to this test.
+	if n := len(vmConfigArgs()); n != len(args)-2+1 { // less name and image, plus ports (TestCreatePublishesPorts)
+		t.Errorf("api.VMConfig has %d settings; this test gives %d", n, len(args)-2+1)
+	}
+	for _, bad := range []struct {
+		args map[string]any
+		want string
+	}{
+		{map[string]any{"cpus": 2}, "cpus"},       // the API's spelling, not the MCP wire's
+		{map[string]any{"ram_mb": 512}, "ram_mb"}, // likewise
+		{map[string]any{"config_version": 9}, "config_version"},
+		{map[string]any{"base": "ubuntu"}, "base"},
+		{map[string]any{"ramMb": "lots"}, "ramMb"},
+	} {
+		res := call(t, cs, "capsem_create", bad.args)
+		if !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, bad.want) {
+			t.Errorf("capsem_create %v: %+v, want an error naming %s", bad.args, res.Content, bad.want)
+		}
+	}
+}
+
+// FuzzCreateIn: capsem_create's arguments from any client never panic the
+// decoder, and what it accepts is a configuration that encodes and
+// decodes again to the same.
+func FuzzCreateIn(f *testing.F) {
+	for _, s := range []string{`{}`, `{"name":"dev","cpuCount":2,"ramMb":512,"diskGb":0}`, `{"env":{"A":"1"},"ports":[{"host":1,"guest":2}]}`,
+		`{"cpus":1}`, `{"ports":["1:2"]}`, `{"ports":[{"host":1,"guest":2,"x":1}]}`, `[]`, `{"name":1}`, `{"diskGb":null}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var in CreateIn
+		if json.Unmarshal(b, &in) != nil {
+			return
+		}
+		again, err := json.Marshal(in.VMConfig)
+		if err != nil {
+			t.Fatalf("%+v: %v", in.VMConfig, err)
+		}
+		var back api.VMConfig
+		if err := json.Unmarshal(again, &back); err != nil {
+			t.Fatalf("%s: %v", again, err)
+		}
+		if !reflect.DeepEqual(normalizeEmpty(back), normalizeEmpty(in.VMConfig)) {
+			t.Fatalf("%s decoded to %+v, again %+v", b, in.VMConfig, back)
+		}
+	})
+}
+
+// normalizeEmpty drops empty maps and lists, which omitempty drops too.
+func normalizeEmpty(c api.VMConfig) api.VMConfig {
+	if len(c.Env) == 0 {
+		c.Env = nil
+	}
+	if len(c.Ports) == 0 {
+		c.Ports = nil
+	}
+	return c
 }

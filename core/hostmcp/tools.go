@@ -13,23 +13,6 @@ import (
 // Inputs. Parameters are camelCase on the wire; a field without omitempty
 // is required.
 type (
-	CreateIn struct {
-		Name      string            `json:"name,omitempty" jsonschema:"a name makes the VM persistent: capsem_stop keeps its disk and ledger for capsem_resume (lower-case letters, digits, '-')"`
-		RAMMb     int               `json:"ramMb,omitempty" jsonschema:"guest memory in MB (default 1024)"`
-		CPUCount  int               `json:"cpuCount,omitempty" jsonschema:"virtual CPUs (default 2)"`
-		Env       map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command in the VM, {\"KEY\": \"VALUE\"}"`
-		Image     string            `json:"image,omitempty" jsonschema:"the image to boot (default: the built-in one)"`
-		Workspace string            `json:"workspace,omitempty" jsonschema:"an absolute host directory (a project, not / or the home directory) shared read-write as the VM's workspace, /root/workspace, and its commands' working directory; default: the VM's own"`
-		Base      string            `json:"base,omitempty" jsonschema:"the VM's root: full (Debian with Node, Python, git and Claude Code, Gemini CLI and Codex wired to the gateway; the default) or minimal (busybox only)"`
-		// WorkspaceMib: camelCase on the MCP wire, as every tool argument.
-		WorkspaceMib int      `json:"workspaceMib,omitempty" jsonschema:"bound on what the VM's workspace may take on the host, in MiB (default 16384); the guest gets ENOSPC at it"`
-		Ports        []PortIn `json:"ports,omitempty" jsonschema:"guest TCP ports to publish on the host, at every start of the VM: [{\"host\": 8080, \"guest\": 3000}]; a host port that is taken fails the create"`
-	}
-	PortIn struct {
-		Address string `json:"address,omitempty" jsonschema:"the host address to listen on, an IP address (default 127.0.0.1: only this host reaches the port)"`
-		Host    int    `json:"host" jsonschema:"the host's port, 1 to 65535"`
-		Guest   int    `json:"guest" jsonschema:"the guest's port it reaches, 1 to 65535"`
-	}
 	RunIn struct {
 		Command string            `json:"command" jsonschema:"shell command to run (/bin/sh -c)"`
 		Timeout int               `json:"timeout,omitempty" jsonschema:"seconds after which the command is killed; none unless the user asked for a deadline"`
@@ -238,7 +221,11 @@ var (
 )
 
 func (t *tools) register(s *mcp.Server) {
-	mcp.AddTool(s, &mcp.Tool{Name: "capsem_create", Annotations: creates, Description: "Boot a fresh VM and return it once it is ready for capsem_exec (seconds to tens of seconds). " +
+	createSchema, err := createInSchema()
+	if err != nil {
+		panic("hostmcp: " + err.Error()) // a setting of a type the schema cannot describe: a programming error
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_create", Annotations: creates, InputSchema: createSchema, Description: "Boot a fresh VM and return it once it is ready for capsem_exec (seconds to tens of seconds). " +
 		"A VM with a name is persistent (capsem_stop keeps its state for capsem_resume); without one it is ephemeral and removed when stopped. " +
 		"ports publishes guest TCP ports on the host (loopback unless an address is given). " +
 		"Refused with a clear error when the host has too little free memory, or a host port is taken."}, t.create)
@@ -270,11 +257,7 @@ func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, in CreateI
 	notify := progress(ctx, req, "creating the VM")
 	stage := newStages(notify)
 	stop := heartbeat(2*time.Second, stage.beat)
-	var ports []api.PortMapping
-	for _, p := range in.Ports {
-		ports = append(ports, api.PortMapping{Address: p.Address, Host: p.Host, Guest: p.Guest})
-	}
-	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, RAMMB: in.RAMMb, CPUs: in.CPUCount, Env: in.Env, Image: in.Image, Base: in.Base, Workspace: in.Workspace, WorkspaceMiB: in.WorkspaceMib, Ports: ports}, stage.next)
+	v, err := t.svc.CreateStream(ctx, api.CreateRequest{Name: in.Name, Image: in.Image, VMConfig: in.VMConfig}, stage.next)
 	stop()
 	if err != nil {
 		return nil, VMOut{}, err
@@ -299,7 +282,7 @@ func (t *tools) run(ctx context.Context, req *mcp.CallToolRequest, in RunIn) (*m
 	defer stop()
 	var stdout, stderr api.ExecOutput
 	var started time.Time
-	ev, err := t.svc.RunStream(ctx, api.RunRequest{CreateRequest: api.CreateRequest{Base: in.Base}, Exec: api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env}},
+	ev, err := t.svc.RunStream(ctx, api.RunRequest{CreateRequest: api.CreateRequest{VMConfig: api.VMConfig{Base: in.Base}}, Exec: api.ExecRequest{Command: in.Command, TimeoutMS: ms, Env: in.Env}},
 		api.RunEvents{Stage: stage.next, Ready: func(vm api.VM) {
 			started = time.Now()
 			stage.next("running the command in " + vm.ID)

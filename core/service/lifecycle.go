@@ -25,63 +25,42 @@ import (
 	"github.com/capsem/capsem/core/vmrecord"
 )
 
-// Defaults of a CreateRequest.
+// Defaults of a CreateRequest beyond its VMConfig's.
 const (
-	DefaultRAMMB = 1024
-	DefaultCPUs  = 2
 	DefaultImage = "default"
-	DefaultBase  = api.BaseFull
 	// bootTimeout bounds a VM's boot: assets may be built first.
 	bootTimeout = 5 * time.Minute
 	// stopTimeout bounds a clean stop before the process is killed.
 	stopTimeout = 30 * time.Second
 )
 
-// normalize fills req's defaults and checks it; the VM's disk size is
-// returned apart (the request's is optional: 0 means no disk).
-func (s *Service) normalize(req *api.CreateRequest) (diskGB int, err error) {
-	req.RAMMB = cmp.Or(req.RAMMB, DefaultRAMMB)
-	req.CPUs = cmp.Or(req.CPUs, DefaultCPUs)
+// normalize fills req's defaults and checks it: what any VM needs
+// (api.VMConfig.Check), then what this host needs (the workspace
+// directory, the environment, the policy files).
+func (s *Service) normalize(req *api.CreateRequest) error {
 	req.Image = cmp.Or(req.Image, DefaultImage)
-	req.Base = cmp.Or(req.Base, DefaultBase)
-	diskGB = vmhost.DefaultDiskGB
-	if req.DiskGB != nil {
-		diskGB = *req.DiskGB
-	}
 	if req.Name != "" {
 		if err := CheckName(req.Name); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	if req.Image != DefaultImage {
-		return 0, badRequest("image %q: only %q is available", req.Image, DefaultImage)
+		return badRequest("image %q: only %q is available", req.Image, DefaultImage)
 	}
-	if req.Base != api.BaseFull && req.Base != api.BaseMinimal {
-		return 0, badRequest("base %q: want %q (Debian with the AI CLIs) or %q (busybox only)", req.Base, api.BaseFull, api.BaseMinimal)
+	if err := req.VMConfig.Check(); err != nil {
+		return badRequest("%v", err)
 	}
+	req.VMConfig = req.VMConfig.WithDefaults()
 	if req.Workspace != "" {
 		if err := vmhost.CheckWorkspaceDir(req.Workspace); err != nil {
-			return 0, badRequest("%v", err)
+			return badRequest("%v", err)
 		}
 	}
-	if req.Base != api.BaseMinimal && diskGB == 0 {
-		return 0, badRequest("base %q needs a disk for what the VM writes: a disk size of 0 leaves only base %q", req.Base, api.BaseMinimal)
-	}
-	req.WorkspaceMiB = cmp.Or(req.WorkspaceMiB, vmhost.DefaultWorkspaceMiB)
-	if err := (vmhost.Resources{CPUs: req.CPUs, RAMMB: req.RAMMB, DiskGB: diskGB, WorkspaceMiB: req.WorkspaceMiB}).Check(); err != nil {
-		return 0, badRequest("%v", err)
-	}
 	if err := checkEnv(req.Env); err != nil {
-		return 0, err
-	}
-	if err := api.CheckPorts(req.Ports); err != nil {
-		return 0, badRequest("%v", err)
-	}
-	for i, m := range req.Ports {
-		req.Ports[i] = m.Normalized()
+		return err
 	}
 	req.NoAutodetect = req.NoAutodetect || s.o.NoAutodetect
-	return diskGB, checkConfig(req.Config, req.NoAutodetect)
+	return checkConfig(req.Config, req.NoAutodetect)
 }
 
 // checkPortsFree refuses ports whose host address cannot be listened on
@@ -133,8 +112,8 @@ func checkConfig(path string, noAutodetect bool) error {
 
 // checkEnv refuses env variables that privsep would refuse.
 func checkEnv(env map[string]string) error {
-	if len(env) > maxEnv {
-		return badRequest("env has %d variables, more than %d", len(env), maxEnv)
+	if len(env) > api.MaxEnv {
+		return badRequest("env has %d variables, more than %d", len(env), api.MaxEnv)
 	}
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		if err := privsep.CheckEnv(k, env[k]); err != nil {
@@ -143,8 +122,6 @@ func checkEnv(env map[string]string) error {
 	}
 	return nil
 }
-
-const maxEnv = 256
 
 // Create boots a VM and returns once it is ready for exec. A create that
 // fails (bad input, a name taken, too little memory, a boot that fails or
@@ -162,15 +139,13 @@ func (s *Service) CreateStream(ctx context.Context, req api.CreateRequest, stage
 // create is Create, of a run's VM (ephemeral, even when named) or not,
 // telling stage (when not nil) the stages of its start.
 func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool, stage func(string)) (api.VM, error) {
-	req.Ports = slices.Clone(req.Ports)
-	diskGB, err := s.normalize(&req)
-	if err != nil {
+	if err := s.normalize(&req); err != nil {
 		return api.VM{}, err
 	}
 	if err := checkPortsFree(req.Ports); err != nil {
 		return api.VM{}, err
 	}
-	v, err := s.reserve(req, diskGB, run)
+	v, err := s.reserve(req, run)
 	if err != nil {
 		return api.VM{}, err
 	}
@@ -229,7 +204,7 @@ func (s *Service) runningView(ctx context.Context, v *vm) api.VM {
 
 // reserve records a new VM as booting, its name taken and its memory
 // counted, and returns it locked.
-func (s *Service) reserve(req api.CreateRequest, diskGB int, run bool) (*vm, error) {
+func (s *Service) reserve(req api.CreateRequest, run bool) (*vm, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if req.Name != "" {
@@ -243,9 +218,8 @@ func (s *Service) reserve(req api.CreateRequest, diskGB int, run bool) (*vm, err
 		return nil, err
 	}
 	id := newID()
-	r := &vmrecord.Record{VM: api.VM{ID: id, Name: req.Name, Persistent: req.Name != "" && !run, Run: run, State: api.StateBooting, RAMMB: req.RAMMB, CPUs: req.CPUs,
-		Env: req.Env, Image: req.Image, Base: req.Base, Workspace: req.Workspace, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id),
-		Config: req.Config, NoAutodetect: req.NoAutodetect, Ports: req.Ports}, DiskGB: diskGB, WorkspaceMiB: req.WorkspaceMiB}
+	r := &vmrecord.Record{VM: api.VM{ID: id, Name: req.Name, Persistent: req.Name != "" && !run, Run: run, State: api.StateBooting,
+		Image: req.Image, CreatedAt: time.Now().UTC(), SessionDir: s.sessionDirFor(id), VMConfig: req.VMConfig}}
 	r.Socket = paths.Session{Dir: r.SessionDir}.APISocket()
 	v := &vm{rec: r}
 	v.mu.Lock()
@@ -264,12 +238,9 @@ func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 		return err
 	}
 	t0 := time.Now()
-	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID),
-		Config: r.Config, NoAutodetect: r.NoAutodetect || s.o.NoAutodetect, CPUs: r.CPUs, RAMMB: r.RAMMB, GuestBin: s.o.GuestBinary, DiskGB: r.DiskGB, RootImage: r.RootImage, Workspace: r.Workspace,
-		WorkspaceMiB: cmp.Or(r.WorkspaceMiB, vmhost.DefaultWorkspaceMiB), TCGCacheMiB: s.o.TCGCacheMiB}
-	for _, m := range r.Ports {
-		cfg.Publish = append(cfg.Publish, m.String())
-	}
+	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID), VMConfig: r.VMConfig,
+		GuestBin: s.o.GuestBinary, RootImage: r.RootImage, TCGCacheMiB: s.o.TCGCacheMiB}
+	cfg.NoAutodetect = cfg.NoAutodetect || s.o.NoAutodetect
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(credentialEnv(r.Config, cfg.NoAutodetect)...), Detach: true})
 	if err != nil {
 		return err

@@ -51,7 +51,7 @@ func TestRootImageThatCannotBeMade(t *testing.T) {
 		return "", errors.New("mmdebstrap: exit status 1")
 	}
 	var stages []string
-	_, err := s.CreateStream(context.Background(), api.CreateRequest{Name: "nobase", RAMMB: 256}, func(st string) { stages = append(stages, st) })
+	_, err := s.CreateStream(context.Background(), api.CreateRequest{Name: "nobase", VMConfig: api.VMConfig{RAMMB: 256}}, func(st string) { stages = append(stages, st) })
 	if StatusOf(err) != 503 || !strings.Contains(fmt.Sprint(err), `base "full": mmdebstrap: exit status 1`) {
 		t.Fatalf("err %v (%d)", err, StatusOf(err))
 	}
@@ -62,7 +62,7 @@ func TestRootImageThatCannotBeMade(t *testing.T) {
 		t.Errorf("left %+v", vms)
 	}
 	asked = nil
-	_, err = s.Create(context.Background(), api.CreateRequest{Name: "nobase", RAMMB: 256, Base: api.BaseMinimal})
+	_, err = s.Create(context.Background(), api.CreateRequest{Name: "nobase", VMConfig: api.VMConfig{RAMMB: 256, Base: api.BaseMinimal}})
 	if len(asked) != 0 || !strings.Contains(fmt.Sprint(err), "/nonexistent/capsem") {
 		t.Errorf("minimal base: asked %v, err %v", asked, err)
 	}
@@ -102,10 +102,10 @@ func TestHostileRequests(t *testing.T) {
 		{"a name like an id", "POST", api.RouteVMs, `{"name":"vm-0123456789ab"}`, 400, "form of a VM id"},
 		{"NUL in a name", "POST", api.RouteVMs, `{"name":"a\u0000b"}`, 400, "use lower-case letters"},
 		{"too many CPUs", "POST", api.RouteVMs, `{"cpus":1000}`, 400, "cpus 1000"},
-		{"too little memory", "POST", api.RouteVMs, `{"ram_mb":16}`, 400, "memory 16 MiB"},
-		{"negative workspace bound", "POST", api.RouteVMs, `{"workspace_mib":-1}`, 400, "workspace bound -1 MiB"},
-		{"workspace bound past 1 PiB", "POST", api.RouteVMs, `{"workspace_mib":1073741825}`, 400, "workspace bound 1073741825 MiB"},
-		{"negative disk", "POST", api.RouteVMs, `{"disk_gb":-1}`, 400, "disk -1 GiB"},
+		{"too little memory", "POST", api.RouteVMs, `{"ram_mb":16}`, 400, "ram_mb 16 (guest memory in MB): want 128 to 65536"},
+		{"negative workspace bound", "POST", api.RouteVMs, `{"workspace_mib":-1}`, 400, "workspace_mib -1 (workspace bound in MiB): want 1 to"},
+		{"workspace bound past 1 PiB", "POST", api.RouteVMs, `{"workspace_mib":1073741825}`, 400, "workspace_mib 1073741825 (workspace bound in MiB): want 1 to"},
+		{"negative disk", "POST", api.RouteVMs, `{"disk_gb":-1}`, 400, "disk_gb -1 (disk size in GB): want 0 (no disk) to 4096"},
 		{"unknown image", "POST", api.RouteVMs, `{"image":"../../root"}`, 400, `image "../../root"`},
 		{"loader variable", "POST", api.RouteVMs, `{"env":{"LD_PRELOAD":"/x"}}`, 400, "LD_PRELOAD"},
 		{"unknown base", "POST", api.RouteVMs, `{"base":"ubuntu"}`, 400, `base "ubuntu": want "full"`},
@@ -214,7 +214,7 @@ func TestTakenPortRefused(t *testing.T) {
 		t.Fatalf("a refused create left %d VMs, %d sessions, %d records", len(s.List()), len(sessions), len(records))
 	}
 	addVM(t, s, vmrecord.Record{VM: api.VM{ID: "vm-0000000000b1", Name: "kept", Persistent: true, State: api.StateStopped,
-		RAMMB: 256, CPUs: 1, NoAutodetect: true, Ports: []api.PortMapping{{Address: "127.0.0.1", Host: port, Guest: 80}}}})
+		VMConfig: api.VMConfig{RAMMB: 256, CPUs: 1, NoAutodetect: true, Ports: []api.PortMapping{{Address: "127.0.0.1", Host: port, Guest: 80}}}}})
 	if _, err := s.Resume(context.Background(), "kept"); StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), want) {
 		t.Fatalf("resume with its port taken: %v, want 409 saying %q", err, want)
 	}
@@ -236,7 +236,7 @@ func TestMemoryAdmission(t *testing.T) {
 		t.Fatalf("1800+256 MB of 2000: %v", err)
 	}
 	// RAM promised to a VM that is booting counts.
-	s.vms["vm-000000000001"] = &vm{rec: &vmrecord.Record{VM: api.VM{ID: "vm-000000000001", State: api.StateBooting, RAMMB: 1024}}}
+	s.vms["vm-000000000001"] = &vm{rec: &vmrecord.Record{VM: api.VM{ID: "vm-000000000001", State: api.StateBooting, VMConfig: api.VMConfig{RAMMB: 1024}}}}
 	if err := s.checkMemory(1024); err == nil || !strings.Contains(err.Error(), "promised to VMs that are booting") {
 		t.Fatalf("with a VM booting: %v", err)
 	}

@@ -117,7 +117,7 @@ func (v *VM) Exec(ctx context.Context, req *api.ExecRequest, stdout, stderr io.W
 // when it is a host directory (what the user's agent works on), else the
 // guest's default.
 func (v *VM) execCwd(cwd string) string {
-	if cwd == "" && v.opts.WorkspaceDir != "" {
+	if cwd == "" && v.opts.Workspace != "" {
 		return guestwire.GuestWorkspace
 	}
 	return cwd

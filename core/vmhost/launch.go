@@ -5,11 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/capsem/capsem/vmm"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,23 +28,15 @@ import (
 // starts it with, so the two cannot drift apart. Every field has a name
 // tag.
 type ProcessConfig struct {
-	SessionDir   string `name:"session-dir" required:"" type:"path" help:"Session directory (session.db, console log, sockets)."`
-	Socket       string `name:"socket" required:"" type:"path" help:"Unix socket for this process's API (created 0600)."`
-	Name         string `name:"name" default:"capsem" help:"VM name (hostname in the guest)."`
-	Config       string `name:"config" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]]; replaces $CAPSEM_HOME/user.toml (corp.toml still applies)."`
-	NoAutodetect bool   `name:"no-autodetect" help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
-	CPUs         int    `name:"cpus" default:"2" help:"Virtual CPUs."`
-	RAMMB        int    `name:"ram-mb" default:"1024" help:"Guest memory in MB (MiB), as capsem create spells it."`
+	SessionDir string `name:"session-dir" required:"" type:"path" help:"Session directory (session.db, console log, sockets)."`
+	Socket     string `name:"socket" required:"" type:"path" help:"Unix socket for this process's API (created 0600)."`
+	Name       string `name:"name" default:"capsem" help:"VM name (hostname in the guest)."`
+	// VMConfig is the VM's configuration, as the service recorded it:
+	// its flags are capsem create's.
+	api.VMConfig `embed:""`
 	GuestBin     string `name:"guest-binary" type:"path" help:"CGO-free capsem build for /init (default: capsem-guest next to this executable)."`
-	DiskGB       int    `name:"disk-gb" default:"8" help:"Size in GB (GiB) of the per-VM disk (sparse) created in the session directory when missing; 0: none, the guest runs from RAM."`
 	RootImage    string `name:"root-image" type:"path" help:"Read-only root image (EROFS, from capsem image build) under the per-VM disk's layer; none: the minimal root (busybox)."`
-	Workspace    string `name:"workspace" type:"path" help:"A host directory shared read-write as the guest's workspace (/root/workspace) and its commands' working directory, in place of the session's own; not / or your home."`
-	WorkspaceMiB int    `name:"workspace-mib" default:"0" help:"Bound on what the workspace may take on the host, in MiB (0: 16384); the guest gets ENOSPC at it."`
 	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
-	NoNetwork    bool   `name:"no-network" help:"Give the VM no network interface at all (by default it has one, behind the [net] policy)."`
-	NetMTU       int    `name:"net-mtu" default:"0" help:"MTU of the VM's network interface (0: 65520, the fastest over QEMU's stream; 1280..65520)."`
-	// Publish are api.PortMappings as api.ParsePortMapping reads them.
-	Publish []string `name:"publish" sep:"none" placeholder:"[ADDR:]HOST:GUEST" help:"Publish a guest TCP port on the host (repeatable): a listener on ADDR:HOST (ADDR 127.0.0.1 unless given) whose connections reach the guest's port GUEST."`
 	// NetLoopbackOnly is a test's world: only loopback destinations.
 	NetLoopbackOnly bool   `name:"net-loopback-only" hidden:"" help:"Let the VM's network dial loopback addresses only; every other dial is refused and logged."`
 	NoBootState     bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
@@ -52,68 +45,50 @@ type ProcessConfig struct {
 	ConsoleLogMaxKiB int `name:"console-log-max-kib" hidden:"" default:"0" help:"Rotate the console log past this many KiB (0: the default bound)."`
 }
 
-// Ports are the ports c publishes, checked.
-func (c ProcessConfig) Ports() ([]api.PortMapping, error) {
-	ports, err := api.ParsePortMappings(c.Publish)
-	if err != nil {
-		return nil, fmt.Errorf("publish: %w", err)
-	}
-	return ports, nil
-}
-
-// Resource bounds a ProcessConfig is checked against.
-const (
-	MinRAMMB = 128
-	MaxRAMMB = 64 << 10
-	MaxCPUs  = 64
-)
-
-// Check reports what makes c unusable, naming the field.
+// Check reports what makes c unusable, naming the setting.
 func (c ProcessConfig) Check() error {
 	switch {
 	case c.SessionDir == "":
 		return errors.New("no session directory")
 	case c.Socket == "":
 		return errors.New("no API socket")
-	case c.NetMTU != 0 && (c.NetMTU < vmm.MinMTU || c.NetMTU > vmm.MaxMTU):
-		return fmt.Errorf("net MTU %d: want 0 (the default) or %d to %d", c.NetMTU, vmm.MinMTU, vmm.MaxMTU)
-	case c.NoNetwork && len(c.Publish) > 0:
-		return fmt.Errorf("publish %s: the VM has no network (--no-network)", c.Publish[0])
+	case c.Base == api.BaseFull && c.RootImage == "":
+		return errors.New("base full without a root image (--root-image)")
+	case c.Base == api.BaseMinimal && c.RootImage != "":
+		return fmt.Errorf("base minimal with a root image (%s)", c.RootImage)
 	}
-	if _, err := c.Ports(); err != nil {
-		return err
-	}
-	return Resources{CPUs: c.CPUs, RAMMB: c.RAMMB, DiskGB: c.DiskGB, WorkspaceMiB: c.WorkspaceMiB}.Check()
+	return c.VM().Check()
 }
 
-// Resources are a VM's sizes, as ProcessConfig spells them.
-type Resources struct {
-	CPUs, RAMMB, DiskGB, WorkspaceMiB int
-}
-
-// Check reports which of r is out of bounds.
-func (r Resources) Check() error {
-	switch {
-	case r.CPUs < 1 || r.CPUs > MaxCPUs:
-		return fmt.Errorf("cpus %d: want 1 to %d", r.CPUs, MaxCPUs)
-	case r.RAMMB < MinRAMMB || r.RAMMB > MaxRAMMB:
-		return fmt.Errorf("memory %d MiB: want %d to %d", r.RAMMB, MinRAMMB, MaxRAMMB)
-	case r.DiskGB < 0 || r.DiskGB > MaxDiskGB:
-		return fmt.Errorf("disk %d GiB: want 0 (no per-VM disk) to %d", r.DiskGB, MaxDiskGB)
-	case r.WorkspaceMiB < 0 || r.WorkspaceMiB > MaxWorkspaceMiB:
-		return fmt.Errorf("workspace bound %d MiB: want %d to %d (0: the default, %d)", r.WorkspaceMiB, MinWorkspaceMiB, MaxWorkspaceMiB, DefaultWorkspaceMiB)
+// VM is c's VM configuration with its defaults, its base the one its root
+// image makes: full with one, minimal without.
+func (c ProcessConfig) VM() api.VMConfig {
+	vc := c.VMConfig
+	vc.Base = api.BaseMinimal
+	if c.RootImage != "" {
+		vc.Base = api.BaseFull
 	}
-	return nil
+	return vc.WithDefaults()
 }
 
 // Args renders c as the flags of `capsem process` that parse back into c:
-// strings when set, integers always, booleans when true, each string of a
-// list as a flag of its own.
+// strings when set, integers always, booleans when true, a size given as
+// a pointer when set, each entry of a list or map as a flag of its own.
 func (c ProcessConfig) Args() []string {
-	var args []string
-	v := reflect.ValueOf(c)
+	return appendArgs(nil, reflect.ValueOf(c))
+}
+
+func appendArgs(args []string, v reflect.Value) []string {
 	for i := range v.NumField() {
-		f, name := v.Field(i), "--"+v.Type().Field(i).Tag.Get("name")
+		f, field := v.Field(i), v.Type().Field(i)
+		if field.Tag.Get("kong") == "-" {
+			continue
+		}
+		if _, embed := field.Tag.Lookup("embed"); embed {
+			args = appendArgs(args, f)
+			continue
+		}
+		name := "--" + field.Tag.Get("name")
 		switch f.Kind() {
 		case reflect.String:
 			if s := f.String(); s != "" {
@@ -125,12 +100,27 @@ func (c ProcessConfig) Args() []string {
 			if f.Bool() {
 				args = append(args, name)
 			}
-		case reflect.Slice:
-			if f.Type().Elem().Kind() != reflect.String {
-				panic("vmhost: ProcessConfig list of " + f.Type().Elem().Kind().String())
+		case reflect.Pointer:
+			if !f.IsNil() && f.Elem().Kind() == reflect.Int {
+				args = append(args, name, strconv.FormatInt(f.Elem().Int(), 10))
+			} else if !f.IsNil() {
+				panic("vmhost: ProcessConfig pointer to " + f.Elem().Kind().String())
 			}
+		case reflect.Map:
+			m, ok := f.Interface().(map[string]string)
+			if !ok {
+				panic("vmhost: ProcessConfig map of " + f.Type().String())
+			}
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				args = append(args, name, k+"="+m[k])
+			}
+		case reflect.Slice:
 			for j := range f.Len() {
-				args = append(args, name, f.Index(j).String())
+				e, ok := f.Index(j).Interface().(fmt.Stringer)
+				if !ok {
+					panic("vmhost: ProcessConfig list of " + f.Type().Elem().String())
+				}
+				args = append(args, name, e.String())
 			}
 		default:
 			panic("vmhost: ProcessConfig field of kind " + f.Kind().String())
@@ -171,6 +161,7 @@ func Launch(cfg ProcessConfig, o LaunchOptions) (*Process, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, fmt.Errorf("VM configuration: %w", err)
 	}
+	cfg.VMConfig = cfg.VM() // the process's argv says every setting
 	self := o.Executable
 	if self == "" {
 		var err error

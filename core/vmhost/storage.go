@@ -14,20 +14,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/paths"
-	"github.com/capsem/capsem/core/workspacefs"
 	"github.com/capsem/capsem/vmm"
-)
-
-// Bounds of the per-VM disk (paths.Session.Disk).
-const (
-	// DefaultDiskGB is the per-VM disk's apparent size. It is sparse, so
-	// only what the guest writes takes room on the host.
-	DefaultDiskGB = 8
-	// MaxDiskGB bounds --disk-gb (ext4 with 4 KiB blocks goes further,
-	// but nothing here needs more).
-	MaxDiskGB = 4096
 )
 
 // diskLabel is the filesystem label of the per-VM disk (e2label/blkid).
@@ -110,13 +100,6 @@ func findMkfs() (string, error) {
 	return "", fmt.Errorf("creating the per-VM disk needs mkfs.ext4 (Debian package e2fsprogs; `make deps` installs it): %w", err)
 }
 
-// Bounds of the workspace (workspacefs.Limits.Bytes), in MiB.
-const (
-	DefaultWorkspaceMiB = workspacefs.DefaultBytes >> 20
-	MinWorkspaceMiB     = 1
-	MaxWorkspaceMiB     = 1 << 30 // 1 PiB: no bound a host could reach
-)
-
 // storageRequest is what a VM's storage is made of: its session
 // directory, the size of its disk (0: none, the guest runs from the
 // initramfs, in RAM), its root image ("": the initramfs) and a host
@@ -135,8 +118,8 @@ type storageRequest struct {
 // the machine.
 func prepareStorage(ctx context.Context, log *slog.Logger, req storageRequest) (disks []vmm.Disk, workspace, cmdline string, created bool, err error) {
 	sessionDir, diskGiB, rootImage := req.sessionDir, req.diskGiB, req.rootImage
-	if diskGiB < 0 || diskGiB > MaxDiskGB {
-		return nil, "", "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, MaxDiskGB)
+	if diskGiB < 0 || diskGiB > api.MaxDiskGB {
+		return nil, "", "", false, fmt.Errorf("disk size %d GiB: want 0 (no per-VM disk) to %d", diskGiB, api.MaxDiskGB)
 	}
 	if rootImage != "" {
 		if diskGiB == 0 {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/paths"
-	"github.com/capsem/capsem/core/vmhost"
 )
 
 // bootVMIn boots a VM whose session directory is dir/session, which may
@@ -146,8 +145,8 @@ echo from-guest > /root/workspace/guest.txt
 		t.Fatal(err)
 	}
 	t.Logf("disk.img after the first boot: %d bytes allocated of %d", st.Blocks*512, st.Size)
-	if st.Size != vmhost.DefaultDiskGB<<30 || st.Blocks*512 > 64<<20 {
-		t.Fatalf("disk.img: size %d, %d bytes allocated; want %d GiB and sparse (under 64 MiB)", st.Size, st.Blocks*512, vmhost.DefaultDiskGB)
+	if st.Size != api.DefaultDiskGB<<30 || st.Blocks*512 > 64<<20 {
+		t.Fatalf("disk.img: size %d, %d bytes allocated; want %d GiB and sparse (under 64 MiB)", st.Size, st.Blocks*512, api.DefaultDiskGB)
 	}
 	// The guest unmounted its disk cleanly: fsck finds nothing to do.
 	if e2fsck, err := exec.LookPath("e2fsck"); err == nil {

@@ -11,9 +11,11 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/netca"
 	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/workspacefs"
 	"github.com/capsem/capsem/vmm"
 )
 
@@ -31,7 +33,7 @@ func TestEnsureDiskIsSparseExt4AndReused(t *testing.T) {
 	needMkfs(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "disk.img")
-	created, err := ensureDisk(ctx, path, DefaultDiskGB)
+	created, err := ensureDisk(ctx, path, api.DefaultDiskGB)
 	if err != nil || !created {
 		t.Fatalf("first ensureDisk: created=%v %v", created, err)
 	}
@@ -39,9 +41,9 @@ func TestEnsureDiskIsSparseExt4AndReused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("fresh %d GiB disk: %d bytes allocated", DefaultDiskGB, u.Allocated)
-	if u.Size != DefaultDiskGB<<30 || u.Allocated > 32<<20 {
-		t.Fatalf("size %d, allocated %d: want %d, sparse (under 32 MiB)", u.Size, u.Allocated, DefaultDiskGB<<30)
+	t.Logf("fresh %d GiB disk: %d bytes allocated", api.DefaultDiskGB, u.Allocated)
+	if u.Size != api.DefaultDiskGB<<30 || u.Allocated > 32<<20 {
+		t.Fatalf("size %d, allocated %d: want %d, sparse (under 32 MiB)", u.Size, u.Allocated, api.DefaultDiskGB<<30)
 	}
 	st, _ := os.Stat(path)
 	if st.Mode().Perm() != 0o600 {
@@ -105,7 +107,7 @@ func TestPrepareStorage(t *testing.T) {
 	if err != nil || len(disks) != 0 || workspace == "" || cmdline != " capsem.workspace=workspace" {
 		t.Fatalf("no disk: %+v %q %q %v", disks, workspace, cmdline, err)
 	}
-	for _, bad := range []int{-1, MaxDiskGB + 1} {
+	for _, bad := range []int{-1, api.MaxDiskGB + 1} {
 		if _, _, _, _, err := prepareStorage(ctx, log, storageRequest{sessionDir: t.TempDir(), diskGiB: bad}); err == nil {
 			t.Errorf("disk size %d accepted", bad)
 		}
@@ -224,5 +226,13 @@ func TestGuestRoots(t *testing.T) {
 				t.Errorf("%d certificates in %q", n, got)
 			}
 		})
+	}
+}
+
+// TestWorkspaceBoundDefault: the VM configuration's default workspace
+// bound is the workspace server's own.
+func TestWorkspaceBoundDefault(t *testing.T) {
+	if api.DefaultWorkspaceMiB != workspacefs.DefaultBytes>>20 {
+		t.Fatalf("api.DefaultWorkspaceMiB %d, workspacefs.DefaultBytes %d MiB", api.DefaultWorkspaceMiB, workspacefs.DefaultBytes>>20)
 	}
 }

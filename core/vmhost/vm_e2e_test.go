@@ -49,7 +49,7 @@ func launchVM(t testing.TB, name, dir string, edit ...func(*vmhost.ProcessConfig
 	t.Helper()
 	session := paths.Session{Dir: filepath.Join(dir, "session")}
 	cfg := vmhost.ProcessConfig{SessionDir: session.Dir, Socket: filepath.Join(dir, "process.sock"), Name: name,
-		GuestBin: testkit.GuestBinary(t), NoAutodetect: true, CPUs: 2, RAMMB: 1024, DiskGB: vmhost.DefaultDiskGB}
+		GuestBin: testkit.GuestBinary(t), VMConfig: api.VMConfig{NoAutodetect: true, CPUs: 2, RAMMB: 1024}}
 	for _, e := range edit {
 		e(&cfg)
 	}
@@ -481,7 +481,7 @@ func launchFailure(t *testing.T, dir string, edit func(*vmhost.ProcessConfig)) e
 func launchFailureWithin(ctx context.Context, t *testing.T, dir string, edit func(*vmhost.ProcessConfig)) error {
 	t.Helper()
 	cfg := vmhost.ProcessConfig{SessionDir: filepath.Join(dir, "session"), Socket: filepath.Join(dir, "p.sock"), Name: "failing",
-		GuestBin: testkit.GuestBinary(t), NoAutodetect: true, CPUs: 2, RAMMB: 1024, DiskGB: vmhost.DefaultDiskGB}
+		GuestBin: testkit.GuestBinary(t), VMConfig: api.VMConfig{NoAutodetect: true, CPUs: 2, RAMMB: 1024}}
 	edit(&cfg)
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: testkit.CapsemBinary(t), Env: testEnv(t)})
 	if err != nil {
@@ -566,7 +566,7 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 // logs route, and the VM runs on.
 func TestConsoleLogIsBoundedWhileTheVMRuns(t *testing.T) {
 	const bound = 64 << 10
-	v := startVM(t, "noisy", func(c *vmhost.ProcessConfig) { c.ConsoleLogMaxKiB = bound >> 10; c.DiskGB = 0 })
+	v := startVM(t, "noisy", func(c *vmhost.ProcessConfig) { c.ConsoleLogMaxKiB = bound >> 10; c.DiskGB = new(0) })
 	defer v.stop(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -48,11 +48,12 @@ type Options struct {
 	SessionDir string
 	APISocket  string
 	Name       string
-	ConfigPath string
-	// NoAutodetect leaves AI CLI settings out of the configuration.
-	NoAutodetect bool
-	CPUs         int
-	RAMMB        int
+	// VMConfig is the VM's configuration (ProcessConfig.VM: defaults
+	// filled in, base matching RootImage).
+	api.VMConfig
+	// RootImage is the read-only root image (EROFS) under the per-VM
+	// disk's layer; "" keeps the minimal root, the initramfs.
+	RootImage string
 	// TCGCacheMiB bounds the TCG translation cache (vmm.Spec.TCGCacheMiB).
 	TCGCacheMiB int
 	// ConsoleLogMaxBytes bounds the console log (vmm.Spec.ConsoleLogMaxBytes).
@@ -64,29 +65,9 @@ type Options struct {
 	// BootStateDir is where saved boots live; "" means boot-states/ in
 	// the guest assets' directory, so new assets never meet old states.
 	BootStateDir string
-	// DiskGB sizes the per-VM disk (paths.Session.Disk) when it has to
-	// be created; an existing one is reused. 0 means no disk.
-	DiskGB int
-	// RootImage is the read-only root image (EROFS) under the per-VM
-	// disk's layer; "" keeps the minimal root, the initramfs.
-	RootImage string
-	// WorkspaceDir is a host directory shared as the guest's workspace
-	// and its commands' working directory; "": the session's own.
-	WorkspaceDir string
-	// WorkspaceMiB bounds what the workspace may take on the host (0:
-	// DefaultWorkspaceMiB); a guest that reaches it gets ENOSPC.
-	WorkspaceMiB int
-	// NoNetwork gives the VM no NIC at all.
-	NoNetwork bool
-	// NetMTU is the NIC's MTU (0: the backend's default).
-	NetMTU int
 	// NetLoopbackOnly lets the VM's network dial loopback addresses only
 	// (tests: every other dial is refused and logged).
 	NetLoopbackOnly bool
-	// Ports are published on the host: listened on before the VM starts
-	// (a host port that is taken fails the start, naming it), carried to
-	// the guest once it is ready.
-	Ports []api.PortMapping
 	// Stage, when not nil, is told each stage of the start as it begins
 	// (guest assets, accelerator, boot or resume), for the caller to
 	// show; `capsem process` reports them on its readiness pipe.
@@ -152,7 +133,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, err
 	}
 	t := v.mark("assets", t0)
-	sources, err := mcpgw.SourcesFor(o.ConfigPath, !o.NoAutodetect)
+	sources, err := mcpgw.SourcesFor(o.Config, !o.NoAutodetect)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +292,7 @@ func (v *VM) joinLedger(opened <-chan openedLedger) error {
 // saved kernel has cached nothing of a user's disk).
 func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, error) {
 	o := v.opts
-	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, storageRequest{sessionDir: o.SessionDir, diskGiB: o.DiskGB, rootImage: o.RootImage, workspaceDir: o.WorkspaceDir})
+	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, storageRequest{sessionDir: o.SessionDir, diskGiB: o.Disk(), rootImage: o.RootImage, workspaceDir: o.Workspace})
 	if err != nil {
 		return vmm.Spec{}, false, err
 	}
@@ -350,7 +331,7 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 		ConsoleLog:         v.session.ConsoleLog(),
 		Firmware:           o.Firmware,
 	}
-	return spec, diskCreated || o.DiskGB == 0, nil
+	return spec, diskCreated || o.Disk() == 0, nil
 }
 
 // recordGuestTimings adds the parts of kernel_to_hello the guest measured:

@@ -27,7 +27,7 @@ type workspace struct {
 func openWorkspace(ctx context.Context, v *VM, dir string) (*workspace, error) {
 	mib := v.opts.WorkspaceMiB
 	if mib == 0 {
-		mib = DefaultWorkspaceMiB
+		mib = api.DefaultWorkspaceMiB
 	}
 	// What the guest can make the server log (refusals, bad messages) is
 	// rate-limited. The server logs what it found ("workspacefs: opened",

@@ -30,8 +30,6 @@ import (
 // running VM) and what only the service needs.
 type Record struct {
 	api.VM
-	DiskGB       int `json:"disk_gb"`
-	WorkspaceMiB int `json:"workspace_mib,omitempty"` // 0: the default bound
 	// RootImage is the root image the VM was made with (Base resolved
 	// at its create), for every boot of it: "" for the minimal root.
 	RootImage string `json:"root_image,omitempty"`
@@ -186,7 +184,12 @@ func (g Registry) read() (recs []*Record, bad map[string]error, errs []error) {
 			bad[name] = err
 			continue
 		}
+		if r.Version > api.VMConfigVersion {
+			// A newer capsem's record stays as it is, for that capsem.
+			errs = append(errs, fmt.Errorf("registry: %s: config_version %d, newer than this capsem reads (%d): left alone", name, r.Version, api.VMConfigVersion))
+			continue
+		}
 		recs = append(recs, &r)
 	}
-	return recs, bad, nil
+	return recs, bad, errs
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 // write.
 func TestRegistrySurvivesDamage(t *testing.T) {
 	g := Registry{Dir: t.TempDir()}
-	good := &Record{VM: api.VM{ID: "vm-0000000000aa", Name: "keep", State: api.StateStopped, CreatedAt: time.Unix(1, 0).UTC()}, DiskGB: 8, Socket: "/s"}
+	good := &Record{VM: api.VM{ID: "vm-0000000000aa", Name: "keep", State: api.StateStopped, CreatedAt: time.Unix(1, 0).UTC(), VMConfig: api.VMConfig{DiskGB: new(8)}}, Socket: "/s"}
 	if err := g.Save(good); err != nil {
 		t.Fatal(err)
 	}
@@ -138,4 +139,28 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestRecordVersions: a record written before the configuration had a
+// version (its sizes beside the VM's fields) reads as the same
+// configuration; one of a newer version than this capsem's is reported
+// and left where it is, for the capsem that wrote it, not moved aside.
+func TestRecordVersions(t *testing.T) {
+	g := Registry{Dir: t.TempDir()}
+	old := `{"id":"vm-0000000000a1","name":"old","persistent":true,"state":"stopped","ram_mb":512,"cpus":1,"image":"default","base":"minimal",` +
+		`"created_at":"2026-11-01T00:00:00Z","session_dir":"/s/a1","ports":[{"address":"127.0.0.1","host":8080,"guest":80}],"disk_gb":0,"workspace_mib":64,"socket":"/s/a1/api.sock"}`
+	newer := `{"id":"vm-0000000000a2","config_version":99,"state":"stopped","created_at":"2026-11-01T00:00:00Z","session_dir":"/s/a2","socket":"/s/a2/api.sock"}`
+	os.WriteFile(filepath.Join(g.Dir, "vm-0000000000a1.json"), []byte(old), 0o600)
+	os.WriteFile(filepath.Join(g.Dir, "vm-0000000000a2.json"), []byte(newer), 0o600)
+	recs, errs := g.Load()
+	if len(recs) != 1 || len(errs) != 1 || !strings.Contains(errs[0].Error(), "config_version 99, newer than this capsem reads (1): left alone") {
+		t.Fatalf("records %+v, errors %v", recs, errs)
+	}
+	want := api.VMConfig{RAMMB: 512, CPUs: 1, Base: api.BaseMinimal, DiskGB: new(0), WorkspaceMiB: 64, Ports: []api.PortMapping{{Address: "127.0.0.1", Host: 8080, Guest: 80}}}
+	if !reflect.DeepEqual(recs[0].VMConfig, want) {
+		t.Errorf("the old record's configuration: %+v, want %+v", recs[0].VMConfig, want)
+	}
+	if _, err := os.Stat(filepath.Join(g.Dir, "vm-0000000000a2.json")); err != nil {
+		t.Errorf("the newer record was moved: %v", err)
+	}
 }

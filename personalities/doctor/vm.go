@@ -48,7 +48,7 @@ func (h *host) checkVM(ctx context.Context, r *doctor.Reporter) {
 	}
 	defer os.RemoveAll(dir)
 	cfg := vmhost.ProcessConfig{SessionDir: dir, Socket: paths.Session{Dir: dir}.APISocket(), Name: "capsem-doctor",
-		Config: h.cmd.Config, NoAutodetect: h.cmd.NoAutodetect, CPUs: 2, RAMMB: 1024, GuestBin: h.guestBin, DiskGB: vmhost.DefaultDiskGB}
+		VMConfig: api.VMConfig{Config: h.cmd.Config, NoAutodetect: h.cmd.NoAutodetect}, GuestBin: h.guestBin}
 	// The full root when it is built, so the VM's doctor checks the AI
 	// CLIs too; the minimal one otherwise (the assets group says why).
 	if root, err := guestfs.ResolveRoot(h.assetsDir(), guestfs.DefaultRecipe); err == nil {

@@ -5,6 +5,7 @@ package process
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -47,9 +48,8 @@ func (c *Cmd) Run(ctx context.Context) error {
 	if logPath := (paths.Session{Dir: c.SessionDir}).ProcessLog(); stderrIs(logPath) {
 		go logs.RotateFD(logs.WithLogger(ctx, log), logPath, int(os.Stderr.Fd()), logs.ProcessLogMaxBytes, processLogCheck)
 	}
-	ports, err := c.Ports()
-	if err != nil {
-		return err
+	if err := c.ProcessConfig.Check(); err != nil {
+		return fmt.Errorf("VM configuration: %w", err)
 	}
 	verdicts, err := paths.AccelVerdict()
 	if err != nil {
@@ -58,10 +58,9 @@ func (c *Cmd) Run(ctx context.Context) error {
 	v, err := vmhost.Boot(ctx, vmhost.Options{
 		Backend:    &qemu.Backend{Log: log, VerdictPath: verdicts},
 		Firmware:   qemu.PreferredFirmware(),
-		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ConfigPath: c.Config, NoAutodetect: c.NoAutodetect,
-		CPUs: c.CPUs, RAMMB: c.RAMMB, TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, DiskGB: c.DiskGB, RootImage: c.RootImage, WorkspaceDir: c.Workspace, WorkspaceMiB: c.WorkspaceMiB, Logger: log,
-		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage,
-		NoNetwork: c.NoNetwork, NetLoopbackOnly: c.NetLoopbackOnly, NetMTU: c.NetMTU, Ports: ports,
+		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, VMConfig: c.VM(), RootImage: c.RootImage,
+		TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, Logger: log,
+		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage, NetLoopbackOnly: c.NetLoopbackOnly,
 	})
 	if err != nil {
 		return err

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -28,19 +27,10 @@ import (
 // Cmd is `capsem run [--name N] [--env K=V]... -- CMD...`.
 type Cmd struct {
 	Name      string        `help:"A name for the VM while it runs (its hostname; capsem exec and shell reach it by it); the VM is removed when the command ends."`
-	Env       []string      `short:"e" sep:"none" help:"Environment variable for the command, K=V (repeatable)."`
 	Timeout   time.Duration `help:"Kill the command after this long (default: no timeout)."`
 	BootLimit time.Duration `name:"boot-timeout" default:"180s" help:"Give up if the VM is not ready by then."`
-	// type:"path" makes it absolute, as the service needs.
-	Config       string   `optional:"" type:"path" help:"TOML with [mcp] policy and [[mcp.servers]] for the VM's gateway; replaces $CAPSEM_HOME/user.toml."`
-	NoAutodetect bool     `help:"Do not add the mcpServers of Claude Code and Gemini CLI settings."`
-	CPUs         int      `name:"cpus" default:"2" help:"Virtual CPUs."`
-	Base         string   `name:"base" enum:"full,minimal," default:"" help:"The VM's root: full (Debian with Node, Python, git and the AI CLIs wired to the gateway; the default) or minimal (busybox only; boots on a bare host)."`
-	RAMMB        int      `name:"ram-mb" default:"1024" help:"Guest memory in MB (as capsem create spells it)."`
-	DiskGB       int      `name:"disk-gb" default:"8" help:"Size of the VM's disk in GB (sparse, removed with the VM); 0: none, the guest runs from RAM."`
-	Workspace    string   `name:"workspace" type:"existingdir" help:"A host directory shared read-write as the VM's workspace (/root/workspace) and its commands' working directory (not / or your home); default: the VM's own."`
-	WorkspaceMiB int      `name:"workspace-mib" default:"16384" help:"Bound on what the VM's workspace may take on the host, in MiB; the guest gets ENOSPC at it."`
-	Publish      []string `short:"p" sep:"none" placeholder:"[ADDR:]HOST:GUEST" help:"Publish the guest's TCP port GUEST on the host's port HOST while the command runs (repeatable), on loopback unless ADDR is given."`
+	// VMConfig is capsem create's: its environment is the command's.
+	api.VMConfig `embed:""`
 	Command      []string `arg:"" passthrough:"" help:"The command and its arguments."`
 }
 
@@ -117,24 +107,8 @@ func (c *Cmd) request() (api.RunRequest, error) {
 	if len(argv) == 0 {
 		return api.RunRequest{}, errors.New("no command given: capsem run -- CMD [ARGS...]")
 	}
-	var env map[string]string
-	for _, kv := range c.Env {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return api.RunRequest{}, fmt.Errorf("--env %q: want KEY=VALUE", kv)
-		}
-		if env == nil {
-			env = map[string]string{}
-		}
-		env[k] = v
-	}
-	ports, err := api.ParsePortMappings(c.Publish)
-	if err != nil {
-		return api.RunRequest{}, fmt.Errorf("--publish: %w", err)
-	}
-	disk := c.DiskGB
 	return api.RunRequest{
-		CreateRequest: api.CreateRequest{Name: c.Name, RAMMB: c.RAMMB, CPUs: c.CPUs, Base: c.Base, Workspace: c.Workspace, DiskGB: &disk, WorkspaceMiB: c.WorkspaceMiB, Config: c.Config, NoAutodetect: c.NoAutodetect, Ports: ports},
-		Exec:          api.ExecRequest{Argv: argv, Env: env, TimeoutMS: c.Timeout.Milliseconds()},
+		CreateRequest: api.CreateRequest{Name: c.Name, VMConfig: c.VMConfig},
+		Exec:          api.ExecRequest{Argv: argv, TimeoutMS: c.Timeout.Milliseconds()},
 	}, nil
 }

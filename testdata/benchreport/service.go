@@ -60,7 +60,7 @@ func serviceBench(capsem, home, guest, assetsDir string, runs int) error {
 	}
 	// One VM first, so that the saved boot of the configuration exists
 	// (it boots and saves once) and every create below resumes.
-	warm, err := svc.Create(ctx, api.CreateRequest{Name: "warm", RAMMB: 1024, CPUs: 2})
+	warm, err := svc.Create(ctx, api.CreateRequest{Name: "warm", VMConfig: api.VMConfig{RAMMB: 1024, CPUs: 2}})
 	if err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func serviceBench(capsem, home, guest, assetsDir string, runs int) error {
 	var viaService, direct []time.Duration
 	for range runs {
 		t := time.Now()
-		v, err := svc.Create(ctx, api.CreateRequest{RAMMB: 1024, CPUs: 2})
+		v, err := svc.Create(ctx, api.CreateRequest{VMConfig: api.VMConfig{RAMMB: 1024, CPUs: 2}})
 		if err != nil {
 			return err
 		}
@@ -162,7 +162,7 @@ func manyAtOnce(ctx context.Context, svc *apiclient.ServiceClient, round string)
 	t := time.Now()
 	for i := range n {
 		wg.Go(func() {
-			v, err := svc.Create(ctx, api.CreateRequest{RAMMB: 512, CPUs: 1})
+			v, err := svc.Create(ctx, api.CreateRequest{VMConfig: api.VMConfig{RAMMB: 512, CPUs: 1}})
 			ready[i], ids[i], errs[i] = time.Since(t), v.ID, err
 		})
 	}

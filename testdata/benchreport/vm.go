@@ -228,7 +228,7 @@ func startProcess(capsem, home, guest string, edit func(*vmhost.ProcessConfig), 
 		return nil, 0, nil, err
 	}
 	cfg := vmhost.ProcessConfig{SessionDir: filepath.Join(dir, "s"), Socket: filepath.Join(dir, "p.sock"), Name: "bench",
-		GuestBin: guest, CPUs: 2, RAMMB: 1024, DiskGB: vmhost.DefaultDiskGB}
+		GuestBin: guest, VMConfig: api.VMConfig{CPUs: 2, RAMMB: 1024}}
 	if edit != nil {
 		edit(&cfg)
 	}
