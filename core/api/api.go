@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/capsem/capsem/core/guestwire"
+	"github.com/capsem/capsem/core/mcpframe"
 )
 
 // ExecRequest runs a command in the guest. Exactly one of Argv and Command is
@@ -30,18 +31,17 @@ type ExecRequest struct {
 }
 
 // MaxTraceID bounds a trace id.
-const MaxTraceID = 128
+const MaxTraceID = mcpframe.MaxTraceID
 
 // CheckTraceID refuses a trace id that is too long or holds anything but
-// letters, digits and . _ : -.
+// letters, digits and . _ : - ("" is none, and fine): the form the guest's
+// relay carries it in (mcpframe.CheckTraceID).
 func CheckTraceID(id string) error {
-	if len(id) > MaxTraceID {
-		return fmt.Errorf("trace_id is %d bytes, the limit is %d", len(id), MaxTraceID)
+	if id == "" {
+		return nil
 	}
-	for _, r := range id {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
-			return fmt.Errorf("trace_id %q: only letters, digits and . _ : - are allowed", id)
-		}
+	if err := mcpframe.CheckTraceID(id); err != nil {
+		return fmt.Errorf("trace_id: %w", err)
 	}
 	return nil
 }

@@ -60,7 +60,7 @@ func benchServeConn(b *testing.B, inFlight int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := client.Write([]byte(MetaPrefix + "bench\n")); err != nil {
+	if _, err := client.Write([]byte(mcpframe.MetaPrefix + "bench\n")); err != nil {
 		b.Fatal(err)
 	}
 	frame := func(id int) []byte {

@@ -21,12 +21,6 @@ import (
 	"github.com/capsem/capsem/core/procs"
 )
 
-// MetaPrefix starts the optional first line a relay sends: NUL
-// "CAPSEM_META:" <process name> "\n".
-const MetaPrefix = "\x00CAPSEM_META:"
-
-const maxMetaLine = 4096
-
 // Serve accepts framed MCP connections until ctx is done or ln fails.
 func (e *Endpoint) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
@@ -70,7 +64,8 @@ type conn struct {
 	c        io.ReadWriteCloser
 	r        io.Reader // c, through raw system calls when it is a socket
 	w        io.Writer
-	metaName string
+	metaName  string
+	metaTrace string // the trace the relay's caller runs under
 
 	wmu  sync.Mutex // guards werr
 	werr error
@@ -269,7 +264,7 @@ func (c *conn) readLoop(ctx context.Context, handlers *sync.WaitGroup) error {
 		streamID := f.StreamID
 		workers.run(func() {
 			defer func() { <-c.unanswered }()
-			meta := CallMeta{Transport: "frame", StreamID: streamID, ProcessName: name, BytesIn: len(payload), MaxResponse: MaxFramedResponse(name)}
+			meta := CallMeta{Transport: "frame", StreamID: streamID, ProcessName: name, TraceID: c.metaTrace, BytesIn: len(payload), MaxResponse: MaxFramedResponse(name)}
 			resp := c.e.Handle(callCtx, meta, msg)
 			<-c.e.sem // the call is done: writing its answer holds no shared slot
 			callCancel(nil)
@@ -341,11 +336,13 @@ func (p *handlerPool) work(job func()) {
 // close ends idle workers at once and busy ones after their call.
 func (p *handlerPool) close() { close(p.jobs) }
 
+// readMeta reads the relay's optional metadata line
+// (mcpframe.ParseMetaLine), leaving the stream at its first frame.
 func (c *conn) readMeta(br *bufio.Reader) error {
 	// A frame also starts with a NUL (the high byte of its length), so only
 	// the full prefix marks a metadata line.
-	head, err := br.Peek(len(MetaPrefix))
-	if err != nil || string(head) != MetaPrefix {
+	head, err := br.Peek(len(mcpframe.MetaPrefix))
+	if err != nil || string(head) != mcpframe.MetaPrefix {
 		return nil // no metadata line; errors surface on the first frame read
 	}
 	line := make([]byte, 0, 64)
@@ -354,15 +351,19 @@ func (c *conn) readMeta(br *bufio.Reader) error {
 		if err != nil {
 			return fmt.Errorf("reading metadata line: %w", err)
 		}
+		line = append(line, b)
+		if len(line) > mcpframe.MaxMetaLine {
+			return fmt.Errorf("metadata line exceeds %d bytes", mcpframe.MaxMetaLine)
+		}
 		if b == '\n' {
 			break
 		}
-		line = append(line, b)
-		if len(line) > maxMetaLine {
-			return fmt.Errorf("metadata line exceeds %d bytes", maxMetaLine)
-		}
 	}
-	c.metaName = mcpframe.SanitizeName(string(line[len(MetaPrefix):]))
+	meta, err := mcpframe.ParseMetaLine(line)
+	if err != nil {
+		return err
+	}
+	c.metaName, c.metaTrace = meta.Name, meta.TraceID
 	return nil
 }
 
@@ -412,7 +413,7 @@ func (c *conn) answerError(ctx context.Context, streamID uint32, name string, pa
 	if msg != nil {
 		method = msg.Method
 	}
-	c.e.recordLocal(ctx, &Record{Transport: "frame", StreamID: streamID, ProcessName: name, ServerName: "gateway",
+	c.e.recordLocal(ctx, &Record{Transport: "frame", StreamID: streamID, ProcessName: name, TraceID: c.metaTrace, ServerName: "gateway",
 		Method: method, RequestID: jsonrpc.IDText(id), Request: string(payload), Response: string(resp), Decision: "error",
 		ErrorCode: e.Code, ErrorMessage: e.Message, BytesSent: int64(len(payload)), BytesReceived: int64(len(resp))})
 	c.send(streamID, name, resp)
@@ -421,7 +422,7 @@ func (c *conn) answerError(ctx context.Context, streamID uint32, name string, pa
 // notification handles a stream-0 frame. Notifications never get a response;
 // each still gets a ledger row.
 func (c *conn) notification(ctx context.Context, name string, payload []byte) {
-	rec := &Record{Transport: "frame", ProcessName: name, ServerName: "gateway", Request: string(payload),
+	rec := &Record{Transport: "frame", ProcessName: name, TraceID: c.metaTrace, ServerName: "gateway", Request: string(payload),
 		BytesSent: int64(len(payload)), Decision: "allowed"}
 	msg, perr, _ := jsonrpc.ParseRequest(payload)
 	switch {

@@ -50,6 +50,7 @@ type Record struct {
 	Transport      string // "frame" or "host"
 	StreamID       uint32
 	ProcessName    string
+	TraceID        string // the relay's caller's, from its metadata line
 	ServerName     string
 	Method         string
 	ToolName       string
@@ -269,6 +270,7 @@ type CallMeta struct {
 	Transport   string
 	StreamID    uint32
 	ProcessName string
+	TraceID     string
 	BytesIn     int
 	// MaxResponse bounds the encoded response; larger results become an error.
 	MaxResponse int
@@ -296,6 +298,7 @@ func (e *Endpoint) record(start time.Time, meta CallMeta, msg *jsonrpc.Message, 
 		Transport:     meta.Transport,
 		StreamID:      meta.StreamID,
 		ProcessName:   meta.ProcessName,
+		TraceID:       meta.TraceID,
 		ServerName:    out.server,
 		Method:        msg.Method,
 		ToolName:      out.tool,

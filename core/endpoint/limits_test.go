@@ -45,7 +45,7 @@ func dialFramed(t *testing.T, addr string) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	if _, err := c.Write([]byte(MetaPrefix + "client\n")); err != nil {
+	if _, err := c.Write([]byte(mcpframe.MetaPrefix + "client\n")); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -167,5 +167,49 @@ func TestStalledFramesAreCutOff(t *testing.T) {
 	idle[0].SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := mcpframe.NewReader(idle[0]).Read(); err != nil {
 		t.Fatalf("an idle connection, then a ping: %v", err)
+	}
+}
+
+// TestTraceFromTheMetadataLine: the trace id a relay's metadata line names
+// is on every row of that connection's calls, and on no other
+// connection's; a metadata line with a malformed trace id ends its own
+// connection, not another's.
+func TestTraceFromTheMetadataLine(t *testing.T) {
+	addr, _, db := limitsServer(t, 8, Limits{})
+	dial := func(meta mcpframe.Meta) net.Conn {
+		c, err := net.Dial("unix", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := c.Write(mcpframe.AppendMetaLine(nil, meta)); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	traced, plain := dial(mcpframe.Meta{Name: "claude", TraceID: "run-7"}), dial(mcpframe.Meta{Name: "other"})
+	for _, c := range []net.Conn{traced, plain} {
+		sendFrame(t, c, 1, `{"jsonrpc":"2.0","id":1,"method":"ping"}`)
+		if _, err := mcpframe.NewReader(c).Read(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad, err := net.Dial("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	bad.Write([]byte(mcpframe.MetaPrefix + "evil\ttrace=x y\n"))
+	if !closedByServer(bad, 10*time.Second) {
+		t.Fatal("a malformed trace id did not end its connection")
+	}
+	sendFrame(t, traced, 2, `{"jsonrpc":"2.0","id":2,"method":"ping"}`)
+	if _, err := mcpframe.NewReader(traced).Read(); err != nil {
+		t.Fatalf("another connection's bad metadata line broke this one: %v", err)
+	}
+	h := &harness{t: t, db: db}
+	got := fmt.Sprint(h.rows(`SELECT process_name, COALESCE(trace_id, '-') FROM mcp_calls ORDER BY id`))
+	if want := "[[client run-7] [client -] [client run-7]]"; got != want { // the frames name their process (sendFrame)
+		t.Fatalf("rows %s, want %s", got, want)
 	}
 }

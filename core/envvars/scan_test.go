@@ -25,7 +25,7 @@ var productDirs = []string{"core", "personalities", "vmm", "guestfs", "main.go"}
 
 // notVariables are CAPSEM_ words in the code that name no variable.
 var notVariables = map[string]string{
-	"CAPSEM_META": "the relay's metadata line (core/endpoint.MetaPrefix)",
+	"CAPSEM_META": "the relay's metadata line (core/mcpframe.MetaPrefix)",
 }
 
 var (

@@ -42,7 +42,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 	}
 	in, out, restore := procs.PollableStdio()
 	defer restore()
-	r := &Relay{Dial: dial, Name: ParentProcessName(os.Getppid()), Out: procs.RawWriter(out)}
+	r := &Relay{Dial: dial, Name: ParentProcessName(os.Getppid()), TraceID: envvars.TraceID.Get(), Out: procs.RawWriter(out)}
 	return r.Run(ctx, procs.RawReader(in))
 }
 
@@ -140,7 +140,11 @@ func programName(argv []string) string {
 type Relay struct {
 	Dial Dialer
 	Name string
-	Out  io.Writer
+	// TraceID is the trace the relay's caller runs under (a command the
+	// host ran with one passes it on in the environment): the gateway's
+	// rows of this relay's calls carry it.
+	TraceID string
+	Out     io.Writer
 
 	outMu sync.Mutex // one line at a time on stdout
 
@@ -370,7 +374,7 @@ func (r *Relay) connection(ctx context.Context) (*relayConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Write([]byte(MetaLine(r.Name))); err != nil {
+	if _, err := c.Write(mcpframe.AppendMetaLine(nil, mcpframe.Meta{Name: r.Name, TraceID: r.TraceID})); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("sending metadata: %w", err)
 	}
@@ -380,9 +384,6 @@ func (r *Relay) connection(ctx context.Context) (*relayConn, error) {
 	go r.readLoop(rc)
 	return rc, nil
 }
-
-// MetaLine is the first line the relay sends on a connection.
-func MetaLine(name string) string { return "\x00CAPSEM_META:" + name + "\n" }
 
 func (r *Relay) retire(rc *relayConn) {
 	r.mu.Lock()
