@@ -60,10 +60,10 @@ func (e *Endpoint) Serve(ctx context.Context, ln net.Listener) error {
 
 // conn is one framed connection.
 type conn struct {
-	e        *Endpoint
-	c        io.ReadWriteCloser
-	r        io.Reader // c, through raw system calls when it is a socket
-	w        io.Writer
+	e         *Endpoint
+	c         io.ReadWriteCloser
+	r         io.Reader // c, through raw system calls when it is a socket
+	w         io.Writer
 	metaName  string
 	metaTrace string // the trace the relay's caller runs under
 
