@@ -40,6 +40,7 @@ type CLI struct {
 	Purge         cli.PurgeCmd       `cmd:"" group:"VMs" help:"Destroy every ephemeral VM (--all: every VM)."`
 	Logs          cli.LogsCmd        `cmd:"" group:"VMs" help:"A VM's serial console and process log (or --service)."`
 	Inspect       cli.InspectCmd     `cmd:"" group:"VMs" help:"Run read-only SQL on a VM's session.db."`
+	Timeline      cli.TimelineCmd    `cmd:"" group:"VMs" help:"A VM's ledger as one stream in time order: commands, MCP calls, DNS, connections, model calls, files."`
 	Cp            cli.CpCmd          `cmd:"" group:"VMs" help:"Copy a file into or out of a VM (VM:PATH)."`
 	PortForward   cli.PortForwardCmd `cmd:"" name:"port-forward" group:"VMs" help:"Publish a guest TCP port on the host while the VM runs ([ADDR:]HOST:GUEST, loopback unless ADDR is given)."`
 	MCP           mcphost.Cmd        `cmd:"" name:"mcp" help:"The MCP server AI agents on the host register (stdio): sandboxes as tools, through the service."`

@@ -33,6 +33,10 @@ const (
 	RouteVMLogs        = "/v1/vms/{vm}/logs"           // GET ?tail=&grep=: LogsResult
 	RouteVMSchema      = "/v1/vms/{vm}/inspect/schema" // GET: SchemaResult
 	RouteVMInspect     = "/v1/vms/{vm}/inspect"        // POST InspectRequest: InspectResult
+	// RouteVMTimeline is a VM's ledger as one stream of events (GET
+	// ?trace_id=&since=&layers=exec,mcp&limit=: TimelineResult; since is
+	// an RFC 3339 time or a duration back from now).
+	RouteVMTimeline = "/v1/vms/{vm}/timeline"
 	// RouteVMPorts publishes one more port of a running VM, for as long
 	// as it runs (POST PortMapping: the PortMapping as published).
 	RouteVMPorts = "/v1/vms/{vm}/ports"

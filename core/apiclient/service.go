@@ -458,6 +458,16 @@ func (c *ServiceClient) Inspect(ctx context.Context, vm string, req api.InspectR
 	return v, c.callBounded(ctx, http.MethodPost, api.VMPath(api.RouteVMInspect, vm), nil, req, &v, maxInspectAnswer)
 }
 
+// Timeline returns a VM's ledger as one stream of events in time order.
+func (c *ServiceClient) Timeline(ctx context.Context, vm string, req api.TimelineRequest) (api.TimelineResult, error) {
+	var v api.TimelineResult
+	return v, c.callBounded(ctx, http.MethodGet, api.VMPath(api.RouteVMTimeline, vm), req.Query(), nil, &v, maxTimelineAnswer)
+}
+
+// maxTimelineAnswer bounds a timeline answer: its events at their longest,
+// with room for the JSON around each.
+const maxTimelineAnswer = api.MaxTimelineEvents * (4*api.MaxTimelineSummary + 512)
+
 // StopService asks the service to exit (its VMs keep running).
 func (c *ServiceClient) StopService(ctx context.Context) error {
 	return c.call(ctx, http.MethodPost, api.RouteServiceStop, nil, nil, nil)

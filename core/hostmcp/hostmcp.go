@@ -44,6 +44,7 @@ type Service interface {
 	ServiceLogs(ctx context.Context, tail int, grep string) (api.LogsResult, error)
 	Schema(ctx context.Context, vm string) (api.SchemaResult, error)
 	Inspect(ctx context.Context, vm string, req api.InspectRequest) (api.InspectResult, error)
+	Timeline(ctx context.Context, vm string, req api.TimelineRequest) (api.TimelineResult, error)
 }
 
 // Instructions is what the server tells a client at initialize.
@@ -54,7 +55,7 @@ Iterative debugging on a long-lived VM:
 1. capsem_create (give a name to keep the VM's disk and ledger across stops)
 2. capsem_exec {id, command}: run what you want to test
 3. capsem_read_file / capsem_write_file: check or change state
-4. capsem_inspect {id, sql}: query the ledger (capsem_inspect_schema lists its tables: mcp_calls, net_events, dns_events, exec_events, fs_events, model_calls)
+4. capsem_inspect {id, sql}: query the ledger (capsem_inspect_schema lists its tables: mcp_calls, net_events, dns_events, exec_events, fs_events, model_calls); capsem_timeline {id, traceId?}: the same rows as one stream in time order (give capsem_exec a traceId to follow what one command caused)
 5. capsem_vm_logs {id}: the guest console and the VM's process log, when something fails
 6. capsem_delete {id}: tear it down (capsem_stop keeps a named VM for capsem_resume)
 

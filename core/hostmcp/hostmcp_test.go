@@ -27,12 +27,13 @@ var update = flag.Bool("update", false, "rewrite golden files")
 
 // fakeService answers as the service would, recording what it was asked.
 type fakeService struct {
-	mu       sync.Mutex
-	calls    []string
-	execReq  api.ExecRequest
-	createIn api.CreateRequest
-	block    chan struct{} // Exec waits on it (or ctx)
-	execCtx  error         // why the blocked Exec ended
+	mu         sync.Mutex
+	calls      []string
+	execReq    api.ExecRequest
+	createIn   api.CreateRequest
+	timelineIn api.TimelineRequest
+	block      chan struct{} // Exec waits on it (or ctx)
+	execCtx    error         // why the blocked Exec ended
 	// beat, when not nil, holds CreateStream in its first stage until it
 	// is closed (the test closes it on seeing a heartbeat).
 	beat chan struct{}
@@ -162,6 +163,16 @@ func (f *fakeService) Inspect(context.Context, string, api.InspectRequest) (api.
 	return api.InspectResult{Columns: []string{"n"}, Rows: [][]any{{1.0}}}, nil
 }
 
+func (f *fakeService) Timeline(_ context.Context, vm string, req api.TimelineRequest) (api.TimelineResult, error) {
+	if vm == "ghost" {
+		return api.TimelineResult{}, errUnknown
+	}
+	f.mu.Lock()
+	f.timelineIn = req
+	f.mu.Unlock()
+	return api.TimelineResult{Events: []api.TimelineEvent{{Timestamp: "2026-12-03T12:00:00.000000000Z", Layer: api.LayerExec, ID: 1, TraceID: "t1", Summary: "api: true → exit 0 (1 ms)"}}, Omitted: 4}, nil
+}
+
 func connect(t *testing.T, svc Service, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
 	ct, st := mcp.NewInMemoryTransports()
@@ -202,8 +213,8 @@ func TestToolsListGolden(t *testing.T) {
 	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
 		t.Fatalf("tools/list changed (run with -update if intended):\n%s", got)
 	}
-	if len(res.Tools) != 17 {
-		t.Errorf("%d tools, want 17", len(res.Tools))
+	if len(res.Tools) != 18 {
+		t.Errorf("%d tools, want 18", len(res.Tools))
 	}
 	for _, tool := range res.Tools {
 		if tool.Annotations == nil || tool.OutputSchema == nil || tool.InputSchema == nil || len(tool.Description) < 40 {
@@ -511,4 +522,43 @@ func normalizeEmpty(c api.VMConfig) api.VMConfig {
 		c.Ports = nil
 	}
 	return c
+}
+
+// TestTimelineTool: capsem_timeline's filters reach the service (since as
+// a time or a duration back from now), its events come back as the
+// service gave them, and a bad since or an unknown VM is a tool error
+// naming it.
+func TestTimelineTool(t *testing.T) {
+	f := &fakeService{}
+	cs := connect(t, f, nil)
+	res := call(t, cs, "capsem_timeline", map[string]any{"id": "dev", "traceId": "t1", "since": "15m", "layers": []string{"exec", "mcp"}, "limit": 5})
+	if res.IsError {
+		t.Fatalf("timeline: %+v", res.Content[0])
+	}
+	f.mu.Lock()
+	got := f.timelineIn
+	f.mu.Unlock()
+	if ago := time.Since(got.Since); got.TraceID != "t1" || got.Limit != 5 || !slices.Equal(got.Layers, []string{"exec", "mcp"}) || ago < 15*time.Minute || ago > 16*time.Minute {
+		t.Fatalf("the service was asked for %+v", got)
+	}
+	var out TimelineOut
+	b, _ := json.Marshal(res.StructuredContent)
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Events) != 1 || out.Events[0].Layer != "exec" || out.Events[0].TraceID != "t1" || out.Omitted != 4 {
+		t.Fatalf("out %+v", out)
+	}
+	for _, bad := range []struct {
+		args map[string]any
+		want string
+	}{
+		{map[string]any{"id": "dev", "since": "yesterday"}, `since "yesterday"`},
+		{map[string]any{"id": "ghost"}, `no VM named "ghost"`},
+	} {
+		res := call(t, cs, "capsem_timeline", bad.args)
+		if !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, bad.want) {
+			t.Errorf("%v: %+v, want an error naming %s", bad.args, res.Content, bad.want)
+		}
+	}
 }

@@ -70,7 +70,14 @@ type (
 		SQL     string `json:"sql" jsonschema:"one read-only SQL statement on the VM's session.db"`
 		MaxRows int    `json:"maxRows,omitempty" jsonschema:"at most this many rows (default 100, at most 10000)"`
 	}
-	VersionIn struct{}
+	VersionIn  struct{}
+	TimelineIn struct {
+		ID      string   `json:"id" jsonschema:"the VM's id or name"`
+		TraceID string   `json:"traceId,omitempty" jsonschema:"only the events of this trace (the traceId given to capsem_exec: its command, and the MCP calls, connections and model calls it caused)"`
+		Since   string   `json:"since,omitempty" jsonschema:"only events at or after this: an RFC 3339 time or a duration back from now (15m, 2h)"`
+		Layers  []string `json:"layers,omitempty" jsonschema:"only these layers: exec, mcp, dns, net, model, fs (default: all)"`
+		Limit   int      `json:"limit,omitempty" jsonschema:"at most this many events, the latest (default 200, at most 5000)"`
+	}
 )
 
 // Outputs.
@@ -158,6 +165,17 @@ type (
 		Truncated   bool     `json:"truncated,omitempty" jsonschema:"the answer is not the whole result: rows were left out or cells cut"`
 		TruncatedBy string   `json:"truncatedBy,omitempty" jsonschema:"the bound that left rows out: rows (maxRows) or bytes (the answer's size)"`
 		CutCells    int      `json:"cutCells,omitempty" jsonschema:"how many cells were cut"`
+	}
+	TimelineOut struct {
+		Events  []TimelineEventOut `json:"events" jsonschema:"in time order"`
+		Omitted int64              `json:"omitted,omitempty" jsonschema:"earlier events that matched but were left out (past limit)"`
+	}
+	TimelineEventOut struct {
+		TS      string `json:"ts"`
+		Layer   string `json:"layer" jsonschema:"exec, mcp, dns, net, model or fs: the ledger table the row is in"`
+		ID      int64  `json:"id" jsonschema:"the row's id in its table, for capsem_inspect"`
+		TraceID string `json:"traceId,omitempty"`
+		Summary string `json:"summary"`
 	}
 	VersionOut struct {
 		MCPVersion       string `json:"mcpVersion"`
@@ -249,6 +267,8 @@ func (t *tools) register(s *mcp.Server) {
 		"a longer text or blob comes as {cut: true, bytes: its whole length, value: its first bytes}; truncated, truncatedBy and cutCells say what was left out. " +
 		"Use substr() and length() to read a long value in parts. " +
 		fmt.Sprintf("A query runs for at most %s, and one that needs more than %d MiB of memory fails with an error saying so.", api.InspectTimeout, api.MaxInspectMemoryBytes>>20)}, t.inspect)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_timeline", Annotations: readOnly, Description: "A VM's ledger as one stream in time order: its commands (exec), MCP calls (mcp), DNS queries (dns), connections and HTTP requests (net), model API calls (model) and file transfers (fs), each with a one-line summary and its row id for capsem_inspect. " +
+		"Filter by traceId (the one given to capsem_exec ties a command to the MCP calls and connections it caused), since and layers; the latest events when more match than limit. Works on stopped VMs."}, t.timeline)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger)."}, t.delete)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_version", Annotations: readOnly, Description: "This MCP server's version, the service's, and whether they match."}, t.versionTool)
 }
@@ -376,6 +396,22 @@ func (t *tools) schema(ctx context.Context, _ *mcp.CallToolRequest, in SchemaIn)
 func (t *tools) inspect(ctx context.Context, _ *mcp.CallToolRequest, in InspectIn) (*mcp.CallToolResult, InspectOut, error) {
 	r, err := t.svc.Inspect(ctx, in.ID, api.InspectRequest{SQL: in.SQL, MaxRows: in.MaxRows})
 	return nil, InspectOut{Columns: r.Columns, Rows: r.Rows, Truncated: r.Truncated, TruncatedBy: r.TruncatedBy, CutCells: r.CutCells}, err
+}
+
+func (t *tools) timeline(ctx context.Context, _ *mcp.CallToolRequest, in TimelineIn) (*mcp.CallToolResult, TimelineOut, error) {
+	since, err := api.ParseSince(in.Since, time.Now())
+	if err != nil {
+		return nil, TimelineOut{}, err
+	}
+	r, err := t.svc.Timeline(ctx, in.ID, api.TimelineRequest{TraceID: in.TraceID, Since: since, Layers: in.Layers, Limit: in.Limit})
+	if err != nil {
+		return nil, TimelineOut{}, err
+	}
+	out := TimelineOut{Events: []TimelineEventOut{}, Omitted: r.Omitted}
+	for _, e := range r.Events {
+		out.Events = append(out.Events, TimelineEventOut{TS: e.Timestamp, Layer: e.Layer, ID: e.ID, TraceID: e.TraceID, Summary: e.Summary})
+	}
+	return nil, out, nil
 }
 
 func (t *tools) delete(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, DeleteOut, error) {

@@ -5,6 +5,8 @@ package ledger
 import (
 	"context"
 	"errors"
+
+	"github.com/capsem/capsem/core/api"
 )
 
 // The guest build of capsem has no cgo and never opens a ledger; these keep
@@ -24,4 +26,9 @@ func Schema(context.Context, string) ([]string, error) { return nil, errNoCgo }
 // Query is unavailable without cgo.
 func Query(context.Context, string, string, QueryLimits) (QueryResult, error) {
 	return QueryResult{}, errNoCgo
+}
+
+// Timeline is unavailable without cgo.
+func Timeline(context.Context, string, api.TimelineRequest) (api.TimelineResult, error) {
+	return api.TimelineResult{}, errNoCgo
 }

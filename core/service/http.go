@@ -241,6 +241,15 @@ func (s *Service) Handler(stop func()) http.Handler {
 		out, err := s.Schema(r.Context(), r.PathValue("vm"))
 		reply(w, http.StatusOK, out, err)
 	})
+	mux.HandleFunc("GET "+api.RouteVMTimeline, func(w http.ResponseWriter, r *http.Request) {
+		req, err := api.ParseTimelineQuery(r.URL.Query(), time.Now())
+		if err != nil {
+			writeError(w, badRequest("%v", err))
+			return
+		}
+		out, err := s.Timeline(r.Context(), r.PathValue("vm"), req)
+		reply(w, http.StatusOK, out, err)
+	})
 	mux.HandleFunc("POST "+api.RouteVMInspect, func(w http.ResponseWriter, r *http.Request) {
 		var req api.InspectRequest
 		if decode(w, r, &req, maxRequestBody) {

@@ -470,3 +470,26 @@ func freshSchema(ctx context.Context) (api.SchemaResult, error) {
 	tables, err := ledger.Schema(ctx, path)
 	return api.SchemaResult{Tables: tables}, err
 }
+
+// Timeline returns a VM's ledger as one stream of events in time order
+// (ledger.Timeline), running or not; it shares Inspect's turns.
+func (s *Service) Timeline(ctx context.Context, ref string, req api.TimelineRequest) (api.TimelineResult, error) {
+	if err := req.Check(); err != nil {
+		return api.TimelineResult{}, badRequest("%v", err)
+	}
+	v, err := s.lookup(ref)
+	if err != nil {
+		return api.TimelineResult{}, err
+	}
+	select {
+	case s.inspectSlots <- struct{}{}:
+		defer func() { <-s.inspectSlots }()
+	case <-ctx.Done():
+		return api.TimelineResult{}, ctx.Err()
+	}
+	res, err := ledger.Timeline(ctx, s.sessionOf(v).DB(), req)
+	if err != nil {
+		return api.TimelineResult{}, refuse(http.StatusNotFound, "session ledger: %v", err)
+	}
+	return res, nil
+}

@@ -123,6 +123,13 @@ func TestCLIVerbs(t *testing.T) {
 	if schema := c.must("inspect", "dev", "--schema"); !strings.Contains(schema, "CREATE TABLE mcp_calls") {
 		t.Fatalf("inspect --schema: %s", schema)
 	}
+	// The last command on the timeline, and how many before it were left out.
+	if tl := c.must("timeline", "dev", "--layer", "exec", "--limit", "1"); !strings.Contains(tl, "earlier events left out") || !strings.Contains(tl, "  exec  api: sleep 30 → timed out") {
+		t.Fatalf("timeline: %s", tl)
+	}
+	if _, errOut, code := c.run("timeline", "dev", "--since", "yesterday"); code == 0 || !strings.Contains(errOut, `--since: since "yesterday"`) {
+		t.Fatalf("timeline --since yesterday: exit %d %q", code, errOut)
+	}
 	if logs := c.must("logs", "dev", "-n", "3"); !strings.Contains(logs, "== serial console ==") {
 		t.Fatalf("logs: %s", logs)
 	}

@@ -134,7 +134,7 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 	c := startMCP(t, env, runDir)
 
 	tools, err := c.s.ListTools(context.Background(), nil)
-	if err != nil || len(tools.Tools) != 17 {
+	if err != nil || len(tools.Tools) != 18 {
 		t.Fatalf("tools/list: %d tools, %v", len(tools.Tools), err)
 	}
 	var v hostmcp.VersionOut
@@ -271,6 +271,40 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 		if after := count(); after != before {
 			t.Fatalf("exec_events went from %v to %v rows through refused SQL", before, after)
 		}
+	})
+
+	t.Run("timeline", func(t *testing.T) {
+		// A command run with a trace id calls the gateway through the
+		// relay: its exec row and the gateway's rows of its calls share
+		// the trace, and the timeline gives them in time order.
+		const list = `'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}' ` +
+			`'{"jsonrpc":"2.0","method":"notifications/initialized"}' '{"jsonrpc":"2.0","id":2,"method":"tools/list"}'`
+		var r hostmcp.ExecOut
+		c.must("capsem_exec", map[string]any{"id": "dev", "traceId": "tl-1", "command": "printf '%s\\n' " + list + " | capsem-mcp-server | grep -c jsonrpc"}, &r)
+		if r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != "2" {
+			t.Fatalf("the traced command: %+v", r)
+		}
+		var tl hostmcp.TimelineOut
+		c.must("capsem_timeline", map[string]any{"id": "dev", "traceId": "tl-1"}, &tl)
+		var layers []string
+		for i, e := range tl.Events {
+			layers = append(layers, e.Layer)
+			if e.TraceID != "tl-1" || (i > 0 && e.TS < tl.Events[i-1].TS) {
+				t.Errorf("event %d out of trace or order: %+v", i, e)
+			}
+		}
+		if len(tl.Events) < 3 || layers[0] != "exec" || !strings.HasPrefix(tl.Events[0].Summary, "api: printf") ||
+			!slices.ContainsFunc(tl.Events, func(e hostmcp.TimelineEventOut) bool {
+				return e.Layer == "mcp" && strings.Contains(e.Summary, "tools/list")
+			}) {
+			t.Fatalf("timeline of the trace: %+v", tl.Events)
+		}
+		// Without a trace: every layer asked for, the latest first left out.
+		c.must("capsem_timeline", map[string]any{"id": "dev", "layers": []string{"exec"}, "limit": 2}, &tl)
+		if len(tl.Events) != 2 || tl.Omitted == 0 || tl.Events[0].Layer != "exec" {
+			t.Fatalf("the last two commands: %+v", tl)
+		}
+		c.refused("capsem_timeline", map[string]any{"id": "dev", "layers": []string{"disk"}}, `layer "disk"`)
 	})
 
 	t.Run("logs", func(t *testing.T) {
@@ -560,7 +594,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 	if err := json.Unmarshal(out, &report); err != nil {
 		t.Fatalf("report %q: %v", out, err)
 	}
-	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 17 || !report.AllHaveOutputSchemas {
+	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 18 || !report.AllHaveOutputSchemas {
 		t.Errorf("discovery: %+v", report)
 	}
 	if !report.Version.Match || report.Created.State != "running" || report.Created.Name != "ts-vm" {
