@@ -21,14 +21,14 @@ func TestTimelineQuery(t *testing.T) {
 		t.Fatalf("since 15m: %+v, %v", got, err)
 	}
 	for q, want := range map[string]string{
-		"trace=t-1":              "query parameter trace: unknown",
-		"limit=1&limit=2":        "limit: given 2 times",
-		"limit=many":             `limit "many": not a number`,
-		"limit=-1":               "limit -1: want 1 to 5000",
-		"since=-5m":              `since "-5m"`,
-		"since=yesterday":        `since "yesterday": want an RFC 3339 time`,
-		"layers=exec,disk":       `layer "disk"`,
-		"trace_id=a%20b":         `trace id "a b"`,
+		"trace=t-1":             "query parameter trace: unknown",
+		"limit=1&limit=2":       "limit: given 2 times",
+		"limit=many":            `limit "many": not a number`,
+		"limit=-1":              "limit -1: want 1 to 5000",
+		"since=-5m":             `since "-5m"`,
+		"since=yesterday":       `since "yesterday": want an RFC 3339 time`,
+		"layers=exec,disk":      `layer "disk"`,
+		"trace_id=a%20b":        `trace id "a b"`,
 		"trace_id=" + long(129): "trace id of 129 bytes",
 	} {
 		v, _ := url.ParseQuery(q)
