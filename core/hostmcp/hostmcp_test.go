@@ -213,8 +213,8 @@ func TestToolsListGolden(t *testing.T) {
 	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
 		t.Fatalf("tools/list changed (run with -update if intended):\n%s", got)
 	}
-	if len(res.Tools) != 18 {
-		t.Errorf("%d tools, want 18", len(res.Tools))
+	if len(res.Tools) != 19 {
+		t.Errorf("%d tools, want 19", len(res.Tools))
 	}
 	for _, tool := range res.Tools {
 		if tool.Annotations == nil || tool.OutputSchema == nil || tool.InputSchema == nil || len(tool.Description) < 40 {
@@ -560,5 +560,49 @@ func TestTimelineTool(t *testing.T) {
 		if !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, bad.want) {
 			t.Errorf("%v: %+v, want an error naming %s", bad.args, res.Content, bad.want)
 		}
+	}
+}
+
+// TestHostLogsTakeNamesOnly: capsem_host_logs reads the service's and its
+// own log by name, grep, tail and maxBytes applied; every path trick is
+// refused naming the allowed names, and reads nothing.
+func TestHostLogsTakeNamesOnly(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("CAPSEM_RUN_DIR", dir)
+	os.WriteFile(filepath.Join(dir, "service.log"), []byte("{\"msg\":\"one\"}\n{\"msg\":\"VM running\"}\n{\"msg\":\"three\"}\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, "secret.txt"), []byte("sk-secret\n"), 0o600)
+	cs := connect(t, &fakeService{}, nil)
+	var out HostLogsOut
+	get := func(args map[string]any) {
+		t.Helper()
+		res := call(t, cs, "capsem_host_logs", args)
+		if res.IsError {
+			t.Fatalf("%v: %+v", args, res.Content[0])
+		}
+		b, _ := json.Marshal(res.StructuredContent)
+		out = HostLogsOut{}
+		json.Unmarshal(b, &out)
+	}
+	get(map[string]any{"name": "service", "grep": "VM running"})
+	if out.Text != "{\"msg\":\"VM running\"}\n" || out.Truncated {
+		t.Fatalf("grep: %+v", out)
+	}
+	get(map[string]any{"name": "service", "maxBytes": 20})
+	if out.Text != "{\"msg\":\"three\"}\n" || !out.Truncated {
+		t.Fatalf("maxBytes: %+v", out)
+	}
+	get(map[string]any{"name": "mcp"}) // nothing logged yet: empty, not an error
+	if out.Text != "" {
+		t.Fatalf("mcp: %+v", out)
+	}
+	for _, name := range []string{"../run/service.log", "/etc/passwd", filepath.Join(dir, "secret.txt"), "secret.txt", "service.log", "service/../secret.txt", "SERVICE", "service\x00", ""} {
+		res := call(t, cs, "capsem_host_logs", map[string]any{"name": name})
+		text := res.Content[0].(*mcp.TextContent).Text
+		if !res.IsError || !strings.Contains(text, "want one of mcp, service (a name, not a path)") || strings.Contains(text, "sk-secret") {
+			t.Errorf("name %q: %q", name, text)
+		}
+	}
+	if res := call(t, cs, "capsem_host_logs", map[string]any{"name": "service", "maxBytes": 2 << 20}); !res.IsError {
+		t.Error("maxBytes past the bound accepted")
 	}
 }

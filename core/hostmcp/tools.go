@@ -260,6 +260,8 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_write_file", Annotations: overwrites, Description: "Write a file in a running VM (replacing it), creating missing directories: text, or bytes with encoding base64. Up to 64 MiB."}, t.writeFile)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_vm_logs", Annotations: readOnly, Description: "The tail of a VM's logs: the guest's serial console and the VM's host process. grep keeps matching lines; tail limits to the last N. Works on stopped and defunct VMs."}, t.vmLogs)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_service_logs", Annotations: readOnly, Description: "The tail of the capsem service's own log (JSON lines). grep keeps matching lines; tail limits to the last N."}, t.serviceLogs)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_host_logs", Annotations: readOnly, Description: "The tail of a host log of capsem's, by name: service (the capsem service) or mcp (this MCP server). " +
+		"grep keeps matching lines, tail limits to the last N lines, maxBytes to the last bytes (whole lines). Only those names are taken, never a path."}, t.hostLogsTool)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect_schema", Annotations: readOnly, Description: "The CREATE TABLE statements of session.db, the per-VM ledger capsem_inspect queries."}, t.schema)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_inspect", Annotations: readOnly, Description: "Run one read-only SQL statement on a VM's session.db (its ledger: mcp_calls, net_events, dns_events, exec_events, fs_events, model_calls) and return columns and rows. " +
 		"Writes, ATTACH, extensions and pragmas that change anything are refused. The answer is bounded: at most maxRows rows, " +
