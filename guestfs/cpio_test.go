@@ -51,7 +51,14 @@ func testInitramfs(reverse bool) *fsTree {
 		t.file(m, 0o644, []byte("module "+m))
 	}
 	t.file(LoadOrderPath, 0o644, []byte("/lib/modules/6.1.0-99-amd64/kernel/drivers/virtio/virtio.ko\n"))
-	layoutInitramfs(t, []byte("\x7fELF guest binary"), []byte("\x7fELF busybox"), []string{"bin/sh", "bin/ls", "sbin/mke2fs", "usr/bin/head", "usr/bin/capsem-doctor", "bin/busybox"})
+	// The layout recipes/minimal.toml gives.
+	r, err := LoadRecipe(MinimalRecipe)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := layoutInitramfs(t, r, []byte("\x7fELF guest binary"), []byte("\x7fELF busybox"), []string{"bin/sh", "bin/ls", "sbin/mke2fs", "usr/bin/head", "usr/bin/capsem-doctor", "bin/busybox"}); err != nil {
+		panic(err)
+	}
 	return t
 }
 
