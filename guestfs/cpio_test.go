@@ -3,6 +3,7 @@ package guestfs
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strconv"
@@ -56,8 +57,11 @@ func testInitramfs(reverse bool) *fsTree {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := layoutInitramfs(t, r, []byte("\x7fELF guest binary"), []byte("\x7fELF busybox"), []string{"bin/sh", "bin/ls", "sbin/mke2fs", "usr/bin/head", "usr/bin/capsem-doctor", "bin/busybox"}); err != nil {
-		panic(err)
+	linked, err := layoutInitramfs(t, r, []byte("\x7fELF guest binary"), []byte("\x7fELF busybox"), []string{"bin/sh", "bin/ls", "sbin/mke2fs", "usr/bin/head", "usr/bin/capsem-doctor", "bin/busybox", "init/sub", "etc/hostname/x", "etc/hostname"})
+	// Linked: the four applets where nothing else is, and nothing under a
+	// file (init, etc/hostname).
+	if err != nil || linked != 4 {
+		panic(fmt.Sprintf("linked %d applets, %v", linked, err))
 	}
 	return t
 }

@@ -31,12 +31,16 @@ func (b *bootBuilder) buildInitramfs(ctx context.Context, in InitramfsInputs, km
 	tree := newFSTree()
 	for _, guestPath := range km.modules() {
 		rel := strings.TrimPrefix(guestPath, "/")
+		want, ok := km.Files[rel]
+		if !ok || !validEntryFile(rel) {
+			return nil, fmt.Errorf("guestfs: the kernel artefact %s names a module %q that is not among its files", km.Key[:12], guestPath)
+		}
 		data, err := os.ReadFile(filepath.Join(kdir, filepath.FromSlash(rel)))
 		if err != nil {
 			return nil, fmt.Errorf("guestfs: the kernel artefact's module %s: %w", guestPath, err)
 		}
 		// What the new manifest vouches for is checked, not assumed.
-		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != km.Files[rel].SHA256 {
+		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != want.SHA256 {
 			return nil, fmt.Errorf("guestfs: the kernel artefact's module %s does not match its manifest (modified or corrupt)", guestPath)
 		}
 		tree.file(guestPath, 0o644, data)
@@ -123,8 +127,9 @@ func (b *bootBuilder) buildInitramfs(ctx context.Context, in InitramfsInputs, km
 
 // layoutInitramfs adds everything but the modules, as the recipe says:
 // the guest binary (its personality follows argv[0]) and its links,
-// busybox and a link per applet where nothing else is, then the
-// directories, devices and files. It returns how many applets it linked.
+// busybox, the directories, devices and files, then a link to busybox
+// for each applet where nothing else is. It returns how many applets it
+// linked.
 func layoutInitramfs(t *fsTree, r *Recipe, guest, busybox []byte, applets []string) (int, error) {
 	spec := r.Initramfs
 	t.file(spec.Init, 0o755, guest)
@@ -132,15 +137,6 @@ func layoutInitramfs(t *fsTree, r *Recipe, guest, busybox []byte, applets []stri
 		t.symlink(l, spec.Init)
 	}
 	t.file(busyboxPath, 0o755, busybox)
-	linked := 0
-	for _, a := range applets {
-		name := cleanName(a)
-		if _, taken := t.entries[name]; taken || name == "" || name == cleanName(spec.Init) {
-			continue
-		}
-		t.symlink(name, busyboxPath)
-		linked++
-	}
 	for _, d := range spec.Dirs {
 		mode, err := parseMode(d.Mode)
 		if err != nil {
@@ -168,6 +164,15 @@ func layoutInitramfs(t *fsTree, r *Recipe, guest, busybox []byte, applets []stri
 			}
 		}
 		t.file(f.Path, unixPerm(mode), []byte(f.Content))
+	}
+	linked := 0
+	for _, a := range applets {
+		name := cleanName(a)
+		if _, taken := t.entries[name]; taken || name == "" || name == cleanName(spec.Init) || t.underNonDir(name) {
+			continue
+		}
+		t.symlink(name, busyboxPath)
+		linked++
 	}
 	return linked, nil
 }

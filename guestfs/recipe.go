@@ -382,6 +382,19 @@ func (r *Recipe) validateInitramfs() error {
 	if err := r.validateFiles(claim); err != nil {
 		return err
 	}
+	// Nothing may lie under a file, link or device: the archive could not
+	// be unpacked.
+	isDir := map[string]bool{}
+	for _, d := range in.Dirs {
+		isDir[d.Path] = true
+	}
+	for _, p := range slices.Sorted(maps.Keys(written)) {
+		for a := path.Dir(p); a != "/"; a = path.Dir(a) {
+			if key, ok := written[a]; ok && !isDir[a] {
+				return r.errorf(written[p], "%s is under %s, which %s makes and is no directory", p, a, key)
+			}
+		}
+	}
 	// Applets are linked where nothing else is (as busybox's own list is).
 	seen := map[string]bool{}
 	for i, a := range in.FallbackApplets {

@@ -156,8 +156,10 @@ type RootState struct {
 	Key string
 	// Current is true when the ref names Key and its image is in the store.
 	Current bool
-	// Root is the image the ref names, when its manifest is readable.
-	Root *Root
+	// Root is the image the ref names, when its manifest is readable;
+	// RootErr says why it is not.
+	Root    *Root
+	RootErr error
 }
 
 // RootStatus reports, without building, whether recipe's image was built
@@ -178,9 +180,7 @@ func rootStatus(ctx context.Context, opts RootOptions) (*RootState, error) {
 	st := &RootState{Recipe: b.recipe.Name}
 	if key, err := readRef(b.s.dir, b.recipe.Name); err == nil {
 		st.RefKey = key
-		if r, err := LoadRoot(storePath(b.s.dir, key)); err == nil {
-			st.Root = r
-		}
+		st.Root, st.RootErr = LoadRoot(storePath(b.s.dir, key))
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return st, err
 	}

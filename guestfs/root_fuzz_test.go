@@ -79,9 +79,15 @@ func FuzzParseRecipe(f *testing.F) {
 					t.Fatalf("device %+v accepted", d)
 				}
 			}
-			// Whatever it says, it lays out.
-			if _, err := layoutInitramfs(newFSTree(), r, nil, nil, in.FallbackApplets); err != nil {
+			// Whatever it says, it lays out, with nothing under a file.
+			tree := newFSTree()
+			if _, err := layoutInitramfs(tree, r, nil, nil, in.FallbackApplets); err != nil {
 				t.Fatalf("accepted, then its layout fails: %v", err)
+			}
+			for name := range tree.entries {
+				if tree.underNonDir(name) {
+					t.Fatalf("%s lies under a file", name)
+				}
 			}
 		case KindRoot:
 			if r.Kernel != nil || r.Initramfs != nil {

@@ -85,6 +85,10 @@ func storePath(dir, key string) string {
 	return filepath.Join(dir, storeDir, key[:24])
 }
 
+// ErrOlderBuilder marks a store entry written by a capsem from before the
+// one store: out of date rather than damaged.
+var ErrOlderBuilder = errors.New("an older capsem wrote it")
+
 // readManifest reads entry's manifest.json into m and checks that it names
 // the entry's own key and, unless kind is "", is of that kind.
 func readManifest(entry, kind string, m manifest) error {
@@ -101,9 +105,9 @@ func readManifest(entry, kind string, m manifest) error {
 		return fmt.Errorf("%s names key %q, not its directory's", file, h.Key)
 	}
 	switch {
-	case kind == "" || h.Kind == kind:
 	case h.Kind == "":
-		return fmt.Errorf("%s names no kind: an older capsem wrote it (capsem image build replaces it)", file)
+		return fmt.Errorf("%s names no kind: %w (capsem image build replaces it)", file, ErrOlderBuilder)
+	case kind == "" || h.Kind == kind:
 	default:
 		return fmt.Errorf("%s is a %s, not a %s", file, h.Kind, kind)
 	}
@@ -234,9 +238,19 @@ func (s *store) lockBuild(ctx context.Context, name string) (func(), error) {
 	}
 	left, _ := filepath.Glob(filepath.Join(s.dir, workPrefix+name+"-*"))
 	for _, w := range left {
-		removeWorkDir(w, s.log)
+		if isWorkDirOf(filepath.Base(w), name) {
+			removeWorkDir(w, s.log)
+		}
 	}
 	return unlock, nil
+}
+
+// isWorkDirOf says whether base is a work directory of recipe name:
+// .work-<name>-<digits>, as workDir makes them, and not one of a recipe
+// whose name only starts with name and a dash (full and full-dev).
+func isWorkDirOf(base, name string) bool {
+	rest, ok := strings.CutPrefix(base, workPrefix+name+"-")
+	return ok && rest != "" && strings.Trim(rest, "0123456789") == ""
 }
 
 // lockStore takes the store lock: held briefly, to publish, move a ref or
@@ -403,8 +417,8 @@ func keptEntries(dir string) (map[string]bool, error) {
 		var h EntryHeader
 		err := readManifest(storePath(dir, key), "", &h)
 		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			continue
+		case errors.Is(err, fs.ErrNotExist), errors.Is(err, ErrOlderBuilder):
+			continue // nothing to keep for it, or no dependencies to name
 		case err != nil:
 			return nil, err
 		}

@@ -40,7 +40,11 @@ func TestPruneStore(t *testing.T) {
 	writeEntry(t, dir, EntryHeader{Kind: KindInitramfs, Recipe: "minimal", Key: minimalOld, Depends: []string{kernelOld}})
 	writeEntry(t, dir, EntryHeader{Kind: KindInitramfs, Recipe: "minimal", Key: minimalNew, Depends: []string{kernelNew}})
 	writeEntry(t, dir, EntryHeader{Kind: KindRoot, Recipe: "full", Key: orphan})
+	// A root image of the builder before the store: no kind, still named.
+	legacyFull := key("6")
+	writeFiles(t, storePath(dir, legacyFull), map[string]string{FileManifest: fmt.Sprintf(`{"recipe":"full","key":%q,"image":{"size":1}}`, legacyFull)})
 	writeFiles(t, dir, map[string]string{
+		"refs/full":                             legacyFull + "\n",
 		"refs/kernel":                           kernelNew + "\n",
 		"refs/minimal":                          minimalNew + "\n",
 		"refs/minimal.previous":                 minimalOld + "\n",
@@ -58,7 +62,7 @@ func TestPruneStore(t *testing.T) {
 	old := time.Now().Add(-2 * legacyWorkAge)
 	os.Chtimes(filepath.Join(dir, ".build-123"), old, old)
 	pruneStore(dir, slog.New(slog.DiscardHandler))
-	want := []string{kernelOld[:24], kernelNew[:24], minimalOld[:24], minimalNew[:24]}
+	want := []string{kernelOld[:24], kernelNew[:24], minimalOld[:24], minimalNew[:24], legacyFull[:24]}
 	if got := storeEntries(dir); !slices.Equal(got, want) {
 		t.Fatalf("store holds %v, want %v", got, want)
 	}
@@ -81,7 +85,7 @@ func TestPruneStore(t *testing.T) {
 	// needed go.
 	writeFiles(t, dir, map[string]string{"refs/minimal.previous": minimalNew + "\n"})
 	pruneStore(dir, slog.New(slog.DiscardHandler))
-	if got := storeEntries(dir); !slices.Equal(got, []string{kernelNew[:24], minimalNew[:24]}) {
+	if got := storeEntries(dir); !slices.Equal(got, []string{kernelNew[:24], minimalNew[:24], legacyFull[:24]}) {
 		t.Fatalf("store holds %v", got)
 	}
 
@@ -95,7 +99,7 @@ func TestPruneStore(t *testing.T) {
 		os.RemoveAll(filepath.Join(dir, "refs/b"))
 		breakIt()
 		pruneStore(dir, slog.New(slog.DiscardHandler))
-		if got := storeEntries(dir); len(got) != 3 {
+		if got := storeEntries(dir); len(got) != 4 {
 			t.Errorf("pruned with %s unreadable: %v", name, got)
 		}
 	}
@@ -158,6 +162,9 @@ func TestLockBuildExcludes(t *testing.T) {
 	writeFiles(t, stale, map[string]string{"tree/a": "left by a killed build"})
 	other := filepath.Join(s.dir, ".work-y-1")
 	writeFiles(t, other, map[string]string{"a": "another recipe's live build"})
+	// A recipe whose name starts with this one's and a dash.
+	longer := filepath.Join(s.dir, ".work-x-dev-2")
+	writeFiles(t, longer, map[string]string{"a": "recipe x-dev's live build"})
 	unlock, err := s.lockBuild(context.Background(), "x")
 	if err != nil {
 		t.Fatal(err)
@@ -165,8 +172,10 @@ func TestLockBuildExcludes(t *testing.T) {
 	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatal("the recipe's stale work directory survived its lock")
 	}
-	if _, err := os.Stat(other); err != nil {
-		t.Fatal("another recipe's work directory was removed")
+	for _, w := range []string{other, longer} {
+		if _, err := os.Stat(w); err != nil {
+			t.Fatalf("another recipe's work directory %s was removed", filepath.Base(w))
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -205,7 +214,9 @@ func TestStoreRefs(t *testing.T) {
 	}
 	a := mustEnsure(t, bootOpts(dir, writeGuest(t, t.TempDir(), "echo g"), newFakeBoot(t)))
 	missing := strings.Repeat("9", 64)
-	writeFiles(t, dir, map[string]string{"refs/full": missing + "\n", "refs/bad": "x\n"})
+	older := strings.Repeat("8", 64)
+	writeFiles(t, storePath(dir, older), map[string]string{FileManifest: fmt.Sprintf(`{"key":%q}`, older)})
+	writeFiles(t, dir, map[string]string{"refs/full": missing + "\n", "refs/bad": "x\n", "refs/old": older + "\n"})
 	refs, err := StoreRefs(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -214,10 +225,50 @@ func TestStoreRefs(t *testing.T) {
 	for _, r := range refs {
 		got = append(got, fmt.Sprintf("%s %v %v", r.Name, r.Entry != nil, r.Err != nil))
 	}
-	if want := []string{"bad false true", "full false true", "kernel true false", "minimal true false"}; !slices.Equal(got, want) {
+	if want := []string{"bad false true", "full false true", "kernel true false", "minimal true false", "old false true"}; !slices.Equal(got, want) {
 		t.Fatalf("refs %v, want %v", got, want)
+	}
+	if !errors.Is(refs[4].Err, ErrOlderBuilder) || errors.Is(refs[1].Err, ErrOlderBuilder) {
+		t.Fatalf("the older builder's entry: %v; a missing one: %v", refs[4].Err, refs[1].Err)
 	}
 	if refs[3].Key != a.InitramfsManifest.Key || refs[3].Entry.Kind != KindInitramfs || refs[3].Entry.Size() != a.Files[FileInitramfs].Size || refs[3].Dir != a.Dir {
 		t.Fatalf("minimal ref %+v", refs[3])
 	}
+}
+
+// FuzzReadManifest: whatever a store entry's manifest.json holds, an
+// accepted one names a key of the entry's directory and a kind, and verifying it
+// reads nothing outside the entry.
+func FuzzReadManifest(f *testing.F) {
+	key := strings.Repeat("a", 64)
+	f.Add(fmt.Sprintf(`{"kind":"kernel","recipe":"kernel","key":%q,"files":{"vmlinuz":{"size":3,"sha256":"x"}}}`, key))
+	f.Add(fmt.Sprintf(`{"kind":"initramfs","key":%q,"depends":["%s"],"files":{"../secret":{"size":6}}}`, key, key))
+	f.Add(fmt.Sprintf(`{"kind":"root","key":%q,"files":{"lib/../../secret":{},"/etc/passwd":{}}}`, key))
+	f.Add(fmt.Sprintf(`{"key":%q,"image":{"size":1}}`, key))
+	f.Add(`{"kind":"root","key":"../../x"}`)
+	f.Add(`[]`)
+	f.Fuzz(func(t *testing.T, data string) {
+		dir := t.TempDir()
+		entry := storePath(dir, key)
+		writeFiles(t, dir, map[string]string{"store/secret": "secret", "secret": "secret"})
+		writeFiles(t, entry, map[string]string{FileManifest: data, "vmlinuz": "abc"})
+		var h EntryHeader
+		if err := readManifest(entry, "", &h); err != nil {
+			return
+		}
+		// The directory holds the key's first 24 hex; callers compare the
+		// whole key with the one they asked for.
+		if !keyRE.MatchString(h.Key) || h.Key[:24] != key[:24] || h.Kind == "" {
+			t.Fatalf("accepted key %q, kind %q", h.Key, h.Kind)
+		}
+		if err := h.verifyFiles(entry, nil); err != nil {
+			return
+		}
+		for n := range h.Files {
+			p := filepath.Join(entry, filepath.FromSlash(n))
+			if rel, err := filepath.Rel(entry, p); err != nil || !filepath.IsLocal(rel) || n == FileManifest {
+				t.Fatalf("verified a file outside the entry: %q", n)
+			}
+		}
+	})
 }

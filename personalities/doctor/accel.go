@@ -192,8 +192,8 @@ func (h *host) checkAssetHashes(_ context.Context, r *doctor.Reporter) {
 		r.Failf(rebuildAssets, "corrupt: %v", err)
 		return
 	}
-	r.Okf("the kernel's %d files and the minimal root's %d match their manifests' sha256 (%v)",
-		len(a.KernelManifest.Files), len(a.InitramfsManifest.Files), time.Since(t).Round(time.Millisecond))
+	r.Okf("all %d files of the kernel and the minimal root match their manifests' sha256 (%v)",
+		len(a.KernelManifest.Files)+len(a.InitramfsManifest.Files), time.Since(t).Round(time.Millisecond))
 }
 
 func (h *host) checkKernel(_ context.Context, r *doctor.Reporter) {
@@ -236,19 +236,25 @@ func (h *host) checkStore(_ context.Context, r *doctor.Reporter) {
 		r.Warnf("capsem image build (or the first capsem run) builds them", "nothing built yet in %s", h.assetsDir())
 		return
 	}
-	var named, broken []string
+	var named, older, broken []string
 	for _, ref := range refs {
-		if ref.Entry == nil {
+		switch {
+		case errors.Is(ref.Err, guestfs.ErrOlderBuilder):
+			older = append(older, ref.Name)
+		case ref.Entry == nil:
 			broken = append(broken, fmt.Sprintf("%s (%v)", ref.Name, ref.Err))
-			continue
+		default:
+			named = append(named, fmt.Sprintf("%s %s (%s, %s)", ref.Name, short(ref.Key), ref.Entry.Kind, humanSize(ref.Entry.Size())))
 		}
-		named = append(named, fmt.Sprintf("%s %s (%s, %s)", ref.Name, short(ref.Key), ref.Entry.Kind, humanSize(ref.Entry.Size())))
 	}
-	if len(broken) > 0 {
+	switch {
+	case len(broken) > 0:
 		r.Failf("capsem image build --force rebuilds what the refs name", "refs naming nothing usable: %s", strings.Join(broken, "; "))
-		return
+	case len(older) > 0:
+		r.Warnf("capsem image build (or the first use of each) rebuilds them", "%s; built by an older capsem: %s", strings.Join(named, ", "), strings.Join(older, ", "))
+	default:
+		r.Okf("%s", strings.Join(named, ", "))
 	}
-	r.Okf("%s", strings.Join(named, ", "))
 }
 
 // savedBoots summarises the saved boots in dir by accelerator and CPU model,
@@ -304,8 +310,10 @@ func (h *host) checkRootImage(ctx context.Context, r *doctor.Reporter) {
 		r.Failf("", "%v", err)
 	case st.RefKey == "":
 		r.Warnf("capsem image build (or the first VM with base full) builds it, in minutes", "the %s root image is not built yet", st.Recipe)
+	case st.Root == nil && errors.Is(st.RootErr, guestfs.ErrOlderBuilder):
+		r.Warnf("the next VM with base full builds the new one, in minutes (or capsem image build now)", "the %s root image %s was built by an older capsem", st.Recipe, st.RefKey[:12])
 	case st.Root == nil:
-		r.Failf("capsem image build --force rebuilds it", "the %s root image %s is missing from the store", st.Recipe, st.RefKey[:12])
+		r.Failf("capsem image build --force rebuilds it", "the %s root image %s is missing from the store: %v", st.Recipe, st.RefKey[:12], st.RootErr)
 	case err != nil:
 		r.Warnf("mmdebstrap, erofs-utils and apt must be installed to tell", "the %s root image %s (%s): cannot tell whether it is current: %v",
 			st.Recipe, st.RefKey[:12], humanSize(st.Root.ImageSize()), err)
