@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
@@ -19,14 +20,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-)
-
-// Package names: the generic kernel's metapackage (its Depends names the
-// current ABI package, linux-image-6.1.0-NN-amd64) and the static busybox.
-// The -cloud- flavour would be smaller but has no 9p.
-const (
-	kernelMetaPackage = "linux-image-amd64"
-	busyboxPackage    = "busybox-static"
 )
 
 // pkgInfo is one package version as apt's lists describe it.
@@ -38,19 +31,31 @@ type pkgInfo struct {
 	Filename string `json:"filename"` // pool path; its base names the cached .deb
 }
 
-// resolution is what apt says the build should use.
-type resolution struct {
-	Kernel  pkgInfo `json:"kernel"`
-	Busybox pkgInfo `json:"busybox"`
+// aptQuery asks apt for one package; Meta follows a kernel metapackage's
+// Depends to the ABI package it names (linux-image-amd64 to
+// linux-image-6.1.0-NN-amd64 at the version it pins).
+type aptQuery struct {
+	Name string
+	Meta bool
 }
 
-// aptMemo caches a resolution against the state of apt's lists, because
+func (q aptQuery) memoKey() string {
+	if q.Meta {
+		return "meta:" + q.Name
+	}
+	return q.Name
+}
+
+// aptMemo caches apt's answers against the state of its lists, because
 // apt-cache takes about a second per call where its binary cache is off
 // (Debian container images), which would dominate every boot's asset check.
 type aptMemo struct {
-	Fingerprint string     `json:"fingerprint"`
-	Resolution  resolution `json:"resolution"`
+	Fingerprint string             `json:"fingerprint"`
+	Packages    map[string]pkgInfo `json:"packages"`
 }
+
+// aptMemoFile is the memo in the asset directory.
+const aptMemoFile = "apt-resolution.json"
 
 // parseStanzas parses apt-cache show output: RFC 822-style records
 // separated by blank lines; continuation lines start with a space.
@@ -171,12 +176,6 @@ func aptFingerprint() (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// aptCommand runs an apt tool with a stable locale and returns stdout; the
-// error carries the tail of stderr, which is where apt explains itself.
-func (b *builder) aptCommand(ctx context.Context, dir, name string, args ...string) ([]byte, error) {
-	return runTool(ctx, b.log, dir, name, args...)
-}
-
 // runTool runs a host tool with a stable locale and returns stdout; the
 // error carries the tail of stderr, which is where such tools explain
 // themselves.
@@ -207,84 +206,147 @@ func tail(s string, n int) string {
 	return s
 }
 
-// resolveFresh asks apt for the current kernel and busybox versions.
-func (b *builder) resolveFresh(ctx context.Context) (resolution, error) {
-	var res resolution
-	out, err := b.aptCommand(ctx, "", "apt-cache", "show", "--no-all-versions", kernelMetaPackage, busyboxPackage)
+// resolveFresh asks apt for each query's package: one apt-cache call for
+// them all, and one more for the ABI packages metapackages name.
+func resolveFresh(ctx context.Context, log *slog.Logger, queries []aptQuery) (map[string]pkgInfo, error) {
+	var names []string
+	for _, q := range queries {
+		if !slices.Contains(names, q.Name) {
+			names = append(names, q.Name)
+		}
+	}
+	out, err := runTool(ctx, log, "", "apt-cache", append([]string{"show", "--no-all-versions"}, names...)...)
 	if err != nil {
-		return res, fmt.Errorf("looking up %s and %s: %w", kernelMetaPackage, busyboxPackage, err)
+		return nil, fmt.Errorf("looking up %s: %w", strings.Join(names, ", "), err)
 	}
 	recs, err := parseStanzas(bytes.NewReader(out))
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	var meta map[string]string
+	byName := map[string]map[string]string{}
 	for _, r := range recs {
-		switch r["Package"] {
-		case kernelMetaPackage:
-			meta = r
-		case busyboxPackage:
-			if res.Busybox, err = stanzaPkg(r); err != nil {
-				return res, err
+		byName[r["Package"]] = r
+	}
+	res := map[string]pkgInfo{}
+	var abi []string
+	metaOf := map[string]string{} // ABI package name -> the memo key of its metapackage
+	for _, q := range queries {
+		r, ok := byName[q.Name]
+		if !ok {
+			return nil, fmt.Errorf("apt knows no %s", q.Name)
+		}
+		if !q.Meta {
+			if res[q.memoKey()], err = stanzaPkg(r); err != nil {
+				return nil, err
 			}
+			continue
+		}
+		kpkg, kver, err := kernelDependency(r["Depends"])
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", q.Name, r["Version"], err)
+		}
+		query := kpkg
+		if kver != "" {
+			query += "=" + kver
+		}
+		abi = append(abi, query)
+		metaOf[kpkg] = q.memoKey()
+	}
+	if len(abi) == 0 {
+		return res, nil
+	}
+	if out, err = runTool(ctx, log, "", "apt-cache", append([]string{"show", "--no-all-versions"}, abi...)...); err != nil {
+		return nil, fmt.Errorf("looking up %s: %w", strings.Join(abi, ", "), err)
+	}
+	if recs, err = parseStanzas(bytes.NewReader(out)); err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		key, ok := metaOf[r["Package"]]
+		if _, done := res[key]; !ok || done {
+			continue
+		}
+		if res[key], err = stanzaPkg(r); err != nil {
+			return nil, err
 		}
 	}
-	if meta == nil || res.Busybox.Name == "" {
-		return res, fmt.Errorf("apt knows no %s or %s", kernelMetaPackage, busyboxPackage)
-	}
-	kpkg, kver, err := kernelDependency(meta["Depends"])
-	if err != nil {
-		return res, fmt.Errorf("%s %s: %w", kernelMetaPackage, meta["Version"], err)
-	}
-	query := kpkg
-	if kver != "" {
-		query += "=" + kver
-	}
-	out, err = b.aptCommand(ctx, "", "apt-cache", "show", "--no-all-versions", query)
-	if err != nil {
-		return res, fmt.Errorf("looking up %s: %w", query, err)
-	}
-	recs, err = parseStanzas(bytes.NewReader(out))
-	if err != nil {
-		return res, err
-	}
-	if len(recs) == 0 {
-		return res, fmt.Errorf("apt knows no %s", query)
-	}
-	if res.Kernel, err = stanzaPkg(recs[0]); err != nil {
-		return res, err
+	for kpkg, key := range metaOf {
+		if _, ok := res[key]; !ok {
+			return nil, fmt.Errorf("apt knows no %s", kpkg)
+		}
 	}
 	return res, nil
 }
 
-// resolve returns the packages to build from, reusing the memo while
-// apt's lists are unchanged. fresh forces a new apt query.
-func (b *builder) resolve(ctx context.Context, fresh bool) (resolution, error) {
-	memoPath := filepath.Join(b.opts.Dir, "apt-resolution.json")
+// bootHost is what the boot builder asks of the host: apt's answers, the
+// packages' files and apt-get update.
+type bootHost interface {
+	// resolve answers the queries (fresh: from apt, not the memo).
+	resolve(ctx context.Context, b *bootBuilder, fresh bool, queries []aptQuery) (map[string]pkgInfo, error)
+	// fetchDeb returns the path of p's .deb, verified against its SHA256.
+	fetchDeb(ctx context.Context, b *bootBuilder, p pkgInfo) (string, error)
+	// unpackDeb extracts a .deb's files into dir.
+	unpackDeb(ctx context.Context, b *bootBuilder, deb, dir string) error
+	aptUpdate(ctx context.Context, b *bootBuilder) error
+}
+
+// debianBoot is the bootHost of a Debian host: apt-cache, apt-get
+// download and dpkg-deb.
+type debianBoot struct{}
+
+// resolvePackages returns the kernel's ABI package (from the kernel
+// recipe's metapackage) and busybox's, reusing the memo while apt's lists
+// are unchanged; fresh asks apt regardless.
+func (b *bootBuilder) resolvePackages(ctx context.Context, fresh bool) (kernel, busybox pkgInfo, err error) {
+	kq := aptQuery{Name: b.kernel.Kernel.Package, Meta: true}
+	bq := aptQuery{Name: b.minimal.Initramfs.Busybox}
+	res, err := b.host.resolve(ctx, b, fresh, []aptQuery{kq, bq})
+	if err != nil {
+		return kernel, busybox, err
+	}
+	return res[kq.memoKey()], res[bq.memoKey()], nil
+}
+
+// resolve answers the queries from the memo while apt's lists are
+// unchanged, else from apt (running apt-get update once when apt does not
+// know them), and remembers the answers.
+func (h debianBoot) resolve(ctx context.Context, b *bootBuilder, fresh bool, queries []aptQuery) (map[string]pkgInfo, error) {
+	memoPath := filepath.Join(b.s.dir, aptMemoFile)
+	var memo aptMemo
+	if data, err := os.ReadFile(memoPath); err == nil {
+		_ = json.Unmarshal(data, &memo) // a corrupt memo only means asking apt
+	}
 	fp, fpErr := aptFingerprint()
-	if fpErr == nil && !fresh {
-		if data, err := os.ReadFile(memoPath); err == nil {
-			var m aptMemo
-			if json.Unmarshal(data, &m) == nil && m.Fingerprint == fp && m.Resolution.Kernel.Name != "" {
-				return m.Resolution, nil
+	if fpErr == nil && !fresh && memo.Fingerprint == fp {
+		res := map[string]pkgInfo{}
+		for _, q := range queries {
+			if p, ok := memo.Packages[q.memoKey()]; ok && p.Name != "" {
+				res[q.memoKey()] = p
 			}
 		}
+		if len(res) == len(queries) {
+			return res, nil
+		}
 	}
-	res, err := b.resolveFresh(ctx)
+	res, err := resolveFresh(ctx, b.log, queries)
 	if err != nil && !b.updated {
 		// Not found: the lists may be missing or stale. Refresh them once.
 		b.log.Info("apt lookup failed; running apt-get update once", "err", err)
-		if uerr := b.aptUpdate(ctx); uerr != nil {
-			return res, fmt.Errorf("%w (and apt-get update failed: %v)", err, uerr)
+		if uerr := h.aptUpdate(ctx, b); uerr != nil {
+			return nil, fmt.Errorf("%w (and apt-get update failed: %v)", err, uerr)
 		}
 		fp, fpErr = aptFingerprint()
-		res, err = b.resolveFresh(ctx)
+		res, err = resolveFresh(ctx, b.log, queries)
 	}
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 	if fpErr == nil {
-		if data, err := json.MarshalIndent(aptMemo{Fingerprint: fp, Resolution: res}, "", "  "); err == nil {
+		if memo.Fingerprint != fp || memo.Packages == nil {
+			memo = aptMemo{Fingerprint: fp, Packages: map[string]pkgInfo{}}
+		}
+		maps.Copy(memo.Packages, res)
+		if data, err := json.MarshalIndent(memo, "", "  "); err == nil {
 			if err := writeFileAtomic(memoPath, data, 0o644); err != nil {
 				b.log.Warn("could not save the apt resolution", "err", err)
 			}
@@ -293,25 +355,25 @@ func (b *builder) resolve(ctx context.Context, fresh bool) (resolution, error) {
 	return res, nil
 }
 
-func (b *builder) aptUpdate(ctx context.Context) error {
+func (debianBoot) aptUpdate(ctx context.Context, b *bootBuilder) error {
 	b.updated = true
-	b.progress("updating apt package lists (apt-get update)…")
-	_, err := b.aptCommand(ctx, "", "apt-get", "update", "-q")
+	b.s.progress("updating apt package lists (apt-get update)…")
+	_, err := runTool(ctx, b.log, "", "apt-get", "update", "-q")
 	return err
 }
 
 // debPath is where a package's .deb is cached.
-func (b *builder) debPath(p pkgInfo) string {
-	return filepath.Join(b.opts.Dir, "debs", path.Base(p.Filename))
+func (b *bootBuilder) debPath(p pkgInfo) string {
+	return filepath.Join(b.s.dir, "debs", path.Base(p.Filename))
 }
 
 // fetchDeb returns the cached .deb for p, downloading it with apt-get
 // download when missing or not matching apt's SHA256. Nothing is installed.
-func (b *builder) fetchDeb(ctx context.Context, p pkgInfo) (string, error) {
+func (debianBoot) fetchDeb(ctx context.Context, b *bootBuilder, p pkgInfo) (string, error) {
 	dst := b.debPath(p)
 	if sum, err := fileSHA256(dst); err == nil {
 		if sum == p.SHA256 {
-			b.progress("using cached %s %s", p.Name, p.Version)
+			b.s.progress("using cached %s %s", p.Name, p.Version)
 			return dst, nil
 		}
 		b.log.Warn("cached package does not match apt's hash; fetching it again", "deb", dst)
@@ -325,8 +387,8 @@ func (b *builder) fetchDeb(ctx context.Context, p pkgInfo) (string, error) {
 		return "", fmt.Errorf("creating a download directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	b.progress("fetching %s %s (%s)…", p.Name, p.Version, humanBytes(p.Size))
-	if _, err := b.aptCommand(ctx, tmp, "apt-get", "download", "-q", p.Name+"="+p.Version); err != nil {
+	b.s.progress("fetching %s %s (%s)…", p.Name, p.Version, humanBytes(p.Size))
+	if _, err := runTool(ctx, b.log, tmp, "apt-get", "download", "-q", p.Name+"="+p.Version); err != nil {
 		return "", fmt.Errorf("downloading %s: %w", p.Name, err)
 	}
 	ents, err := os.ReadDir(tmp)
@@ -357,8 +419,8 @@ func (b *builder) fetchDeb(ctx context.Context, p pkgInfo) (string, error) {
 
 // pruneDebs removes cached .debs other than keep (older kernels and
 // busyboxes), so the cache holds one kernel package, not one per update.
-func (b *builder) pruneDebs(keep ...string) {
-	dir := filepath.Join(b.opts.Dir, "debs")
+func (b *bootBuilder) pruneDebs(keep ...string) {
+	dir := filepath.Join(b.s.dir, "debs")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return
@@ -376,35 +438,24 @@ func (b *builder) pruneDebs(keep ...string) {
 
 // unpackDeb extracts a .deb into dir with dpkg-deb -x (files only; no
 // maintainer scripts run, nothing is installed).
-func (b *builder) unpackDeb(ctx context.Context, deb, dir string) error {
+func (debianBoot) unpackDeb(ctx context.Context, b *bootBuilder, deb, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
-	if _, err := b.aptCommand(ctx, "", "dpkg-deb", "-x", deb, dir); err != nil {
+	if _, err := runTool(ctx, b.log, "", "dpkg-deb", "-x", deb, dir); err != nil {
 		return fmt.Errorf("unpacking %s: %w", filepath.Base(deb), err)
 	}
 	return nil
 }
 
-// fallbackApplets are linked when the busybox binary cannot run on this
-// host to list its applets (it is a static x86-64 binary).
-var fallbackApplets = []string{
-	"bin/cat", "bin/chmod", "bin/cp", "bin/date", "bin/dd", "bin/df", "bin/dmesg", "bin/echo",
-	"bin/false", "bin/grep", "bin/hostname", "bin/kill", "bin/ln", "bin/ls", "bin/mkdir", "bin/mknod",
-	"bin/mount", "bin/mv", "bin/ps", "bin/pwd", "bin/rm", "bin/rmdir", "bin/sed", "bin/sh", "bin/sleep",
-	"bin/stat", "bin/sync", "bin/tar", "bin/touch", "bin/true", "bin/umount", "bin/uname",
-	"sbin/insmod", "sbin/lsmod", "sbin/mke2fs", "sbin/poweroff", "sbin/reboot",
-	"usr/bin/env", "usr/bin/find", "usr/bin/head", "usr/bin/tail", "usr/bin/tee", "usr/bin/wc",
-	"usr/bin/xargs", "usr/bin/id", "usr/bin/du", "usr/bin/sort", "usr/bin/uniq", "usr/bin/test",
-}
-
 // busyboxApplets returns where busybox's applets belong (bin/sh,
-// sbin/mke2fs, usr/bin/head, …), from the binary's own --list-full.
-func (b *builder) busyboxApplets(ctx context.Context, bin string) []string {
+// sbin/mke2fs, usr/bin/head, …), from the binary's own --list-full, or the
+// recipe's fallback list when it cannot run here.
+func (b *bootBuilder) busyboxApplets(ctx context.Context, bin string) []string {
 	out, err := exec.CommandContext(ctx, bin, "--list-full").Output()
 	if err != nil {
-		b.log.Warn("cannot run busybox to list its applets; linking a fixed set", "err", err)
-		return fallbackApplets
+		b.log.Warn("cannot run busybox to list its applets; linking the recipe's fallback set", "err", err)
+		return b.minimal.Initramfs.FallbackApplets
 	}
 	var applets []string
 	for l := range strings.SplitSeq(string(out), "\n") {

@@ -57,6 +57,16 @@ func (t *fsTree) parents(name string) {
 	}
 }
 
+// underNonDir says whether an entry above name is not a directory.
+func (t *fsTree) underNonDir(name string) bool {
+	for d := path.Dir(cleanName(name)); d != "." && d != "/"; d = path.Dir(d) {
+		if e, ok := t.entries[d]; ok && e.Mode&^0o7777 != modeDir {
+			return true
+		}
+	}
+	return false
+}
+
 func (t *fsTree) put(name string, e *cpioEntry) {
 	name = cleanName(name)
 	t.parents(name)

@@ -3,6 +3,7 @@ package guestfs
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strconv"
@@ -51,7 +52,17 @@ func testInitramfs(reverse bool) *fsTree {
 		t.file(m, 0o644, []byte("module "+m))
 	}
 	t.file(LoadOrderPath, 0o644, []byte("/lib/modules/6.1.0-99-amd64/kernel/drivers/virtio/virtio.ko\n"))
-	layoutInitramfs(t, []byte("\x7fELF guest binary"), []byte("\x7fELF busybox"), []string{"bin/sh", "bin/ls", "sbin/mke2fs", "usr/bin/head", "usr/bin/capsem-doctor", "bin/busybox"})
+	// The layout recipes/minimal.toml gives.
+	r, err := LoadRecipe(MinimalRecipe)
+	if err != nil {
+		panic(err)
+	}
+	linked, err := layoutInitramfs(t, r, []byte("\x7fELF guest binary"), []byte("\x7fELF busybox"), []string{"bin/sh", "bin/ls", "sbin/mke2fs", "usr/bin/head", "usr/bin/capsem-doctor", "bin/busybox", "init/sub", "etc/hostname/x", "etc/hostname"})
+	// Linked: the four applets where nothing else is, and nothing under a
+	// file (init, etc/hostname).
+	if err != nil || linked != 4 {
+		panic(fmt.Sprintf("linked %d applets, %v", linked, err))
+	}
 	return t
 }
 

@@ -14,20 +14,16 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
-	"slices"
-	"sort"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
 
-// BuilderVersion is part of every cache key: bump it when a change here
-// alters what ends up in the assets, so existing caches are rebuilt.
-const BuilderVersion = "8"
+// BuilderVersion is part of the key of every kernel and initramfs
+// artefact: bump it when a change here alters what ends up in them, so
+// existing ones are rebuilt.
+const BuilderVersion = "9"
 
-// File names inside an asset directory.
+// File names inside store entries.
 const (
 	FileVmlinux   = "vmlinux"
 	FileVmlinuz   = "vmlinuz"
@@ -35,7 +31,8 @@ const (
 	FileManifest  = "manifest.json"
 )
 
-// Guest paths the personalities rely on.
+// Guest paths the personalities rely on (recipes/minimal.toml puts the
+// guest binary and its links there).
 const (
 	GuestInit      = "/init"
 	GuestMCPServer = "/usr/bin/capsem-mcp-server"
@@ -43,13 +40,9 @@ const (
 	GuestCapsem    = "/usr/bin/capsem"
 )
 
-// keepBuilds is how many asset directories survive pruning (the newest),
-// so a VM that resolved its paths just before a rebuild still finds them.
-const keepBuilds = 3
-
-// Options configure Build and Ensure.
+// Options configure Ensure, Build and Installed.
 type Options struct {
-	// Dir is the cache directory, $CAPSEM_HOME/assets in production.
+	// Dir is the asset directory, $CAPSEM_HOME/assets in production.
 	Dir string
 	// GuestBinary is a CGO_ENABLED=0 capsem build: it becomes /init.
 	GuestBinary string
@@ -57,71 +50,121 @@ type Options struct {
 	Progress io.Writer
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
-	// Modules overrides DefaultModules (module names).
-	Modules []string
+	// Minimal is the initramfs recipe; nil means the embedded
+	// MinimalRecipe. Kernel is the kernel recipe it names; nil means the
+	// embedded recipe of that name.
+	Minimal *Recipe
+	Kernel  *Recipe
+
+	// host answers apt's questions and fetches and unpacks packages; nil
+	// means debianBoot (tests fake it).
+	host bootHost
 }
 
-// Inputs is everything an asset build depends on; its hash names the
-// asset directory, so a change in any of them selects a new build.
-type Inputs struct {
-	Builder           string   `json:"builder"`
-	KernelPackage     string   `json:"kernel_package"`
-	KernelVersion     string   `json:"kernel_package_version"`
-	KernelDebSHA256   string   `json:"kernel_deb_sha256"`
-	BusyboxPackage    string   `json:"busybox_package"`
-	BusyboxVersion    string   `json:"busybox_version"`
-	BusyboxDebSHA256  string   `json:"busybox_deb_sha256"`
-	GuestBinarySHA256 string   `json:"guest_binary_sha256"`
-	Modules           []string `json:"modules"`
+// KernelInputs is everything a kernel artefact depends on; its hash is
+// the key.
+type KernelInputs struct {
+	Builder      string `json:"builder"`
+	Recipe       string `json:"recipe"`
+	RecipeSHA256 string `json:"recipe_sha256"`
+	// Package is the ABI kernel package the recipe's metapackage names,
+	// at its exact version and .deb hash.
+	Package   string `json:"package"`
+	Version   string `json:"version"`
+	DebSHA256 string `json:"deb_sha256"`
 }
 
-// Hash is the hex sha256 of the inputs' JSON form.
-func (in Inputs) Hash() string {
+// Key is the hex sha256 of the inputs' JSON form.
+func (in KernelInputs) Key() string { return inputsKey(in) }
+
+// InitramfsInputs is everything a minimal root depends on; its hash is
+// the key. The kernel enters by its artefact's key, so a changed guest
+// binary rebuilds the initramfs alone.
+type InitramfsInputs struct {
+	Builder           string `json:"builder"`
+	Recipe            string `json:"recipe"`
+	RecipeSHA256      string `json:"recipe_sha256"`
+	KernelKey         string `json:"kernel_key"`
+	BusyboxPackage    string `json:"busybox_package"`
+	BusyboxVersion    string `json:"busybox_version"`
+	BusyboxDebSHA256  string `json:"busybox_deb_sha256"`
+	GuestBinarySHA256 string `json:"guest_binary_sha256"`
+}
+
+// Key is the hex sha256 of the inputs' JSON form.
+func (in InitramfsInputs) Key() string { return inputsKey(in) }
+
+func inputsKey(in any) string {
 	data, _ := json.Marshal(in)
 	sum := sha256.Sum256(data)
 	return hex.EncodeToString(sum[:])
 }
 
-// dirName is the asset directory for these inputs: 96 bits of the hash
-// keeps paths short and collisions out of reach.
-func (in Inputs) dirName() string { return in.Hash()[:24] }
+func recipeSHA256(r *Recipe) string {
+	sum := sha256.Sum256(r.Source)
+	return hex.EncodeToString(sum[:])
+}
 
-var buildDirRE = regexp.MustCompile(`^[0-9a-f]{24}$`)
-
-// FileSum is one asset file's size and sha256.
+// FileSum is one file's size and sha256.
 type FileSum struct {
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
 }
 
-// Manifest describes a built asset directory (manifest.json).
-type Manifest struct {
-	Inputs     Inputs `json:"inputs"`
-	InputsHash string `json:"inputs_hash"`
+// KernelManifest describes a kernel artefact: vmlinuz, the vmlinux
+// extracted from it, and the selected modules (plain, prepatched .ko at
+// their guest paths under lib/modules).
+type KernelManifest struct {
+	EntryHeader
+	Inputs KernelInputs `json:"inputs"`
 	// Release is the kernel's uname -r, e.g. 6.1.0-48-amd64.
 	Release string `json:"kernel_release"`
 	// PVH is true when vmlinux carries the PVH entry note, so QEMU can
-	// boot it with -kernel; otherwise Kernel is the bzImage.
+	// boot it with -kernel; otherwise the guest boots the bzImage.
 	PVH bool `json:"pvh"`
-	// Modules are the guest paths of the modules in load order, as in
-	// /lib/modules/load-order.
-	Modules []string `json:"modules"`
+	// ModuleChains are the modules' guest paths in load order, split into
+	// groups that share no dependency.
+	ModuleChains [][]string `json:"module_chains"`
+	// ModuleDevices holds, by guest path, the device aliases a module is
+	// loaded for; modules not in it always load.
+	ModuleDevices map[string][]string `json:"module_devices,omitempty"`
 	// BuiltIn are wanted modules the kernel has built in (nothing to load);
 	// Absent are wanted modules it lacks altogether.
 	BuiltIn []string `json:"built_in,omitempty"`
 	Absent  []string `json:"absent,omitempty"`
-	// Applets counts busybox's links in the initramfs.
-	Applets int                `json:"applets"`
-	Files   map[string]FileSum `json:"files"`
-	BuiltAt time.Time          `json:"built_at"`
-	// BuildSeconds is how long the build took, for reporting.
-	BuildSeconds float64 `json:"build_seconds"`
 }
 
-// Assets are the boot files of one build.
+// modules is every module's guest path in load order: the chains one after
+// the other.
+func (m *KernelManifest) modules() []string {
+	var out []string
+	for _, c := range m.ModuleChains {
+		out = append(out, c...)
+	}
+	return out
+}
+
+// InitramfsManifest describes a minimal root: initramfs.cpio, built from
+// the kernel artefact its Depends (and Inputs.KernelKey) names.
+type InitramfsManifest struct {
+	EntryHeader
+	Inputs InitramfsInputs `json:"inputs"`
+	// Release is the kernel release its modules are for.
+	Release string `json:"kernel_release"`
+	// Modules are the guest paths of the modules in load order, as in
+	// /lib/modules/load-order.
+	Modules []string `json:"modules"`
+	// Applets counts busybox's links.
+	Applets int `json:"applets"`
+}
+
+// Assets are what a VM boots: a minimal root and the kernel artefact it was
+// built from, both in the store.
 type Assets struct {
-	// Dir is the asset directory, <Options.Dir>/<hash>.
+	// Dir is the minimal root's store entry, <Options.Dir>/store/<key24>.
 	Dir string
+	// KernelDir is the kernel artefact's store entry.
+	KernelDir string
 	// Kernel is what to pass to -kernel: the ELF vmlinux when it carries
 	// the PVH note (much faster under TCG), else the bzImage.
 	Kernel string
@@ -131,327 +174,188 @@ type Assets struct {
 	Initramfs string
 	// KernelVersion is the kernel release (uname -r).
 	KernelVersion string
-	Manifest
+	// PVH says Kernel is the vmlinux with the PVH entry.
+	PVH bool
+	// Modules are the guest paths of the initramfs's modules in load order.
+	Modules []string
+	// Files are the boot files (vmlinux, vmlinuz, initramfs.cpio) by name.
+	Files map[string]FileSum
+	// BootStateDir is where saved boots of these assets live
+	// (<Options.Dir>/boot-states/<key24>), removed with the minimal root.
+	BootStateDir string
+
+	KernelManifest    KernelManifest
+	InitramfsManifest InitramfsManifest
 }
 
-// Verify re-hashes every file the manifest lists and fails on any missing
-// or changed one. (Ensure verifies through the sum cache: a file whose
-// identity has not changed since its last full hash is not read again.)
+// assetDir is the asset directory the assets are in.
+func (a *Assets) assetDir() string { return filepath.Dir(filepath.Dir(a.Dir)) }
+
+// Verify re-hashes every file of both artefacts (the kernel's modules
+// included) and fails on any missing or changed one. (Ensure verifies
+// through the sum cache: a file whose identity has not changed since its
+// last full hash is not read again.)
 func (a *Assets) Verify() error { return a.verify(nil) }
+
+func (a *Assets) verify(sums *sumCache) error {
+	kerr := a.KernelManifest.verifyFiles(a.KernelDir, sums)
+	ierr := a.InitramfsManifest.verifyFiles(a.Dir, sums)
+	if err := errors.Join(kerr, ierr); err != nil {
+		return fmt.Errorf("assets: %w", err)
+	}
+	return nil
+}
 
 // VerifyBootFiles re-hashes the files a boot hands to the VM (the kernel it
 // boots and the initramfs, which holds the guest binary) against the
-// manifest, reading every byte whatever the sum cache says. The per-VM
+// manifests, reading every byte whatever the sum cache says. The per-VM
 // process runs it while the VM boots and reports the VM ready only when it
-// passed. A mismatch also drops the asset's entries from the sum cache, so
-// the next Ensure hashes them again and rebuilds.
+// passed. A mismatch also drops both artefacts' entries from the sum
+// cache, so the next Ensure hashes them again and rebuilds.
 func (a *Assets) VerifyBootFiles() error {
 	var errs []error
-	for _, p := range []string{a.Kernel, a.Initramfs} {
-		want, ok := a.Files[filepath.Base(p)]
+	for _, f := range []struct {
+		path  string
+		files map[string]FileSum
+	}{{a.Kernel, a.KernelManifest.Files}, {a.Initramfs, a.InitramfsManifest.Files}} {
+		want, ok := f.files[filepath.Base(f.path)]
 		if !ok {
-			errs = append(errs, fmt.Errorf("asset %s: not in the manifest", filepath.Base(p)))
+			errs = append(errs, fmt.Errorf("%s: not in the manifest", filepath.Base(f.path)))
 			continue
 		}
-		if err := verifyFile(p, want, nil); err != nil {
+		if err := verifyFile(f.path, want, nil); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		sums := loadSumCache(filepath.Dir(a.Dir))
-		for n := range a.Files {
-			sums.forget(filepath.Join(a.Dir, n))
+		sums := loadSumCache(a.assetDir())
+		for dir, files := range map[string]map[string]FileSum{a.KernelDir: a.KernelManifest.Files, a.Dir: a.InitramfsManifest.Files} {
+			for n := range files {
+				sums.forget(filepath.Join(dir, filepath.FromSlash(n)))
+			}
 		}
 		sums.save()
-		return fmt.Errorf("assets in %s: %w", a.Dir, err)
+		return fmt.Errorf("assets in %s and %s: %w", a.Dir, a.KernelDir, err)
 	}
 	return nil
 }
 
-// verify checks every file against the manifest; sums, when not nil,
-// answers for files unchanged since they were last hashed.
-func (a *Assets) verify(sums *sumCache) error {
-	names := make([]string, 0, len(a.Files))
-	for n := range a.Files {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	errs := make([]error, len(names))
-	var wg sync.WaitGroup
-	for i, n := range names {
-		if n != filepath.Base(n) || n == FileManifest || strings.HasPrefix(n, ".") {
-			errs[i] = fmt.Errorf("asset manifest names an invalid file %q", n)
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = verifyFile(filepath.Join(a.Dir, n), a.Files[n], sums)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("assets in %s: %w", a.Dir, err)
-	}
-	for _, need := range []string{FileVmlinuz, FileInitramfs} {
-		if _, ok := a.Files[need]; !ok {
-			return fmt.Errorf("assets in %s: manifest lacks %s", a.Dir, need)
-		}
-	}
-	return nil
-}
+// ErrNoAssets is the error of Load and Installed when no minimal root (for
+// the guest binary) is in the store.
+var ErrNoAssets = errors.New("guestfs: no guest assets built for this guest binary")
 
-func verifyFile(p string, want FileSum, sums *sumCache) error {
-	size, got, err := sums.sum(p)
-	if err != nil {
-		return fmt.Errorf("asset %s: %w", filepath.Base(p), err)
-	}
-	if size != want.Size {
-		sums.forget(p)
-		return fmt.Errorf("asset %s: size %d, manifest says %d", filepath.Base(p), size, want.Size)
-	}
-	if got != want.SHA256 {
-		sums.forget(p)
-		return fmt.Errorf("asset %s: sha256 %s, manifest says %s (modified or corrupt)", filepath.Base(p), got, want.SHA256)
-	}
-	return nil
-}
-
-// Load reads the manifest in dir and returns the assets it describes,
+// Load returns the assets refs/minimal names in the asset directory dir,
 // without verifying the files (call Verify).
 func Load(dir string) (*Assets, error) {
-	data, err := os.ReadFile(filepath.Join(dir, FileManifest))
+	key, err := readRef(dir, MinimalRecipe)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w in %s", ErrNoAssets, dir)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("reading asset manifest: %w", err)
+		return nil, err
 	}
-	var m Manifest
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, fmt.Errorf("parsing asset manifest %s: %w", filepath.Join(dir, FileManifest), err)
+	return loadAssets(dir, key)
+}
+
+// loadAssets reads the minimal root of key in the store in dir and the
+// kernel artefact it was built from.
+func loadAssets(dir, minimalKey string) (*Assets, error) {
+	a := &Assets{Dir: storePath(dir, minimalKey)}
+	im := &a.InitramfsManifest
+	if err := readManifest(a.Dir, KindInitramfs, im); err != nil {
+		return nil, fmt.Errorf("guestfs: minimal root: %w", err)
 	}
-	a := &Assets{
-		Dir:              dir,
-		KernelCompressed: filepath.Join(dir, FileVmlinuz),
-		Initramfs:        filepath.Join(dir, FileInitramfs),
-		KernelVersion:    m.Release,
-		Manifest:         m,
+	if im.Key != minimalKey || !keyRE.MatchString(im.Inputs.KernelKey) {
+		return nil, fmt.Errorf("guestfs: %s: the manifest names key %q and kernel %q", a.Dir, im.Key, im.Inputs.KernelKey)
 	}
+	a.KernelDir = storePath(dir, im.Inputs.KernelKey)
+	km := &a.KernelManifest
+	if err := readManifest(a.KernelDir, KindKernel, km); err != nil {
+		return nil, fmt.Errorf("guestfs: the minimal root's kernel: %w", err)
+	}
+	if km.Key != im.Inputs.KernelKey {
+		return nil, fmt.Errorf("guestfs: %s is not kernel %s", a.KernelDir, im.Inputs.KernelKey)
+	}
+	for _, need := range []struct {
+		files map[string]FileSum
+		name  string
+	}{{km.Files, FileVmlinuz}, {im.Files, FileInitramfs}} {
+		if _, ok := need.files[need.name]; !ok {
+			return nil, fmt.Errorf("guestfs: the manifests of %s lack %s", a.Dir, need.name)
+		}
+	}
+	a.KernelCompressed = filepath.Join(a.KernelDir, FileVmlinuz)
 	a.Kernel = a.KernelCompressed
-	if _, ok := m.Files[FileVmlinux]; ok && m.PVH {
-		a.Kernel = filepath.Join(dir, FileVmlinux)
+	if _, ok := km.Files[FileVmlinux]; ok && km.PVH {
+		a.Kernel, a.PVH = filepath.Join(a.KernelDir, FileVmlinux), true
 	}
+	a.Initramfs = filepath.Join(a.Dir, FileInitramfs)
+	a.KernelVersion = km.Release
+	a.Modules = im.Modules
+	a.Files = map[string]FileSum{FileInitramfs: im.Files[FileInitramfs]}
+	for _, n := range []string{FileVmlinux, FileVmlinuz} {
+		if f, ok := km.Files[n]; ok {
+			a.Files[n] = f
+		}
+	}
+	a.BootStateDir = filepath.Join(dir, bootStatesDir, minimalKey[:24])
 	return a, nil
 }
 
-// Ensure returns verified assets for the current inputs, building them
-// only when the cache has none: a new kernel or busybox in apt's lists, a
-// changed guest binary, a new builder version, or a failed verification.
-// Files are checked against the manifest's sha256, re-read only when their
-// identity changed since they were last hashed (see sumCache).
+// Ensure returns verified assets for the current inputs, building only
+// what the store lacks: a new kernel package in apt's lists or a changed
+// kernel recipe builds the kernel artefact, and then (like a changed guest
+// binary, busybox or minimal recipe) the minimal root. Files are checked
+// against the manifests' sha256, re-read only when their identity changed
+// since they were last hashed (see sumCache). refs/kernel and refs/minimal
+// end up naming what it returns.
 func Ensure(ctx context.Context, opts Options) (*Assets, error) {
-	b, err := newBuilder(opts)
+	b, err := newBootBuilder(opts)
 	if err != nil {
 		return nil, err
 	}
-	defer b.saveSums()
-	in, res, err := b.inputs(ctx, false)
-	if err != nil {
-		if a := b.cachedFallback(); a != nil {
-			b.log.Warn("cannot resolve packages; using the newest cached assets for this guest binary", "err", err, "dir", a.Dir)
-			return a, nil
-		}
-		return nil, err
-	}
-	if a, ok := b.cached(in); ok {
-		return a, nil
-	}
-	unlock, err := lockDir(ctx, b)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if a, ok := b.cached(in); ok { // another builder finished meanwhile
-		return a, nil
-	}
-	a, err := b.build(ctx, in, res)
-	var ferr *fetchError
-	if errors.As(err, &ferr) {
-		// Offline with lists naming a newer package: booting the last good
-		// build beats not booting at all.
-		if fb := b.cachedFallback(); fb != nil {
-			b.log.Warn("cannot fetch the packages; using the newest cached assets for this guest binary", "err", err, "dir", fb.Dir)
-			b.progress("warning: %v; using the cached assets in %s", err, fb.Dir)
-			return fb, nil
-		}
-	}
-	return a, err
+	defer b.s.saveSums()
+	return b.run(ctx)
 }
 
-// Build builds the assets unconditionally (capsem image build --force),
-// replacing a cached build of the same inputs, with a fresh apt lookup.
+// Build builds the kernel artefact and the minimal root unconditionally
+// (capsem image build --force), with a fresh apt lookup, replacing store
+// entries of the same keys.
 func Build(ctx context.Context, opts Options) (*Assets, error) {
-	b, err := newBuilder(opts)
+	b, err := newBootBuilder(opts)
 	if err != nil {
 		return nil, err
 	}
 	b.force = true
-	defer b.saveSums()
-	unlock, err := lockDir(ctx, b)
+	defer b.s.saveSums()
+	return b.run(ctx)
+}
+
+// Installed returns the assets in opts.Dir for opts.GuestBinary as they
+// are: refs/minimal's when that was built for this guest binary, else the
+// newest minimal root in the store that was. Nothing is built, apt is not
+// asked, and the files are not verified (Verify does that). It is for
+// diagnosis: Ensure is what a VM boots from.
+func Installed(opts Options) (*Assets, error) {
+	b, err := newBootBuilder(opts)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	in, res, err := b.inputs(ctx, true)
+	guest, err := checkGuestBinary(b.opts.GuestBinary, b.minimal.Arch, b.s.sums)
 	if err != nil {
 		return nil, err
 	}
-	return b.build(ctx, in, res)
-}
-
-type builder struct {
-	opts    Options
-	log     *slog.Logger
-	updated bool // apt-get update already ran in this build
-	force   bool // Build: remake the kernel stage too
-	guest   string
-	sums    *sumCache // sha256 of files unchanged since hashed
-}
-
-func newBuilder(opts Options) (*builder, error) {
-	if opts.Dir == "" {
-		return nil, errors.New("guestfs: Options.Dir is empty")
+	b.guest = guest
+	if a := b.newest(func(*Assets) bool { return true }); a != nil {
+		return a, nil
 	}
-	if opts.GuestBinary == "" {
-		return nil, errors.New("guestfs: Options.GuestBinary is empty")
-	}
-	dir, err := filepath.Abs(opts.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("guestfs: asset directory: %w", err)
-	}
-	opts.Dir = dir
-	if opts.Modules == nil {
-		opts.Modules = DefaultModules
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("guestfs: creating the asset directory: %w", err)
-	}
-	return &builder{opts: opts, log: opts.Logger.With("component", "guestfs"), sums: loadSumCache(dir)}, nil
-}
-
-// saveSums keeps the sums hashed in this run for the next one.
-func (b *builder) saveSums() {
-	if err := b.sums.save(); err != nil {
-		b.log.Debug("saving the asset sum cache", "err", err)
-	}
-}
-
-func (b *builder) progress(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	b.log.Info(msg)
-	if b.opts.Progress != nil {
-		fmt.Fprintln(b.opts.Progress, msg)
-	}
-}
-
-// inputs hashes the guest binary and resolves the packages.
-func (b *builder) inputs(ctx context.Context, fresh bool) (Inputs, resolution, error) {
-	guestSum, err := checkGuestBinary(b.opts.GuestBinary, b.sums)
-	if err != nil {
-		return Inputs{}, resolution{}, err
-	}
-	b.guest = guestSum
-	res, err := b.resolve(ctx, fresh)
-	if err != nil {
-		return Inputs{}, res, fmt.Errorf("guestfs: resolving the kernel and busybox packages: %w", err)
-	}
-	return b.inputsFor(res), res, nil
-}
-
-func (b *builder) inputsFor(res resolution) Inputs {
-	return Inputs{
-		Builder:           BuilderVersion,
-		KernelPackage:     res.Kernel.Name,
-		KernelVersion:     res.Kernel.Version,
-		KernelDebSHA256:   res.Kernel.SHA256,
-		BusyboxPackage:    res.Busybox.Name,
-		BusyboxVersion:    res.Busybox.Version,
-		BusyboxDebSHA256:  res.Busybox.SHA256,
-		GuestBinarySHA256: b.guest,
-		Modules:           slices.Clone(b.opts.Modules),
-	}
-}
-
-// cached returns the verified build for in, if there is one. A build that
-// fails verification is logged and treated as missing (then rebuilt).
-func (b *builder) cached(in Inputs) (*Assets, bool) {
-	dir := filepath.Join(b.opts.Dir, in.dirName())
-	a, err := Load(dir)
-	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			b.log.Warn("unreadable asset manifest; rebuilding", "dir", dir, "err", err)
-		}
-		return nil, false
-	}
-	if a.InputsHash != in.Hash() {
-		b.log.Warn("asset manifest does not match its directory; rebuilding", "dir", dir)
-		return nil, false
-	}
-	if err := a.verify(b.sums); err != nil {
-		b.log.Warn("cached assets failed verification; rebuilding", "err", err)
-		return nil, false
-	}
-	return a, true
-}
-
-// cachedFallback is the newest verified build for this guest binary and
-// module list, used when apt cannot be asked (offline, apt broken).
-func (b *builder) cachedFallback() *Assets {
-	if b.guest == "" {
-		return nil
-	}
-	return b.newest(b.guest, func(a *Assets) bool { return a.verify(b.sums) == nil })
-}
-
-// newest is the newest build for the guest binary with that sha256 (and
-// this builder and module list) that passes ok.
-func (b *builder) newest(guest string, ok func(*Assets) bool) *Assets {
-	var best *Assets
-	for _, a := range b.listBuilds() {
-		if a.Inputs.GuestBinarySHA256 != guest || a.Inputs.Builder != BuilderVersion ||
-			!slices.Equal(a.Inputs.Modules, b.opts.Modules) {
-			continue
-		}
-		if (best == nil || a.BuiltAt.After(best.BuiltAt)) && ok(a) {
-			best = a
-		}
-	}
-	return best
-}
-
-// listBuilds loads every asset directory's manifest (unverified).
-func (b *builder) listBuilds() []*Assets {
-	ents, err := os.ReadDir(b.opts.Dir)
-	if err != nil {
-		return nil
-	}
-	var out []*Assets
-	for _, e := range ents {
-		if !e.IsDir() || !buildDirRE.MatchString(e.Name()) {
-			continue
-		}
-		if a, err := Load(filepath.Join(b.opts.Dir, e.Name())); err == nil {
-			out = append(out, a)
-		}
-	}
-	return out
+	return nil, fmt.Errorf("%w in %s", ErrNoAssets, b.s.dir)
 }
 
 // checkGuestBinary returns the binary's sha256 after checking it can be
-// PID 1 of a guest with no libc: a static x86-64 ELF (or, for tests and
-// debugging, a #! script).
-func checkGuestBinary(p string, sums *sumCache) (string, error) {
+// PID 1 of a guest of arch with no libc: a static ELF for that machine
+// (or, for tests and debugging, a #! script).
+func checkGuestBinary(p, arch string, sums *sumCache) (string, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return "", fmt.Errorf("guestfs: guest binary: %w", err)
@@ -467,8 +371,8 @@ func checkGuestBinary(p string, sums *sumCache) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("guestfs: guest binary %s: %w", p, err)
 		}
-		if ef.Machine != elf.EM_X86_64 {
-			return "", fmt.Errorf("guestfs: guest binary %s is for %s, the guest is x86-64", p, ef.Machine)
+		if want := supportedArchs[arch]; ef.Machine != want {
+			return "", fmt.Errorf("guestfs: guest binary %s is for %s, the guest is %s (%s)", p, ef.Machine, arch, want)
 		}
 		for _, prog := range ef.Progs {
 			if prog.Type == elf.PT_INTERP {
@@ -486,16 +390,10 @@ func checkGuestBinary(p string, sums *sumCache) (string, error) {
 	return sum, nil
 }
 
-// lockDir takes an exclusive flock on <Dir>/.lock so two builders (two
-// capsem processes booting at once) never build the same assets twice or
-// prune what the other is writing. It polls so ctx can cancel the wait.
-func lockDir(ctx context.Context, b *builder) (func(), error) {
-	return lockFile(ctx, filepath.Join(b.opts.Dir, ".lock"), "the assets", b.progress)
-}
-
 // lockFile takes an exclusive flock on p, saying once through progress
-// that it waits for another builder of what.
-func lockFile(ctx context.Context, p, what string, progress func(string, ...any)) (func(), error) {
+// (with waiting) that it waits for another process. It polls so ctx can
+// cancel the wait.
+func lockFile(ctx context.Context, p, waiting string, progress func(string, ...any)) (func(), error) {
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("guestfs: opening the lock %s: %w", p, err)
@@ -514,7 +412,7 @@ func lockFile(ctx context.Context, p, what string, progress func(string, ...any)
 			return nil, fmt.Errorf("guestfs: locking %s: %w", p, err)
 		}
 		if !said {
-			progress("waiting for another capsem process building %s…", what)
+			progress("%s", waiting)
 			said = true
 		}
 		select {
@@ -572,28 +470,4 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.0f kB", float64(n)/1e3)
 	}
 	return fmt.Sprintf("%d B", n)
-}
-
-// ErrNoAssets is Installed's error when no build exists for the guest
-// binary.
-var ErrNoAssets = errors.New("guestfs: no guest assets built for this guest binary")
-
-// Installed returns the newest build in opts.Dir for opts.GuestBinary and
-// module list, as it is: nothing is built, apt is not asked, and the files
-// are not verified (Verify does that). It is for diagnosis: Ensure is what
-// a VM boots from.
-func Installed(opts Options) (*Assets, error) {
-	b, err := newBuilder(opts)
-	if err != nil {
-		return nil, err
-	}
-	guest, err := checkGuestBinary(b.opts.GuestBinary, b.sums)
-	if err != nil {
-		return nil, err
-	}
-	best := b.newest(guest, func(*Assets) bool { return true })
-	if best == nil {
-		return nil, fmt.Errorf("%w in %s", ErrNoAssets, b.opts.Dir)
-	}
-	return best, nil
 }

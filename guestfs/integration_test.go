@@ -92,8 +92,35 @@ func TestRealAssets(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("warm Ensure: %v", time.Since(start))
-	if again.Dir != a.Dir || !again.BuiltAt.Equal(a.BuiltAt) || progress.Len() != 0 {
-		t.Fatalf("warm Ensure rebuilt: %s (built %v) vs %s (built %v); progress %q", again.Dir, again.BuiltAt, a.Dir, a.BuiltAt, progress.String())
+	if again.Dir != a.Dir || !again.InitramfsManifest.BuiltAt.Equal(a.InitramfsManifest.BuiltAt) || progress.Len() != 0 {
+		t.Fatalf("warm Ensure rebuilt: %s (built %v) vs %s (built %v); progress %q", again.Dir, again.InitramfsManifest.BuiltAt, a.Dir, a.InitramfsManifest.BuiltAt, progress.String())
+	}
+
+	// Another guest binary rebuilds the initramfs alone, from the kernel
+	// artefact in the store: no package is unpacked again.
+	other := filepath.Join(dir, "guest-init-other.sh")
+	if err := os.WriteFile(other, []byte(testGuestInit+"# another build\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	progress.Reset()
+	start = time.Now()
+	rebuiltGuest, err := Ensure(ctx, Options{Dir: dir, GuestBinary: other, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("Ensure with a new guest binary: %v\n%s", took, progress.String())
+	if rebuiltGuest.KernelDir != a.KernelDir || rebuiltGuest.Dir == a.Dir || strings.Contains(progress.String(), "unpacking linux-image") {
+		t.Fatalf("a new guest binary rebuilt the kernel (%s vs %s):\n%s", rebuiltGuest.KernelDir, a.KernelDir, progress.String())
+	}
+	if took > 30*time.Second {
+		t.Errorf("rebuilding the initramfs alone took %v", took)
+	}
+	// Back to the first guest binary: its minimal root is refs/minimal's
+	// previous, still in the store.
+	progress.Reset()
+	if back, err := Ensure(ctx, opts); err != nil || back.Dir != a.Dir || progress.Len() != 0 {
+		t.Fatalf("going back to the first guest binary: %v (%v), progress %q", back, err, progress.String())
 	}
 
 	// A cached file changed in place, size kept and mtime put back, is
@@ -116,7 +143,7 @@ func TestRealAssets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rebuilt.BuiltAt.Equal(a.BuiltAt) {
+	if rebuilt.InitramfsManifest.BuiltAt.Equal(a.InitramfsManifest.BuiltAt) {
 		t.Fatal("Ensure handed out an initramfs modified in place")
 	}
 	if err := rebuilt.Verify(); err != nil {
@@ -143,14 +170,14 @@ func TestRealAssets(t *testing.T) {
 		t.Fatal(err)
 	}
 	vouched, err := Ensure(ctx, opts)
-	if err != nil || !vouched.BuiltAt.Equal(a.BuiltAt) {
+	if err != nil || !vouched.InitramfsManifest.BuiltAt.Equal(a.InitramfsManifest.BuiltAt) {
 		t.Fatalf("Ensure did not take the cache's word (err %v)", err)
 	}
 	if err := vouched.VerifyBootFiles(); err == nil || !strings.Contains(err.Error(), "initramfs.cpio") {
 		t.Fatalf("VerifyBootFiles missed a corrupted initramfs: %v", err)
 	}
 	again, err = Ensure(ctx, opts)
-	if err != nil || again.BuiltAt.Equal(a.BuiltAt) {
+	if err != nil || again.InitramfsManifest.BuiltAt.Equal(a.InitramfsManifest.BuiltAt) {
 		t.Fatalf("Ensure after a failed boot check did not rebuild (err %v)", err)
 	}
 	if err := again.VerifyBootFiles(); err != nil {
@@ -159,7 +186,7 @@ func TestRealAssets(t *testing.T) {
 	a = again
 
 	// Kernel: the uncompressed ELF with the PVH note; the bzImage beside it.
-	if a.Kernel != filepath.Join(a.Dir, FileVmlinux) || !a.PVH {
+	if a.Kernel != filepath.Join(a.KernelDir, FileVmlinux) || !a.PVH {
 		t.Fatalf("kernel %s (PVH %v), want the vmlinux", a.Kernel, a.PVH)
 	}
 	f, err := os.Open(a.Kernel)
@@ -236,7 +263,7 @@ func TestRealAssets(t *testing.T) {
 		t.Fatalf("load-order %v is not the manifest's modules %v in order", order, a.Modules)
 	}
 	for _, need := range []string{"virtio_console", "9p", "9pnet_virtio", "vmw_vsock_virtio_transport", "overlay", "ext4", "virtio_pci"} {
-		if _, ok := pos[need]; !ok && !slices.Contains(a.BuiltIn, need) {
+		if _, ok := pos[need]; !ok && !slices.Contains(a.KernelManifest.BuiltIn, need) {
 			t.Errorf("%s is neither in load-order nor built in", need)
 		}
 	}
@@ -269,7 +296,7 @@ func TestRealAssets(t *testing.T) {
 	vmlinuxSize := a.Files[FileVmlinux].Size
 	t.Logf("kernel %s: vmlinux %.1f MB, vmlinuz %.1f MB, initramfs %.1f MB (%d entries), %d modules, build took %.1f s",
 		a.KernelVersion, float64(vmlinuxSize)/1e6, float64(a.Files[FileVmlinuz].Size)/1e6,
-		float64(len(cpio))/1e6, len(names), len(order), a.BuildSeconds)
+		float64(len(cpio))/1e6, len(names), len(order), a.KernelManifest.BuildSeconds+a.InitramfsManifest.BuildSeconds)
 
 	qemuBin, err := exec.LookPath(qemu.DefaultBinary)
 	if err != nil {

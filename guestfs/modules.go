@@ -21,28 +21,6 @@ import (
 	"github.com/capsem/capsem/core/modorder"
 )
 
-// DefaultModules are the kernel modules the guest may need, by module name:
-// the PCI virtio transport (vmm accepts only PCI machines, q35 and pc), the
-// console port that carries the guest channel, vsock, 9p over a file
-// descriptor for the workspace (and over virtio for shares), overlay and ext4 (with the crc32c its checksums use) for the
-// per-VM disk, erofs for the read-only root image, virtio-rng for an entropy device, and virtio-net for the
-// NIC. Names that are built into the kernel, or absent from it, are
-// skipped; dependencies (virtio_ring, netfs, jbd2, crc16, failover, ...)
-// are added from the modules' own metadata, and soft dependencies such as
-// ext4's "pre: crypto-crc32c" are resolved through module aliases, since
-// the guest has no modprobe to do it on demand. Drivers load in the guest
-// only for devices the VM has (see deviceConditions): a serial-channel VM
-// skips vsock and virtio-rng, a VM without a NIC virtio-net.
-var DefaultModules = []string{
-	"virtio_pci",
-	"virtio_blk", "virtio_console", "virtio_rng", "virtio_net",
-	"vmw_vsock_virtio_transport",
-	"9pnet_fd", "9pnet_virtio", "9p",
-	"overlay",
-	"crc32c_generic", "ext4",
-	"erofs",
-}
-
 // LoadOrderPath is where the initramfs lists the modules to load (format:
 // core/modorder): dependencies first, each with the devices it is for, in
 // chains that share no module. The agent loads a chain in its order and

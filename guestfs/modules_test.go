@@ -147,6 +147,13 @@ func TestParseModinfo(t *testing.T) {
 func writeModTree(t *testing.T, withDepFile bool) string {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "lib", "modules", "6.1.0-99-amd64")
+	writeModTreeAt(t, root, withDepFile)
+	return root
+}
+
+// writeModTreeAt writes the fake modules of writeModTree under root.
+func writeModTreeAt(t testing.TB, root string, withDepFile bool) {
+	t.Helper()
 	put := func(rel string, data []byte) {
 		p := filepath.Join(root, rel)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -180,7 +187,6 @@ func writeModTree(t *testing.T, withDepFile bool) string {
 		// modules.dep wins over .modinfo for hard dependencies.
 		put("modules.dep", []byte("kernel/drivers/char/virtio_console.ko: kernel/drivers/virtio/virtio_ring.ko kernel/drivers/virtio/virtio.ko\n"))
 	}
-	return root
 }
 
 func TestModTreeSelect(t *testing.T) {

@@ -3,12 +3,14 @@ package guestfs
 import (
 	"bytes"
 	"crypto/sha512"
+	"debug/elf"
 	"embed"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"regexp"
 	"slices"
@@ -19,25 +21,94 @@ import (
 	"github.com/BurntSushi/toml"
 )
 
-// A Recipe says what goes into a root image: Debian packages, npm tarballs
-// unpacked at given paths, files and symlinks, the environment of every
-// command in the VM, and the smoke checks the finished tree must pass. It
-// is data (recipes/*.toml); its bytes are part of the image's cache key.
+// A Recipe says what one artefact of the store is made of, as data
+// (recipes/*.toml) whose bytes are part of the artefact's key. Its kind
+// says which: a kernel (the Debian kernel package's kernel and the
+// modules the guest needs), an initramfs (the minimal root: busybox, the
+// guest binary as /init and the kernel artefact's modules) or a root
+// image (Debian packages, npm tarballs unpacked at given paths, files
+// and symlinks, the environment of every command in the VM, and the
+// smoke checks the finished tree must pass). Each kind has its own keys;
+// a key of another kind is an error.
 type Recipe struct {
-	// Name names the image (refs/<name>).
+	// Name names the artefact (refs/<name>).
 	Name string `toml:"name"`
-	// Suite is the Debian release; the host's apt sources must carry it.
+	// Kind is KindKernel, KindInitramfs or KindRoot.
+	Kind string `toml:"kind"`
+	// Arch is the guest's Debian architecture.
+	Arch string `toml:"arch"`
+
+	// Kernel is the kernel recipe's own part.
+	Kernel *KernelSpec `toml:"kernel"`
+	// Initramfs is the initramfs recipe's own part.
+	Initramfs *InitramfsSpec `toml:"initramfs"`
+
+	// Suite is a root image's Debian release; the host's apt sources must
+	// carry it.
 	Suite string `toml:"suite"`
 	// Packages are installed on top of Essential and apt.
 	Packages []string          `toml:"packages"`
 	Env      map[string]string `toml:"env"`
 	NPM      []NPMPackage      `toml:"npm"`
-	Files    []RecipeFile      `toml:"files"`
-	Checks   []RecipeCheck     `toml:"checks"`
+	// Files go into a root image or an initramfs.
+	Files  []RecipeFile  `toml:"files"`
+	Checks []RecipeCheck `toml:"checks"`
 
 	// File names the recipe in errors; Source is its bytes.
 	File   string `toml:"-"`
 	Source []byte `toml:"-"`
+}
+
+// Recipe kinds.
+const (
+	KindKernel    = "kernel"
+	KindInitramfs = "initramfs"
+	KindRoot      = "root"
+)
+
+// KernelSpec is what a kernel recipe takes from Debian.
+type KernelSpec struct {
+	// Package is the kernel's metapackage: its Depends names the ABI
+	// package (linux-image-6.1.0-NN-amd64) whose files are used.
+	Package string `toml:"package"`
+	// Modules are the kernel modules the guest may need, by module name;
+	// their dependencies are added from the modules' own metadata.
+	Modules []string `toml:"modules"`
+}
+
+// InitramfsSpec is what an initramfs recipe puts together besides its
+// files.
+type InitramfsSpec struct {
+	// Kernel names the kernel recipe whose artefact gives the modules (and
+	// whose key is part of this artefact's key).
+	Kernel string `toml:"kernel"`
+	// Busybox is the Debian package with a static /bin/busybox; every
+	// applet it lists (busybox --list-full) gets a link to it.
+	Busybox string `toml:"busybox"`
+	// FallbackApplets are linked instead when busybox cannot run on the
+	// build host to list its own.
+	FallbackApplets []string `toml:"fallback_applets"`
+	// Init is where the guest binary goes (mode 0755); InitLinks are
+	// symlinks to it.
+	Init      string   `toml:"init"`
+	InitLinks []string `toml:"init_links"`
+	// Dirs and Devices are made as listed (devices are character devices).
+	Dirs    []InitramfsDir    `toml:"dirs"`
+	Devices []InitramfsDevice `toml:"devices"`
+}
+
+// InitramfsDir is a directory of the initramfs.
+type InitramfsDir struct {
+	Path string `toml:"path"`
+	Mode string `toml:"mode"`
+}
+
+// InitramfsDevice is a character device node of the initramfs.
+type InitramfsDevice struct {
+	Path  string `toml:"path"`
+	Mode  string `toml:"mode"`
+	Major int64  `toml:"major"`
+	Minor int64  `toml:"minor"`
 }
 
 // NPMPackage is one npm tarball, pinned by exact version and integrity.
@@ -76,20 +147,35 @@ type RecipeCheck struct {
 // KEY=VALUE a line, for the guest agent to give every command.
 const GuestEnvironmentFile = "/etc/capsem/environment"
 
-// DefaultRecipe names the embedded recipe images are built from by default.
-const DefaultRecipe = "full"
+// The embedded recipes the rest of capsem builds: the kernel, the minimal
+// root (the initramfs every VM boots) and the default root image.
+const (
+	KernelRecipe  = "kernel"
+	MinimalRecipe = "minimal"
+	DefaultRecipe = "full"
+)
 
 //go:embed recipes/*.toml
 var embeddedRecipes embed.FS
 
-// RecipeNames lists the embedded recipes.
-func RecipeNames() []string {
+// RecipeNames lists the embedded recipes of every kind.
+func RecipeNames() []string { return RecipeNamesOfKind("") }
+
+// RecipeNamesOfKind lists the embedded recipes of one kind ("" for all).
+func RecipeNamesOfKind(kind string) []string {
 	ents, _ := fs.ReadDir(embeddedRecipes, "recipes")
 	var names []string
 	for _, e := range ents {
-		if n, ok := strings.CutSuffix(e.Name(), ".toml"); ok {
-			names = append(names, n)
+		n, ok := strings.CutSuffix(e.Name(), ".toml")
+		if !ok {
+			continue
 		}
+		if kind != "" {
+			if r, err := LoadRecipe(n); err != nil || r.Kind != kind {
+				continue
+			}
+		}
+		names = append(names, n)
 	}
 	sort.Strings(names)
 	return names
@@ -103,6 +189,23 @@ func LoadRecipe(name string) (*Recipe, error) {
 		return nil, fmt.Errorf("guestfs: no recipe %q (have %s)", name, strings.Join(RecipeNames(), ", "))
 	}
 	return ParseRecipe(file, data)
+}
+
+// loadRecipeOfKind is LoadRecipe for a recipe that must be of kind.
+func loadRecipeOfKind(name, kind string) (*Recipe, error) {
+	r, err := LoadRecipe(name)
+	if err != nil {
+		return nil, err
+	}
+	return r, r.mustBe(kind)
+}
+
+// mustBe fails when the recipe is not of kind.
+func (r *Recipe) mustBe(kind string) error {
+	if r.Kind != kind {
+		return fmt.Errorf("guestfs: %s: recipe %q is of kind %q, not %q", r.File, r.Name, r.Kind, kind)
+	}
+	return nil
 }
 
 // ParseRecipe decodes and validates a recipe; file names it in errors.
@@ -139,7 +242,13 @@ var (
 		`((?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?)$`)
 )
 
-// Guest directories the VM mounts over at boot: anything the image put
+// supportedArchs maps the Debian architectures the builder makes guests
+// for to the ELF machine of their programs. Another architecture (arm64)
+// is a new entry here, the builder's kernel and boot handling for it, and
+// its own recipes.
+var supportedArchs = map[string]elf.Machine{"amd64": elf.EM_X86_64}
+
+// Guest directories the VM mounts over at boot: anything a root image put
 // there would be hidden.
 var mountedOver = []string{"/dev", "/proc", "/sys", "/run", "/tmp"}
 
@@ -152,6 +261,156 @@ func (r *Recipe) validate() error {
 	if !recipeNameRE.MatchString(r.Name) {
 		return r.errorf("name", "%q is not a recipe name (lower-case letters, digits and -, at most 32)", r.Name)
 	}
+	if _, ok := supportedArchs[r.Arch]; !ok {
+		return r.errorf("arch", "%q is not an architecture the builder makes guests for (%s)", r.Arch, strings.Join(slices.Sorted(maps.Keys(supportedArchs)), ", "))
+	}
+	// The keys each kind has; any other kind's key is an error.
+	present := map[string]bool{
+		"kernel": r.Kernel != nil, "initramfs": r.Initramfs != nil,
+		"suite": r.Suite != "", "packages": r.Packages != nil, "env": r.Env != nil,
+		"npm": r.NPM != nil, "files": r.Files != nil, "checks": r.Checks != nil,
+	}
+	allowed := map[string][]string{
+		KindKernel:    {"kernel"},
+		KindInitramfs: {"initramfs", "files"},
+		KindRoot:      {"suite", "packages", "env", "npm", "files", "checks"},
+	}
+	own, ok := allowed[r.Kind]
+	if !ok {
+		return r.errorf("kind", "%q is not a recipe kind (%s, %s or %s)", r.Kind, KindKernel, KindInitramfs, KindRoot)
+	}
+	for _, key := range slices.Sorted(maps.Keys(present)) {
+		if present[key] && !slices.Contains(own, key) {
+			return r.errorf(key, "not a key of %s recipes (another kind has it)", r.Kind)
+		}
+	}
+	switch r.Kind {
+	case KindKernel:
+		return r.validateKernel()
+	case KindInitramfs:
+		return r.validateInitramfs()
+	}
+	return r.validateRoot()
+}
+
+func (r *Recipe) validateKernel() error {
+	k := r.Kernel
+	if k == nil {
+		return r.errorf("kernel", "missing: the kernel package and the modules")
+	}
+	if !debPackageRE.MatchString(k.Package) {
+		return r.errorf("kernel.package", "%q is not a Debian package name", k.Package)
+	}
+	if len(k.Modules) == 0 {
+		return r.errorf("kernel.modules", "missing: the modules the guest needs")
+	}
+	seen := map[string]bool{}
+	for i, m := range k.Modules {
+		key := fmt.Sprintf("kernel.modules[%d]", i)
+		if !isModuleName(modName(m)) {
+			return r.errorf(key, "%q is not a kernel module name", m)
+		}
+		if seen[modName(m)] {
+			return r.errorf(key, "%q is listed twice", m)
+		}
+		seen[modName(m)] = true
+	}
+	return nil
+}
+
+// busyboxPath is where an initramfs has busybox; its applets link to it.
+const busyboxPath = "/bin/busybox"
+
+func (r *Recipe) validateInitramfs() error {
+	in := r.Initramfs
+	if in == nil {
+		return r.errorf("initramfs", "missing: the kernel recipe, busybox and the guest binary's place")
+	}
+	if !recipeNameRE.MatchString(in.Kernel) {
+		return r.errorf("initramfs.kernel", "%q is not a recipe name", in.Kernel)
+	}
+	if !debPackageRE.MatchString(in.Busybox) {
+		return r.errorf("initramfs.busybox", "%q is not a Debian package name", in.Busybox)
+	}
+	written := map[string]string{}
+	claim := func(key, p string) error {
+		if err := checkCleanPath(p); err != nil {
+			return r.errorf(key, "%v", err)
+		}
+		if prev, ok := written[p]; ok {
+			return r.errorf(key, "%s is already written by %s", p, prev)
+		}
+		written[p] = key
+		return nil
+	}
+	if err := claim("initramfs.busybox", busyboxPath); err != nil {
+		return err
+	}
+	if err := claim("initramfs.init", in.Init); err != nil {
+		return err
+	}
+	for i, l := range in.InitLinks {
+		if err := claim(fmt.Sprintf("initramfs.init_links[%d]", i), l); err != nil {
+			return err
+		}
+	}
+	for i, d := range in.Dirs {
+		key := fmt.Sprintf("initramfs.dirs[%d]", i)
+		if err := claim(key+".path", d.Path); err != nil {
+			return err
+		}
+		if _, err := parseMode(d.Mode); err != nil {
+			return r.errorf(key+".mode", "%v", err)
+		}
+	}
+	for i, d := range in.Devices {
+		key := fmt.Sprintf("initramfs.devices[%d]", i)
+		if err := claim(key+".path", d.Path); err != nil {
+			return err
+		}
+		if m, err := parseMode(d.Mode); err != nil || m&^fs.ModePerm != 0 {
+			return r.errorf(key+".mode", "%q is not a permission such as \"0600\"", d.Mode)
+		}
+		// The kernel's dev_t: 12 bits of major, 20 of minor.
+		if d.Major < 0 || d.Major >= 1<<12 {
+			return r.errorf(key+".major", "%d is not a device major number (0 to 4095)", d.Major)
+		}
+		if d.Minor < 0 || d.Minor >= 1<<20 {
+			return r.errorf(key+".minor", "%d is not a device minor number (0 to 1048575)", d.Minor)
+		}
+	}
+	if err := r.validateFiles(claim); err != nil {
+		return err
+	}
+	// Nothing may lie under a file, link or device: the archive could not
+	// be unpacked.
+	isDir := map[string]bool{}
+	for _, d := range in.Dirs {
+		isDir[d.Path] = true
+	}
+	for _, p := range slices.Sorted(maps.Keys(written)) {
+		for a := path.Dir(p); a != "/"; a = path.Dir(a) {
+			if key, ok := written[a]; ok && !isDir[a] {
+				return r.errorf(written[p], "%s is under %s, which %s makes and is no directory", p, a, key)
+			}
+		}
+	}
+	// Applets are linked where nothing else is (as busybox's own list is).
+	seen := map[string]bool{}
+	for i, a := range in.FallbackApplets {
+		key := fmt.Sprintf("initramfs.fallback_applets[%d]", i)
+		if err := checkCleanPath(a); err != nil {
+			return r.errorf(key, "%v", err)
+		}
+		if seen[a] {
+			return r.errorf(key, "%s is listed twice", a)
+		}
+		seen[a] = true
+	}
+	return nil
+}
+
+func (r *Recipe) validateRoot() error {
 	if !suiteRE.MatchString(r.Suite) {
 		return r.errorf("suite", "%q is not a Debian suite name", r.Suite)
 	}
@@ -215,6 +474,26 @@ func (r *Recipe) validate() error {
 			}
 		}
 	}
+	if err := r.validateFiles(claim); err != nil {
+		return err
+	}
+	for i, c := range r.Checks {
+		key := fmt.Sprintf("checks[%d]", i)
+		if len(c.Run) == 0 || c.Run[0] == "" {
+			return r.errorf(key+".run", "missing: the command and its arguments")
+		}
+		for _, a := range c.Run {
+			if strings.Contains(a, "\x00") {
+				return r.errorf(key+".run", "an argument holds a NUL")
+			}
+		}
+	}
+	return nil
+}
+
+// validateFiles checks the files and symlinks; claim refuses a path the
+// kind does not allow or another key writes already.
+func (r *Recipe) validateFiles(claim func(key, p string) error) error {
 	for i, f := range r.Files {
 		key := fmt.Sprintf("files[%d]", i)
 		if err := claim(key+".path", f.Path); err != nil {
@@ -236,17 +515,6 @@ func (r *Recipe) validate() error {
 		}
 		if err := checkContent(f.Path, f.Content); err != nil {
 			return r.errorf(key+".content", "%v", err)
-		}
-	}
-	for i, c := range r.Checks {
-		key := fmt.Sprintf("checks[%d]", i)
-		if len(c.Run) == 0 || c.Run[0] == "" {
-			return r.errorf(key+".run", "missing: the command and its arguments")
-		}
-		for _, a := range c.Run {
-			if strings.Contains(a, "\x00") {
-				return r.errorf(key+".run", "an argument holds a NUL")
-			}
 		}
 	}
 	return nil
@@ -271,14 +539,23 @@ func (r *Recipe) EnvironmentFile() []byte {
 	return b.Bytes()
 }
 
-// checkGuestPath accepts clean absolute paths outside what the VM mounts
-// over.
-func checkGuestPath(p string) error {
+// checkCleanPath accepts clean absolute paths other than / with no
+// control characters.
+func checkCleanPath(p string) error {
 	if !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
 		return fmt.Errorf("%q is not a clean absolute path", p)
 	}
 	if strings.ContainsFunc(p, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
 		return fmt.Errorf("%q holds a control character", p)
+	}
+	return nil
+}
+
+// checkGuestPath accepts a root image's paths: clean, absolute and outside
+// what the VM mounts over.
+func checkGuestPath(p string) error {
+	if err := checkCleanPath(p); err != nil {
+		return err
 	}
 	for _, m := range mountedOver {
 		if p == m || strings.HasPrefix(p, m+"/") {

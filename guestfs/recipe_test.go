@@ -3,14 +3,17 @@ package guestfs
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
 
-// minimalRecipe is a valid recipe the error cases below break one key at
-// a time.
-const minimalRecipe = `
+// tinyRootRecipe is a valid root recipe the error cases below break one
+// key at a time.
+const tinyRootRecipe = `
 name = "tiny"
+kind = "root"
+arch = "amd64"
 suite = "bookworm"
 packages = ["curl"]
 
@@ -37,7 +40,7 @@ expect = "1.2.3"
 `
 
 func TestParseRecipeMinimal(t *testing.T) {
-	r, err := ParseRecipe("tiny.toml", []byte(minimalRecipe))
+	r, err := ParseRecipe("tiny.toml", []byte(tinyRootRecipe))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,13 +50,13 @@ func TestParseRecipeMinimal(t *testing.T) {
 	if r.NPM[0].Copy[0].To != "/usr/local/lib/tool" || r.Files[1].Mode != "0600" || r.Checks[0].Run[1] != "--version" {
 		t.Fatalf("parsed %+v", r)
 	}
-	if string(r.Source) != minimalRecipe || r.File != "tiny.toml" {
+	if string(r.Source) != tinyRootRecipe || r.File != "tiny.toml" {
 		t.Fatal("the recipe does not keep its file name and bytes (the cache key hashes them)")
 	}
 }
 
 func TestParseRecipeErrors(t *testing.T) {
-	// Each case replaces one line of minimalRecipe (old → new) and names
+	// Each case replaces one line of tinyRootRecipe (old → new) and names
 	// what the error must say.
 	cases := []struct {
 		name, old, new, want string
@@ -63,6 +66,11 @@ func TestParseRecipeErrors(t *testing.T) {
 		{"toml syntax", `name = "tiny"`, `name = tiny`, "tiny.toml: toml:"},
 		{"bad name", `name = "tiny"`, `name = "Tiny Image"`, `tiny.toml: name: "Tiny Image" is not a recipe name`},
 		{"missing suite", `suite = "bookworm"`, ``, `suite: "" is not a Debian suite name`},
+		{"missing kind", `kind = "root"`, ``, `tiny.toml: kind: "" is not a recipe kind`},
+		{"unknown kind", `kind = "root"`, `kind = "rootfs"`, `kind: "rootfs" is not a recipe kind (kernel, initramfs or root)`},
+		{"missing arch", `arch = "amd64"`, ``, `tiny.toml: arch: "" is not an architecture the builder makes guests for (amd64)`},
+		{"foreign arch", `arch = "amd64"`, `arch = "riscv64"`, `arch: "riscv64" is not an architecture`},
+		{"another kind's section", `[env]`, "[kernel]\npackage = \"linux-image-amd64\"\nmodules = [\"9p\"]\n[env]", "tiny.toml: kernel: not a key of root recipes (another kind has it)"},
 		{"versioned package", `packages = ["curl"]`, `packages = ["curl=7.88"]`, `packages[0]: "curl=7.88" is not a Debian package name`},
 		{"apt pattern", `packages = ["curl"]`, `packages = ["curl", "?essential"]`, `packages[1]: "?essential"`},
 		{"duplicate package", `packages = ["curl"]`, `packages = ["curl", "curl"]`, `packages[1]: "curl" is listed twice`},
@@ -92,10 +100,10 @@ func TestParseRecipeErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if !strings.Contains(minimalRecipe, c.old) {
+			if !strings.Contains(tinyRootRecipe, c.old) {
 				t.Fatalf("the base recipe has no %q", c.old)
 			}
-			src := strings.Replace(minimalRecipe, c.old, c.new, 1)
+			src := strings.Replace(tinyRootRecipe, c.old, c.new, 1)
 			_, err := ParseRecipe("tiny.toml", []byte(src))
 			if err == nil {
 				t.Fatalf("accepted:\n%s", src)
@@ -107,8 +115,59 @@ func TestParseRecipeErrors(t *testing.T) {
 	}
 }
 
+// TestParseKernelAndInitramfsRecipeErrors breaks the shipped kernel and
+// minimal recipes one key at a time.
+func TestParseKernelAndInitramfsRecipeErrors(t *testing.T) {
+	cases := []struct {
+		recipe, name, old, new, want string
+	}{
+		{"kernel", "no kernel section", "[kernel]", "[x]", "kernel.toml: unknown key x"},
+		{"kernel", "a root key", `arch = "amd64"`, "arch = \"amd64\"\nsuite = \"bookworm\"", "kernel.toml: suite: not a key of kernel recipes"},
+		{"kernel", "files", `arch = "amd64"`, "arch = \"amd64\"\nfiles = []", "files: not a key of kernel recipes"},
+		{"kernel", "unknown kernel key", `package = "linux-image-amd64"`, "package = \"linux-image-amd64\"\nflavour = \"cloud\"", "unknown key kernel.flavour"},
+		{"kernel", "bad package", `package = "linux-image-amd64"`, `package = "linux-image-amd64=6.1"`, `kernel.package: "linux-image-amd64=6.1" is not a Debian package name`},
+		{"kernel", "no modules", `"erofs",`, `"erofs", "virtio_pci",`, `kernel.modules[13]: "virtio_pci" is listed twice`},
+		{"kernel", "dash spelling twice", `"erofs",`, `"erofs", "virtio-pci",`, `"virtio-pci" is listed twice`},
+		{"kernel", "bad module", `"erofs",`, `"erofs", "../x",`, `kernel.modules[13]: "../x" is not a kernel module name`},
+		{"minimal", "no kernel named", `kernel = "kernel"`, `kernel = ""`, `minimal.toml: initramfs.kernel: "" is not a recipe name`},
+		{"minimal", "bad busybox", `busybox = "busybox-static"`, `busybox = "busybox static"`, `initramfs.busybox: "busybox static"`},
+		{"minimal", "relative init", `init = "/init"`, `init = "init"`, `initramfs.init: "init" is not a clean absolute path`},
+		{"minimal", "link over busybox", `"/usr/bin/capsem"]`, `"/usr/bin/capsem", "/bin/busybox"]`, "initramfs.init_links[3]: /bin/busybox is already written by initramfs.busybox"},
+		{"minimal", "link over init", `"/usr/bin/capsem"]`, `"/usr/bin/capsem", "/init"]`, "already written by initramfs.init"},
+		{"minimal", "dir mode", `{ path = "/root", mode = "0700" }`, `{ path = "/root", mode = "rwx" }`, `initramfs.dirs[12].mode: "rwx" is not an octal mode`},
+		{"minimal", "two dirs", `{ path = "/root", mode = "0700" }`, `{ path = "/tmp", mode = "0700" }`, "initramfs.dirs[12].path: /tmp is already written by initramfs.dirs[10].path"},
+		{"minimal", "device major", "major = 5", "major = 4096", "initramfs.devices[0].major: 4096 is not a device major number"},
+		{"minimal", "device minor", "minor = 1 }", "minor = -1 }", "initramfs.devices[0].minor: -1 is not a device minor number"},
+		{"minimal", "device setuid", `mode = "0600", major = 5`, `mode = "4600", major = 5`, `initramfs.devices[0].mode: "4600" is not a permission`},
+		{"minimal", "file over a device", `path = "/etc/hostname"`, `path = "/dev/null"`, "files[0].path: /dev/null is already written by initramfs.devices[1].path"},
+		{"minimal", "bad applet", `"/bin/cat",`, `"bin/cat",`, `initramfs.fallback_applets[0]: "bin/cat" is not a clean absolute path`},
+		{"minimal", "a file under a device", `path = "/etc/hostname"`, `path = "/dev/console/x"`, "files[0].path: /dev/console/x is under /dev/console, which initramfs.devices[0].path makes and is no directory"},
+		{"minimal", "a link under init", `"/usr/bin/capsem"]`, `"/usr/bin/capsem", "/init/x"]`, "initramfs.init_links[3]: /init/x is under /init"},
+		{"minimal", "busybox under a file", `path = "/etc/hostname"`, `path = "/bin"`, "initramfs.busybox: /bin/busybox is under /bin, which files[0].path makes"},
+		{"minimal", "applet twice", `"/bin/cat",`, `"/bin/cat", "/bin/cat",`, "initramfs.fallback_applets[1]: /bin/cat is listed twice"},
+		{"minimal", "a root key", `arch = "amd64"`, "arch = \"amd64\"\npackages = [\"curl\"]", "packages: not a key of initramfs recipes"},
+		{"minimal", "bad json", `path = "/etc/hostname"`, "path = \"/etc/x.json\"\nmode = \"0644\"\ncontent = \"{\"\n[[files]]\npath = \"/etc/hostname\"", "files[0].content: not valid JSON"},
+	}
+	for _, c := range cases {
+		t.Run(c.recipe+": "+c.name, func(t *testing.T) {
+			base, err := embeddedRecipes.ReadFile("recipes/" + c.recipe + ".toml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(base), c.old) {
+				t.Fatalf("%s.toml has no %q", c.recipe, c.old)
+			}
+			src := strings.Replace(string(base), c.old, c.new, 1)
+			_, err = ParseRecipe(c.recipe+".toml", []byte(src))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v does not say %q", err, c.want)
+			}
+		})
+	}
+}
+
 func TestParseRecipeTOMLContent(t *testing.T) {
-	src := minimalRecipe + "\n[[files]]\npath = \"/root/.x/config.toml\"\ncontent = '''\n[a\n'''\n"
+	src := tinyRootRecipe + "\n[[files]]\npath = \"/root/.x/config.toml\"\ncontent = '''\n[a\n'''\n"
 	if _, err := ParseRecipe("tiny.toml", []byte(src)); err == nil || !strings.Contains(err.Error(), "files[2].content: not valid TOML") {
 		t.Fatalf("err = %v", err)
 	}
@@ -128,6 +187,34 @@ func TestEmbeddedRecipes(t *testing.T) {
 		}
 		if r.Name != n {
 			t.Fatalf("recipes/%s.toml names itself %q", n, r.Name)
+		}
+	}
+	kinds := map[string]string{}
+	for _, k := range []string{KindKernel, KindInitramfs, KindRoot} {
+		for _, n := range RecipeNamesOfKind(k) {
+			kinds[n] = k
+		}
+	}
+	if kinds[KernelRecipe] != KindKernel || kinds[MinimalRecipe] != KindInitramfs || kinds[DefaultRecipe] != KindRoot || len(kinds) != len(names) {
+		t.Fatalf("kinds %v of %v", kinds, names)
+	}
+	// The minimal root names the kernel recipe and puts the guest binary
+	// where the personalities look for it.
+	minimal, err := LoadRecipe(MinimalRecipe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if minimal.Initramfs.Kernel != KernelRecipe || minimal.Initramfs.Init != GuestInit ||
+		!slices.Equal(slices.Sorted(slices.Values(minimal.Initramfs.InitLinks)), []string{GuestCapsem, GuestDoctor, GuestMCPServer}) {
+		t.Fatalf("minimal: %+v", minimal.Initramfs)
+	}
+	kernel, err := LoadRecipe(KernelRecipe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"virtio_pci", "virtio_console", "vmw_vsock_virtio_transport", "9pnet_fd", "9p", "overlay", "ext4", "erofs"} {
+		if !slices.Contains(kernel.Kernel.Modules, m) {
+			t.Errorf("the kernel recipe lacks module %s", m)
 		}
 	}
 	r, err := LoadRecipe(DefaultRecipe)

@@ -11,18 +11,25 @@ import (
 	"testing"
 )
 
-// FuzzParseRecipe: a recipe is accepted only whole and valid (every path it
-// writes clean, absolute and distinct; an environment file of one line per
-// variable); a refusal names the file.
+// FuzzParseRecipe: a recipe of any kind is accepted only whole and valid:
+// its kind's keys alone; every path it writes clean, absolute and
+// distinct (outside what the VM mounts over, for a root image); an
+// environment file of one line per variable; module names and device
+// numbers in range; a refusal names the file.
 func FuzzParseRecipe(f *testing.F) {
-	full, err := embeddedRecipes.ReadFile("recipes/full.toml")
-	if err != nil {
-		f.Fatal(err)
+	for _, n := range []string{"full", "kernel", "minimal"} {
+		data, err := embeddedRecipes.ReadFile("recipes/" + n + ".toml")
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(string(data))
 	}
-	f.Add(string(full))
-	f.Add(minimalRecipe)
-	f.Add(strings.Replace(minimalRecipe, `to = "/usr/local/lib/tool"`, `to = "/usr/local/bin/tool"`, 1))
-	f.Add("name = \"x\"\nsuite = \"bookworm\"\n[env]\nPATH = \"/bin\"\n[[files]]\npath = \"/a\"\ncontent = '''\n{\n'''\n")
+	f.Add(tinyRootRecipe)
+	f.Add(strings.Replace(tinyRootRecipe, `to = "/usr/local/lib/tool"`, `to = "/usr/local/bin/tool"`, 1))
+	f.Add("name = \"x\"\nkind = \"root\"\narch = \"amd64\"\nsuite = \"bookworm\"\n[env]\nPATH = \"/bin\"\n[[files]]\npath = \"/a\"\ncontent = '''\n{\n'''\n")
+	f.Add("name = \"k\"\nkind = \"kernel\"\narch = \"amd64\"\n[kernel]\npackage = \"p1\"\nmodules = [\"a-b\", \"a_b\"]\n")
+	f.Add("name = \"m\"\nkind = \"initramfs\"\narch = \"amd64\"\n[initramfs]\nkernel = \"k\"\nbusybox = \"b1\"\ninit = \"/bin/busybox\"\n")
+	f.Add("name = \"m\"\nkind = \"initramfs\"\narch = \"amd64\"\n[initramfs]\nkernel = \"k\"\nbusybox = \"b1\"\ninit = \"/init\"\ndevices = [{path = \"/dev/x\", mode = \"0600\", major = 4095, minor = 1048575}]\n")
 	f.Add("name = 1")
 	f.Add("")
 	f.Fuzz(func(t *testing.T, src string) {
@@ -36,31 +43,85 @@ func FuzzParseRecipe(f *testing.F) {
 		if err := r.validate(); err != nil {
 			t.Fatalf("accepted, then invalid: %v", err)
 		}
-		seen := map[string]bool{GuestEnvironmentFile: true}
-		var paths []string
-		for _, n := range r.NPM {
-			if _, err := decodeIntegrity(n.Integrity); err != nil {
-				t.Fatal(err)
-			}
-			for _, c := range n.Copy {
-				paths = append(paths, c.To)
-				if !fs.ValidPath(c.From) {
-					t.Fatalf("copy from %q", c.From)
-				}
-			}
+		if _, ok := supportedArchs[r.Arch]; !ok {
+			t.Fatalf("accepted arch %q", r.Arch)
 		}
+		seen := map[string]bool{}
+		var paths []string
 		for _, file := range r.Files {
 			paths = append(paths, file.Path)
+		}
+		switch r.Kind {
+		case KindKernel:
+			if r.Kernel == nil || r.Initramfs != nil || r.Files != nil || r.Suite != "" || r.NPM != nil || len(r.Kernel.Modules) == 0 {
+				t.Fatalf("a kernel recipe with %+v", r)
+			}
+			names := map[string]bool{}
+			for _, m := range r.Kernel.Modules {
+				if !isModuleName(modName(m)) || names[modName(m)] {
+					t.Fatalf("module %q accepted (seen: %v)", m, names[modName(m)])
+				}
+				names[modName(m)] = true
+			}
+		case KindInitramfs:
+			in := r.Initramfs
+			if in == nil || r.Kernel != nil || r.Suite != "" || r.Env != nil || r.NPM != nil || r.Checks != nil {
+				t.Fatalf("an initramfs recipe with %+v", r)
+			}
+			paths = append(paths, busyboxPath, in.Init)
+			paths = append(paths, in.InitLinks...)
+			for _, d := range in.Dirs {
+				paths = append(paths, d.Path)
+			}
+			for _, d := range in.Devices {
+				paths = append(paths, d.Path)
+				if d.Major < 0 || d.Major > 4095 || d.Minor < 0 || d.Minor > 1<<20-1 {
+					t.Fatalf("device %+v accepted", d)
+				}
+			}
+			// Whatever it says, it lays out, with nothing under a file.
+			tree := newFSTree()
+			if _, err := layoutInitramfs(tree, r, nil, nil, in.FallbackApplets); err != nil {
+				t.Fatalf("accepted, then its layout fails: %v", err)
+			}
+			for name := range tree.entries {
+				if tree.underNonDir(name) {
+					t.Fatalf("%s lies under a file", name)
+				}
+			}
+		case KindRoot:
+			if r.Kernel != nil || r.Initramfs != nil {
+				t.Fatalf("a root recipe with %+v", r)
+			}
+			seen[GuestEnvironmentFile] = true
+			for _, n := range r.NPM {
+				if _, err := decodeIntegrity(n.Integrity); err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range n.Copy {
+					paths = append(paths, c.To)
+					if !fs.ValidPath(c.From) {
+						t.Fatalf("copy from %q", c.From)
+					}
+				}
+			}
+			for _, p := range paths {
+				if checkGuestPath(p) != nil {
+					t.Fatalf("accepted path %q", p)
+				}
+			}
+			lines := strings.Split(strings.TrimSuffix(string(r.EnvironmentFile()), "\n"), "\n")
+			if len(lines) != len(r.Env) {
+				t.Fatalf("%d variables make %d lines", len(r.Env), len(lines))
+			}
+		default:
+			t.Fatalf("accepted kind %q", r.Kind)
 		}
 		for _, p := range paths {
 			if !path.IsAbs(p) || path.Clean(p) != p || seen[p] {
 				t.Fatalf("accepted path %q (seen before: %v)", p, seen[p])
 			}
 			seen[p] = true
-		}
-		lines := strings.Split(strings.TrimSuffix(string(r.EnvironmentFile()), "\n"), "\n")
-		if len(lines) != len(r.Env) {
-			t.Fatalf("%d variables make %d lines", len(r.Env), len(lines))
 		}
 	})
 }

@@ -65,7 +65,7 @@ func TestRealRootImage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("EnsureRoot: %v\nprogress:\n%s", err, progress.String())
 	}
-	t.Logf("first EnsureRoot: %v, image %s (%d bytes)\n%s", time.Since(start), root.Image, root.RootManifest.Image.Size, progress.String())
+	t.Logf("first EnsureRoot: %v, image %s (%d bytes)\n%s", time.Since(start), root.Image, root.ImageSize(), progress.String())
 	for _, s := range root.Steps {
 		t.Logf("step %-16s %6.1f s  %s", s.Name, s.Seconds, s.Detail)
 	}

@@ -80,7 +80,7 @@ func (h *fakeHost) buildCount() int {
 
 func testRecipe(t testing.TB, name, extra string) *Recipe {
 	t.Helper()
-	src := strings.Replace(minimalRecipe, `name = "tiny"`, fmt.Sprintf("name = %q", name), 1) + extra
+	src := strings.Replace(tinyRootRecipe, `name = "tiny"`, fmt.Sprintf("name = %q", name), 1) + extra
 	r, err := ParseRecipe(name+".toml", []byte(src))
 	if err != nil {
 		t.Fatal(err)
@@ -194,13 +194,13 @@ func TestEnsureRootBuildsOnceAndRefs(t *testing.T) {
 	if got := readRefFile(t, dir, "tiny"); got != root.Key {
 		t.Fatalf("ref holds %q, want %s", got, root.Key)
 	}
-	if root.RootManifest.Image.Size == 0 || len(root.NPM) != 1 || root.NPM[0].Integrity != r.NPM[0].Integrity || len(root.Checks) != 1 || len(root.Steps) != 1 {
+	if root.ImageSize() == 0 || len(root.NPM) != 1 || root.NPM[0].Integrity != r.NPM[0].Integrity || len(root.Checks) != 1 || len(root.Steps) != 1 {
 		t.Fatalf("manifest %+v", root.RootManifest)
 	}
 	if !strings.Contains(progress.String(), "root image tiny: fake") || !strings.Contains(progress.String(), "root image tiny ready") {
 		t.Fatalf("progress:\n%s", progress.String())
 	}
-	if ents, _ := filepath.Glob(filepath.Join(dir, ".root-build-*")); len(ents) != 0 {
+	if ents, _ := filepath.Glob(filepath.Join(dir, ".work-*")); len(ents) != 0 {
 		t.Fatalf("work directories left: %v", ents)
 	}
 
@@ -261,7 +261,7 @@ func TestEnsureRootRebuildsAndPrunes(t *testing.T) {
 	}
 	want := []string{keys[1][:24], keys[2][:24], otherRoot.Key[:24]}
 	slices.Sort(want)
-	if got := rootStoreEntries(dir); !slices.Equal(got, want) {
+	if got := storeEntries(dir); !slices.Equal(got, want) {
 		t.Fatalf("store holds %v, want the current, the previous and the other recipe's: %v", got, want)
 	}
 	// Going back to an input whose entry still exists reuses it without a
@@ -276,47 +276,6 @@ func TestEnsureRootRebuildsAndPrunes(t *testing.T) {
 	}
 	if readRefFile(t, dir, "tiny") != keys[1] || readRefFile(t, dir, "tiny.previous") != keys[2] {
 		t.Fatal("the ref did not move back")
-	}
-}
-
-// TestPruneRootStore: what no ref names goes, as do abandoned work
-// directories; what a ref names and foreign names stay; unreadable refs
-// stop pruning altogether.
-func TestPruneRootStore(t *testing.T) {
-	dir := t.TempDir()
-	k1, k2, k3 := strings.Repeat("1", 64), strings.Repeat("2", 64), strings.Repeat("3", 64)
-	for _, k := range []string{k1, k2, k3} {
-		if err := os.MkdirAll(rootStorePath(dir, k), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	writeFiles(t, dir, map[string]string{
-		"refs/a":              k1 + "\n",
-		"refs/a.previous":     k2 + "\n",
-		"refs/.a.tmp-123":     k3 + "\n", // a temp file of an atomic write: not a ref
-		"store/notakey/keep":  "x",
-		".root-build-9/tree/": "",
-	})
-	os.Remove(filepath.Join(dir, ".root-build-9/tree"))
-	os.MkdirAll(filepath.Join(dir, ".root-build-9/tree/etc"), 0o755)
-	pruneRootStore(dir, slog.New(slog.DiscardHandler))
-	if got := rootStoreEntries(dir); !slices.Equal(got, []string{k1[:24], k2[:24]}) {
-		t.Fatalf("store holds %v", got)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "store/notakey/keep")); err != nil {
-		t.Fatal("pruning removed a directory that is not a store entry")
-	}
-	if _, err := os.Stat(filepath.Join(dir, ".root-build-9")); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatal("an abandoned work directory survived")
-	}
-	// An unreadable ref: nothing may go, since it may name anything.
-	os.MkdirAll(rootStorePath(dir, k3), 0o755)
-	if err := os.Mkdir(filepath.Join(dir, "refs/b"), 0o755); err != nil { // reading a directory fails
-		t.Fatal(err)
-	}
-	pruneRootStore(dir, slog.New(slog.DiscardHandler))
-	if got := rootStoreEntries(dir); len(got) != 3 {
-		t.Fatalf("pruned with an unreadable ref: %v", got)
 	}
 }
 
@@ -351,7 +310,7 @@ func TestWriteRef(t *testing.T) {
 		t.Fatalf("refs/ holds %v (temp files left?)", ents)
 	}
 	writeFiles(t, dir, map[string]string{"refs/y": "not a key\n"})
-	if _, err := readRef(dir, "y"); err == nil || !strings.Contains(err.Error(), "not a root image key") {
+	if _, err := readRef(dir, "y"); err == nil || !strings.Contains(err.Error(), "not a store key") {
 		t.Fatalf("readRef of garbage: %v", err)
 	}
 	if _, err := readRef(dir, "../x"); err == nil {
@@ -430,7 +389,7 @@ func TestBuildRootForces(t *testing.T) {
 	if _, err := ResolveRoot(dir, "tiny"); err != nil {
 		t.Fatal(err)
 	}
-	if got := rootStoreEntries(dir); len(got) != 1 {
+	if got := storeEntries(dir); len(got) != 1 {
 		t.Fatalf("store %v", got)
 	}
 }
@@ -451,10 +410,10 @@ func TestEnsureRootFailedBuild(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "root image tiny: smoke check") {
 		t.Fatalf("err = %v", err)
 	}
-	if readRefFile(t, dir, "tiny") != good.Key || !slices.Equal(rootStoreEntries(dir), []string{good.Key[:24]}) {
+	if readRefFile(t, dir, "tiny") != good.Key || !slices.Equal(storeEntries(dir), []string{good.Key[:24]}) {
 		t.Fatal("a failed build changed the ref or the store")
 	}
-	if ents, _ := filepath.Glob(filepath.Join(dir, ".root-build-*")); len(ents) != 0 {
+	if ents, _ := filepath.Glob(filepath.Join(dir, ".work-*")); len(ents) != 0 {
 		t.Fatalf("work directories left: %v", ents)
 	}
 	st, err := rootStatusWith(context.Background(), dir, opts.Recipe, h)
@@ -499,10 +458,21 @@ func TestResolveRootMissing(t *testing.T) {
 func TestLoadRootChecksKey(t *testing.T) {
 	dir := t.TempDir()
 	k := strings.Repeat("c", 64)
-	entry := rootStorePath(dir, k)
+	entry := storePath(dir, k)
 	writeFiles(t, entry, map[string]string{"manifest.json": fmt.Sprintf(`{"key":%q}`, strings.Repeat("d", 64))})
 	if _, err := LoadRoot(entry); err == nil || !strings.Contains(err.Error(), "not its directory's") {
 		t.Fatalf("a manifest naming another key: %v", err)
+	}
+	for manifest, want := range map[string]string{
+		fmt.Sprintf(`{"key":%q,"kind":"kernel","files":{"root.erofs":{}}}`, k): "is a kernel, not a root",
+		// What the builder before the one store wrote: no kind.
+		fmt.Sprintf(`{"key":%q,"image":{"size":1}}`, k):       "names no kind: an older capsem wrote it",
+		fmt.Sprintf(`{"key":%q,"kind":"root","files":{}}`, k): "lists no root.erofs",
+	} {
+		writeFiles(t, entry, map[string]string{"manifest.json": manifest})
+		if _, err := LoadRoot(entry); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("LoadRoot of %s: %v, want an error saying %q", manifest, err, want)
+		}
 	}
 }
 
@@ -596,7 +566,7 @@ func TestMountForChecksAndRemoveWorkDir(t *testing.T) {
 	}
 	log := slog.New(slog.DiscardHandler)
 	// Not t.TempDir: its cleanup would remove through a mount left behind.
-	work, err := os.MkdirTemp("", rootWorkPrefix)
+	work, err := os.MkdirTemp("", workPrefix+"full-")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func lookTool(name string) (string, error) {
 }
 
 func (debianHost) toolVersions(ctx context.Context, b *rootBuilder) (string, string, error) {
-	memo := loadRootMemo(b.dir)
+	memo := loadRootMemo(b.s.dir)
 	changed := false
 	version := func(name string, ask func(bin string) (string, error)) (string, error) {
 		bin, err := lookTool(name)
@@ -117,7 +117,7 @@ func (debianHost) toolVersions(ctx context.Context, b *rootBuilder) (string, str
 		return "", "", fmt.Errorf("unexpected version output (mmdebstrap %q, mkfs.erofs %q)", mm, mk)
 	}
 	if changed {
-		if err := memo.save(b.dir); err != nil {
+		if err := memo.save(b.s.dir); err != nil {
 			b.log.Warn("could not save the root image memo", "err", err)
 		}
 	}
@@ -139,7 +139,7 @@ func (debianHost) sources(suite string) ([]byte, error) { return debianSources("
 // closure asks apt for the recipe's exact packages, reusing the memo while
 // apt's lists are unchanged; fresh asks apt regardless.
 func (debianHost) closure(ctx context.Context, b *rootBuilder, fresh bool) ([]string, error) {
-	memo := loadRootMemo(b.dir)
+	memo := loadRootMemo(b.s.dir)
 	mkey := closureMemoKey(b.recipe.Suite, b.recipe.Packages)
 	fp, fpErr := aptFingerprint()
 	if fpErr == nil && !fresh {
@@ -161,14 +161,14 @@ func (debianHost) closure(ctx context.Context, b *rootBuilder, fresh bool) ([]st
 		return nil, err
 	}
 	if fpErr == nil {
-		memo = loadRootMemo(b.dir)
+		memo = loadRootMemo(b.s.dir)
 		for k, m := range memo.Closures {
 			if m.Fingerprint != fp {
 				delete(memo.Closures, k)
 			}
 		}
 		memo.Closures[mkey] = closureMemo{Fingerprint: fp, Closure: closure}
-		if err := memo.save(b.dir); err != nil {
+		if err := memo.save(b.s.dir); err != nil {
 			b.log.Warn("could not save the root image memo", "err", err)
 		}
 	}
@@ -309,7 +309,7 @@ func (b *rootBuilder) mmdebstrap(ctx context.Context, mode, tree, sources string
 	if err != nil {
 		return err
 	}
-	args := []string{"--mode=" + mode, "--variant=apt", "--format=directory"}
+	args := []string{"--mode=" + mode, "--variant=apt", "--format=directory", "--architectures=" + b.recipe.Arch}
 	if len(b.recipe.Packages) > 0 {
 		args = append(args, "--include="+strings.Join(b.recipe.Packages, ","))
 	}
@@ -389,7 +389,7 @@ func npmCacheName(spec string) string {
 // missing ones with npm pack into a throwaway npm cache (so no second
 // copy is kept) and refusing any whose sha512 is not the pinned one.
 func (b *rootBuilder) fetchNPM(ctx context.Context) (paths []string, fetched int, err error) {
-	cache := filepath.Join(b.dir, rootNPMDir)
+	cache := filepath.Join(b.s.dir, rootNPMDir)
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return nil, 0, err
 	}

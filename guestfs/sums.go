@@ -123,6 +123,31 @@ func (c *sumCache) sum(p string) (size int64, sha string, err error) {
 	return st.Size(), sha, nil
 }
 
+// record remembers sha as the sum of p, a file the builder has just
+// written from bytes it hashed itself, so its first verification need not
+// read it back.
+func (c *sumCache) record(p, sha string) {
+	if c == nil {
+		return
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return
+	}
+	st, err := os.Stat(abs)
+	if err != nil {
+		return
+	}
+	id, ok := identityOf(st)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.entries[abs] = sumEntry{fileIdentity: id, SHA256: sha}
+	c.dirty = true
+}
+
 // forget drops what the cache knows of p (a file that failed verification
 // is hashed again next time, whatever its identity).
 func (c *sumCache) forget(p string) {

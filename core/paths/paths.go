@@ -5,7 +5,7 @@
 //	$CAPSEM_HOME (default ~/.capsem)
 //	├── user.toml          the user's configuration
 //	├── net-ca.pem         the guest network's CA, key included (0600, host only)
-//	├── assets/            guest kernel and initramfs (boot-states/ beside them)
+//	├── assets/            guestfs's store: the kernel, the minimal root, root images, saved boots
 //	├── cache/             package cache of sandboxed MCP servers ($CAPSEM_CACHE_DIR)
 //	└── run/               runtime state, 0700 ($CAPSEM_RUN_DIR)
 //	    ├── service.sock   the service's API ($CAPSEM_UDS_PATH)

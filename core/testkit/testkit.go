@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -237,25 +238,53 @@ func SharedRootImage(t testing.TB) *guestfs.Root {
 }
 
 // PrivateAssets returns a fresh CAPSEM_HOME holding a copy of the shared
-// guest asset build (CapsemHome's, built first when missing), so a test can
-// damage it without touching the shared one; dir is the build's directory
-// in it and a the shared build.
-func PrivateAssets(t testing.TB) (home, dir string, a *guestfs.Assets) {
+// guest assets (CapsemHome's kernel and minimal root for GuestBinary,
+// built first when missing: their store entries, refs and apt's memo), so
+// a test can damage them without touching the shared ones; a is the copy,
+// as the private home resolves it.
+func PrivateAssets(t testing.TB) (home string, a *guestfs.Assets) {
 	t.Helper()
-	a = SharedAssets(t)
-	shared := filepath.Dir(a.Dir)
+	shared := SharedAssets(t)
+	sharedDir := filepath.Dir(filepath.Dir(shared.Dir))
 	home = t.TempDir()
 	assets := filepath.Join(home, "assets")
-	dir = filepath.Join(assets, filepath.Base(a.Dir))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	copyTree(t, shared.KernelDir, filepath.Join(assets, "store", filepath.Base(shared.KernelDir)))
+	copyTree(t, shared.Dir, filepath.Join(assets, "store", filepath.Base(shared.Dir)))
+	if err := os.MkdirAll(filepath.Join(assets, "refs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	copyFile(t, filepath.Join(shared, "apt-resolution.json"), filepath.Join(assets, "apt-resolution.json"))
-	for name := range a.Files {
-		copyFile(t, filepath.Join(a.Dir, name), filepath.Join(dir, name))
+	for ref, key := range map[string]string{guestfs.KernelRecipe: shared.KernelManifest.Key, guestfs.MinimalRecipe: shared.InitramfsManifest.Key} {
+		if err := os.WriteFile(filepath.Join(assets, "refs", ref), []byte(key+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	copyFile(t, filepath.Join(a.Dir, guestfs.FileManifest), filepath.Join(dir, guestfs.FileManifest))
-	return home, dir, a
+	copyFile(t, filepath.Join(sharedDir, "apt-resolution.json"), filepath.Join(assets, "apt-resolution.json"))
+	a, err := guestfs.Load(assets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return home, a
+}
+
+// copyTree copies the regular files under src to dst.
+func copyTree(t testing.TB, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		case d.Type().IsRegular():
+			copyFile(t, p, filepath.Join(dst, rel))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func copyFile(t testing.TB, src, dst string) {

@@ -28,12 +28,12 @@ func TestBootRefusesCorruptedBootFiles(t *testing.T) {
 	defer cancel()
 	// A private CAPSEM_HOME holding a copy of the shared build, so the
 	// shared assets stay intact.
-	home, dir, a := testkit.PrivateAssets(t)
-	assets := filepath.Dir(dir)
+	home, a := testkit.PrivateAssets(t)
+	assets := filepath.Join(home, "assets")
 
 	// Corrupt the initramfs, then have the sum cache vouch for it: its
 	// identity now, the manifest's sha256.
-	initramfs := filepath.Join(dir, guestfs.FileInitramfs)
+	initramfs := a.Initramfs
 	data, err := os.ReadFile(initramfs)
 	if err != nil {
 		t.Fatal(err)

@@ -40,7 +40,7 @@ type ProcessConfig struct {
 	// NetLoopbackOnly is a test's world: only loopback destinations.
 	NetLoopbackOnly bool   `name:"net-loopback-only" hidden:"" help:"Let the VM's network dial loopback addresses only; every other dial is refused and logged."`
 	NoBootState     bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
-	BootStateDir    string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: boot-states/ beside the guest assets)."`
+	BootStateDir    string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: the guest assets' own, under boot-states/)."`
 	// ConsoleLogMaxKiB is a test's smaller console bound.
 	ConsoleLogMaxKiB int `name:"console-log-max-kib" hidden:"" default:"0" help:"Rotate the console log past this many KiB (0: the default bound)."`
 }

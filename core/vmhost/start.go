@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"time"
 
 	"github.com/capsem/capsem/core/envvars"
@@ -45,13 +44,13 @@ func (m StartMode) String() string {
 // startMachine starts the VM of spec, with the accelerator left to the
 // backend's decision, falling back to TCG once when KVM that passed its
 // proof still cannot run it.
-func (v *VM) startMachine(ctx context.Context, spec vmm.Spec, assetsDir string, canSave bool) error {
+func (v *VM) startMachine(ctx context.Context, spec vmm.Spec, bootStates string, canSave bool) error {
 	backend := v.opts.Backend
 	mode, err := startFallingBackToTCG(v.log,
 		func(accel string) (StartMode, error) {
 			s := spec
 			s.Accel = accel
-			return v.startWithSavedBoots(ctx, s, assetsDir, canSave)
+			return v.startWithSavedBoots(ctx, s, bootStates, canSave)
 		},
 		func() (vmm.Accel, bool) { return v.accel, v.ctl.client != nil },
 		func(why error) error { return backend.DemoteAccel(ctx, spec, why) })
@@ -96,7 +95,7 @@ type bootPlan struct {
 // is one; else, when canSave, boot to save it; else boot. key is the
 // configuration a saved state depends on, nil when the backend's machines
 // cannot save and key states.
-func (v *VM) planBoot(key []string, assetsDir string, canSave bool) bootPlan {
+func (v *VM) planBoot(key []string, bootStates string, canSave bool) bootPlan {
 	o := v.opts
 	switch {
 	case key == nil:
@@ -105,7 +104,7 @@ func (v *VM) planBoot(key []string, assetsDir string, canSave bool) bootPlan {
 		v.log.Info("saved VM states are off", "env", envvars.BootState.Name())
 		return bootPlan{mode: ModeBoot}
 	}
-	saved, err := newBootState(cmp.Or(o.BootStateDir, filepath.Join(assetsDir, "boot-states")), key, o.SessionDir)
+	saved, err := newBootState(cmp.Or(o.BootStateDir, bootStates), key, o.SessionDir)
 	if err != nil {
 		v.log.Warn("VM states cannot be saved or restored", "err", err)
 		return bootPlan{mode: ModeBoot}
@@ -139,7 +138,7 @@ func (v *VM) stateKey(spec vmm.Spec, accel vmm.Accel) ([]string, error) {
 // startWithSavedBoots starts the guest of spec as planBoot says and, when
 // a start does not work out, as the next plan says, until one does or
 // booting failed. It returns how the VM started.
-func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir string, canSave bool) (StartMode, error) {
+func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, bootStates string, canSave bool) (StartMode, error) {
 	v.stage("choosing the accelerator")
 	accel, err := v.opts.Backend.ChooseAccel(ctx, spec)
 	if err != nil {
@@ -177,7 +176,7 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, assetsDir s
 		}
 		return p
 	}
-	plan := lockForSave(v.planBoot(key, assetsDir, canSave))
+	plan := lockForSave(v.planBoot(key, bootStates, canSave))
 	justSaved := false
 	for {
 		t := time.Now()

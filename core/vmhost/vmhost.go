@@ -62,8 +62,9 @@ type Options struct {
 	// NoBootState boots the VM, neither resuming a saved state nor saving
 	// one (as CAPSEM_BOOT_STATE=off does).
 	NoBootState bool
-	// BootStateDir is where saved boots live; "" means boot-states/ in
-	// the guest assets' directory, so new assets never meet old states.
+	// BootStateDir is where saved boots live; "" means the guest assets'
+	// own (boot-states/<key> of the minimal root, removed with it), so new
+	// assets never meet old states.
 	BootStateDir string
 	// NetLoopbackOnly lets the VM's network dial loopback addresses only
 	// (tests: every other dial is refused and logged).
@@ -177,7 +178,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, err
 	}
 	v.mark("disk", t)
-	if err := v.startMachine(ctx, spec, assets.Dir, canSave); err != nil {
+	if err := v.startMachine(ctx, spec, assets.BootStateDir, canSave); err != nil {
 		return nil, err
 	}
 	v.recordGuestTimings()

@@ -151,10 +151,10 @@ func (h *host) checkAssetsPresent(_ context.Context, r *doctor.Reporter) {
 	a, err := h.installedAssets()
 	switch {
 	case errors.Is(err, guestfs.ErrNoAssets):
-		r.Warnf("capsem image build (or the first capsem run) builds them from Debian's packages", "none built yet in %s", h.assetsDir())
+		r.Warnf("capsem image build (or the first capsem run) builds them from their recipes", "none built yet for this guest binary in %s", h.assetsDir())
 		return
 	case err != nil:
-		r.Failf("", "%v", err)
+		r.Failf(rebuildAssets, "%v", err)
 		return
 	}
 	var missing []string
@@ -164,10 +164,21 @@ func (h *host) checkAssetsPresent(_ context.Context, r *doctor.Reporter) {
 		}
 	}
 	if len(missing) > 0 || len(a.Modules) == 0 {
-		r.Failf("remove "+a.Dir+"; the next capsem run rebuilds it", "build %s is incomplete: missing %v, %d modules", a.Dir, missing, len(a.Modules))
+		r.Failf(rebuildAssets, "incomplete: missing %v, %d modules", missing, len(a.Modules))
 		return
 	}
-	r.Okf("%s: kernel, initramfs, %d modules", a.Dir, len(a.Modules))
+	r.Okf("kernel %s (%s) and minimal root %s (%s, %d modules) in %s", short(a.KernelManifest.Key), filepath.Base(a.Kernel),
+		short(a.InitramfsManifest.Key), humanSize(a.Files[guestfs.FileInitramfs].Size), len(a.Modules), filepath.Dir(a.Dir))
+}
+
+// rebuildAssets is the fix for damaged boot assets.
+const rebuildAssets = "capsem image build --force (or the next capsem run) rebuilds it"
+
+func short(key string) string {
+	if len(key) > 12 {
+		return key[:12]
+	}
+	return key
 }
 
 func (h *host) checkAssetHashes(_ context.Context, r *doctor.Reporter) {
@@ -178,10 +189,11 @@ func (h *host) checkAssetHashes(_ context.Context, r *doctor.Reporter) {
 	}
 	t := time.Now()
 	if err := a.Verify(); err != nil {
-		r.Failf("remove "+a.Dir+"; the next capsem run rebuilds it", "corrupt: %v", err)
+		r.Failf(rebuildAssets, "corrupt: %v", err)
 		return
 	}
-	r.Okf("all %d files match the manifest's sha256 (%v)", len(a.Files), time.Since(t).Round(time.Millisecond))
+	r.Okf("all %d files of the kernel and the minimal root match their manifests' sha256 (%v)",
+		len(a.KernelManifest.Files)+len(a.InitramfsManifest.Files), time.Since(t).Round(time.Millisecond))
 }
 
 func (h *host) checkKernel(_ context.Context, r *doctor.Reporter) {
@@ -194,7 +206,8 @@ func (h *host) checkKernel(_ context.Context, r *doctor.Reporter) {
 	if a.PVH {
 		boot = "uncompressed vmlinux, PVH entry"
 	}
-	r.Okf("Linux %s from %s %s (%s)", a.KernelVersion, a.Inputs.KernelPackage, a.Inputs.KernelVersion, boot)
+	in := a.KernelManifest.Inputs
+	r.Okf("Linux %s from %s %s (%s)", a.KernelVersion, in.Package, in.Version, boot)
 }
 
 func (h *host) checkSavedBoots(_ context.Context, r *doctor.Reporter) {
@@ -203,12 +216,45 @@ func (h *host) checkSavedBoots(_ context.Context, r *doctor.Reporter) {
 		r.Warnf("capsem image build", "no assets, so no saved boots: %v", err)
 		return
 	}
-	saved := savedBoots(filepath.Join(a.Dir, "boot-states"))
+	saved := savedBoots(a.BootStateDir)
 	if len(saved) == 0 {
 		r.Okf("none yet: the first VM of each configuration saves one")
 		return
 	}
 	r.Okf("%s", strings.Join(saved, "; "))
+}
+
+// checkStore reports what the store's refs name: the kernel, the minimal
+// root and the root images, each by key and size.
+func (h *host) checkStore(_ context.Context, r *doctor.Reporter) {
+	refs, err := guestfs.StoreRefs(h.assetsDir())
+	if err != nil {
+		r.Failf("", "%v", err)
+		return
+	}
+	if len(refs) == 0 {
+		r.Warnf("capsem image build (or the first capsem run) builds them", "nothing built yet in %s", h.assetsDir())
+		return
+	}
+	var named, older, broken []string
+	for _, ref := range refs {
+		switch {
+		case errors.Is(ref.Err, guestfs.ErrOlderBuilder):
+			older = append(older, ref.Name)
+		case ref.Entry == nil:
+			broken = append(broken, fmt.Sprintf("%s (%v)", ref.Name, ref.Err))
+		default:
+			named = append(named, fmt.Sprintf("%s %s (%s, %s)", ref.Name, short(ref.Key), ref.Entry.Kind, humanSize(ref.Entry.Size())))
+		}
+	}
+	switch {
+	case len(broken) > 0:
+		r.Failf("capsem image build --force rebuilds what the refs name", "refs naming nothing usable: %s", strings.Join(broken, "; "))
+	case len(older) > 0:
+		r.Warnf("capsem image build (or the first use of each) rebuilds them", "%s; built by an older capsem: %s", strings.Join(named, ", "), strings.Join(older, ", "))
+	default:
+		r.Okf("%s", strings.Join(named, ", "))
+	}
 }
 
 // savedBoots summarises the saved boots in dir by accelerator and CPU model,
@@ -264,16 +310,18 @@ func (h *host) checkRootImage(ctx context.Context, r *doctor.Reporter) {
 		r.Failf("", "%v", err)
 	case st.RefKey == "":
 		r.Warnf("capsem image build (or the first VM with base full) builds it, in minutes", "the %s root image is not built yet", st.Recipe)
+	case st.Root == nil && errors.Is(st.RootErr, guestfs.ErrOlderBuilder):
+		r.Warnf("the next VM with base full builds the new one, in minutes (or capsem image build now)", "the %s root image %s was built by an older capsem", st.Recipe, st.RefKey[:12])
 	case st.Root == nil:
-		r.Failf("capsem image build --force rebuilds it", "the %s root image %s is missing from the store", st.Recipe, st.RefKey[:12])
+		r.Failf("capsem image build --force rebuilds it", "the %s root image %s is missing from the store: %v", st.Recipe, st.RefKey[:12], st.RootErr)
 	case err != nil:
 		r.Warnf("mmdebstrap, erofs-utils and apt must be installed to tell", "the %s root image %s (%s): cannot tell whether it is current: %v",
-			st.Recipe, st.RefKey[:12], humanSize(st.Root.RootManifest.Image.Size), err)
+			st.Recipe, st.RefKey[:12], humanSize(st.Root.ImageSize()), err)
 	case !st.Current:
 		r.Warnf("the next VM with base full builds the new one, in minutes (or capsem image build now)", "the %s root image %s is out of date: its recipe or Debian's packages changed (now %s)",
 			st.Recipe, st.RefKey[:12], st.Key[:12])
 	default:
-		r.Okf("%s: %s, current (%s, built %s)", st.Recipe, st.RefKey[:12], humanSize(st.Root.RootManifest.Image.Size), st.Root.BuiltAt.Local().Format("2006-01-02 15:04"))
+		r.Okf("%s: %s, current (%s, built %s)", st.Recipe, st.RefKey[:12], humanSize(st.Root.ImageSize()), st.Root.BuiltAt.Local().Format("2006-01-02 15:04"))
 	}
 }
 

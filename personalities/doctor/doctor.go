@@ -4,8 +4,9 @@
 // same as JSON lines, and the exit status is 1 when anything failed.
 //
 // Groups (`-k GROUP`, several allowed; all by default): accel (KVM present
-// and proven, TCG), qemu (binary, machine type, devices), assets (the guest's
-// boot files and saved boots), storage ($CAPSEM_HOME, free space, mkfs.ext4,
+// and proven, TCG), qemu (binary, machine type, devices), assets (the
+// kernel, the minimal root and the root images in the store, and saved
+// boots), storage ($CAPSEM_HOME, free space, mkfs.ext4,
 // sparse files), sandbox (what privilege-separated children get on this
 // kernel), config (policy files, auto-detected servers, capsem's own
 // registration), gateway (a throwaway gateway and every configured server),
@@ -84,7 +85,8 @@ func (c *Cmd) host() (*host, error) {
 
 func (h *host) assetsDir() string { return filepath.Join(h.home, "assets") }
 
-// installedAssets is the newest asset build for this capsem, unverified.
+// installedAssets is the kernel and minimal root for this capsem's guest
+// binary in the store, unverified.
 func (h *host) installedAssets() (*guestfs.Assets, error) {
 	h.assetsOnce.Do(func() {
 		h.assets, h.assetsErr = guestfs.Installed(guestfs.Options{Dir: h.assetsDir(), GuestBinary: h.guestBin})
@@ -124,6 +126,7 @@ func (h *host) groups() []doctor.Group {
 			{Name: "kernel", Run: h.checkKernel},
 			{Name: "saved-boots", Run: h.checkSavedBoots},
 			{Name: "root-image", Run: h.checkRootImage},
+			{Name: "store", Run: h.checkStore},
 		}},
 		{Name: "storage", Hint: "check the permissions and free space of $CAPSEM_HOME's filesystem, or set CAPSEM_HOME elsewhere", Checks: []doctor.Check{
 			{Name: "home-writable", Run: h.checkHomeWritable},

@@ -165,8 +165,8 @@ func TestDoctorNamesFaults(t *testing.T) {
 		wantFail(t, results, "storage/home-writable", "not writable", "CAPSEM_HOME")
 	})
 	t.Run("a corrupt asset", func(t *testing.T) {
-		home, dir, _ := testkit.PrivateAssets(t)
-		initramfs := filepath.Join(dir, guestfs.FileInitramfs)
+		home, a := testkit.PrivateAssets(t)
+		initramfs := a.Initramfs
 		data, err := os.ReadFile(initramfs)
 		if err != nil {
 			t.Fatal(err)

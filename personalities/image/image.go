@@ -1,6 +1,6 @@
-// Package image is `capsem image`: building and checking the guest boot
-// assets (kernel, initramfs) and the root images that guestfs makes from
-// Debian and npm packages.
+// Package image is `capsem image`: building the artefacts of guestfs's
+// store from their recipes: the kernel, the minimal root (the initramfs
+// every VM boots) and the root images, from Debian and npm packages.
 package image
 
 import (
@@ -26,20 +26,20 @@ const GuestBinaryName = "capsem-guest"
 // method from the selected subcommand up to the root, so one here would
 // run again after the subcommand's.
 type Cmd struct {
-	Build BuildCmd `cmd:"" help:"Build the guest boot assets and root image from Debian and npm packages (cached; rebuilt only when inputs change)."`
+	Build BuildCmd `cmd:"" help:"Build the guest kernel, the minimal root and the root images from their recipes (cached in one store; rebuilt only when inputs change)."`
 }
 
 // BuildCmd is `capsem image build [--force] [--base full|minimal|all]`.
 type BuildCmd struct {
 	Force       bool   `help:"Rebuild even when the cached assets are current."`
-	Base        string `name:"base" enum:"full,minimal,all" default:"all" help:"What to build besides the boot assets: minimal = nothing more; full = the full root image (Debian, Node, the AI CLIs); all = every recipe's root image."`
+	Base        string `name:"base" enum:"full,minimal,all" default:"all" help:"What to build besides the kernel and the minimal root: minimal = nothing more; full = the full root image (Debian, Node, the AI CLIs); all = every root image recipe."`
 	GuestBinary string `name:"guest-binary" type:"path" env:"CAPSEM_GUEST_BINARY" help:"CGO-free capsem build to use as the guest's /init (default: capsem-guest next to this executable)."`
 	Dir         string `name:"dir" type:"path" help:"Asset cache directory (default: $CAPSEM_HOME/assets)."`
 }
 
-// Run builds (or, without --force, checks and reuses) the boot assets and
-// then the root images --base asks for, printing progress on stderr and
-// the resulting paths on stdout.
+// Run builds (or, without --force, checks and reuses) the kernel and the
+// minimal root, then the root images --base asks for, printing progress on
+// stderr and each artefact's paths and key on stdout.
 func (c *BuildCmd) Run(ctx context.Context) error {
 	return c.run(ctx, os.Stdout, os.Stderr, builders{
 		ensure: guestfs.Ensure, rebuild: guestfs.Build,
@@ -59,13 +59,14 @@ type builders struct {
 	ensureRoot, rebuildRoot rootFunc
 }
 
-// baseRecipes are the root image recipes a --base value builds.
+// baseRecipes are the root image recipes a --base value builds (the
+// kernel and the minimal root are always built first).
 func baseRecipes(base string) []string {
 	switch base {
 	case "minimal":
 		return nil
 	case "all":
-		return guestfs.RecipeNames()
+		return guestfs.RecipeNamesOfKind(guestfs.KindRoot)
 	}
 	return []string{base}
 }
@@ -120,18 +121,21 @@ func PrintRoot(w io.Writer, r *guestfs.Root) {
 	p := "root_" + r.Recipe
 	fmt.Fprintf(w, "%-19s%s\n", p+":", r.Image)
 	fmt.Fprintf(w, "%-19s%s\n", p+"_key:", r.Key)
-	fmt.Fprintf(w, "%-19s%d\n", p+"_size:", r.RootManifest.Image.Size)
+	fmt.Fprintf(w, "%-19s%d\n", p+"_size:", r.ImageSize())
 }
 
-// PrintAssets writes the asset paths and facts, one "key: value" a line.
+// PrintAssets writes the kernel's and the minimal root's paths, keys and
+// facts, one "key: value" a line.
 func PrintAssets(w io.Writer, a *guestfs.Assets) {
-	fmt.Fprintf(w, "dir:               %s\n", a.Dir)
 	fmt.Fprintf(w, "kernel:            %s\n", a.Kernel)
 	fmt.Fprintf(w, "kernel_compressed: %s\n", a.KernelCompressed)
-	fmt.Fprintf(w, "initramfs:         %s\n", a.Initramfs)
+	fmt.Fprintf(w, "kernel_key:        %s\n", a.KernelManifest.Key)
 	fmt.Fprintf(w, "kernel_version:    %s\n", a.KernelVersion)
 	fmt.Fprintf(w, "pvh:               %v\n", a.PVH)
 	fmt.Fprintf(w, "modules:           %d\n", len(a.Modules))
+	fmt.Fprintf(w, "initramfs:         %s\n", a.Initramfs)
+	fmt.Fprintf(w, "minimal_key:       %s\n", a.InitramfsManifest.Key)
+	fmt.Fprintf(w, "dir:               %s\n", a.Dir)
 }
 
 // DefaultOptions are the production asset options: the cache in

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,7 +61,7 @@ func (f *fakeBuilders) builders() builders {
 			}
 			r := &guestfs.Root{Dir: o.Dir + "/store/abc", Image: o.Dir + "/store/abc/root.erofs"}
 			r.Recipe, r.Key = o.Recipe.Name, strings.Repeat("ab", 32)
-			r.RootManifest.Image.Size = 739971072
+			r.Files = map[string]guestfs.FileSum{guestfs.FileRootImage: {Size: 739971072}}
 			return r, nil
 		}
 	}
@@ -74,12 +75,19 @@ func TestBuildCmd(t *testing.T) {
 	}
 	dir := t.TempDir()
 	assets := &guestfs.Assets{
-		Dir: dir, Kernel: dir + "/vmlinux", KernelCompressed: dir + "/vmlinuz",
-		Initramfs: dir + "/initramfs.cpio", KernelVersion: "6.1.0-99-amd64",
+		Dir: dir + "/store/m", Kernel: dir + "/store/k/vmlinux", KernelCompressed: dir + "/store/k/vmlinuz",
+		Initramfs: dir + "/store/m/initramfs.cpio", KernelVersion: "6.1.0-99-amd64",
+	}
+	assets.KernelManifest.Key, assets.InitramfsManifest.Key = strings.Repeat("1", 64), strings.Repeat("2", 64)
+	// --base all builds every root image recipe, and only those: the
+	// kernel and the minimal root are what ensure builds.
+	roots := guestfs.RecipeNamesOfKind(guestfs.KindRoot)
+	if len(roots) == 0 || slices.Contains(roots, guestfs.KernelRecipe) || slices.Contains(roots, guestfs.MinimalRecipe) {
+		t.Fatalf("root recipes %v", roots)
 	}
 	allRoots := func(verb string) []string {
 		var out []string
-		for _, n := range guestfs.RecipeNames() {
+		for _, n := range roots {
 			out = append(out, verb+" "+n)
 		}
 		return out
@@ -116,7 +124,8 @@ func TestBuildCmd(t *testing.T) {
 				t.Fatalf("root options %+v", o)
 			}
 		}
-		lines := []string{"kernel:            " + dir + "/vmlinux", "initramfs:         " + dir + "/initramfs.cpio", "kernel_version:    6.1.0-99-amd64"}
+		lines := []string{"kernel:            " + dir + "/store/k/vmlinux", "initramfs:         " + dir + "/store/m/initramfs.cpio", "kernel_version:    6.1.0-99-amd64",
+			"kernel_key:        " + strings.Repeat("1", 64), "minimal_key:       " + strings.Repeat("2", 64)}
 		if len(f.roots) > 0 {
 			lines = append(lines, "root_full:         "+dir+"/store/abc/root.erofs", "root_full_key:     "+strings.Repeat("ab", 32), "root_full_size:    739971072")
 		} else if strings.Contains(stdout.String(), "root_") {

@@ -155,7 +155,7 @@ func short(key string) string {
 // printImage prints the image's size and its build: cold from the
 // manifest (or measured, when this run built it), cached measured.
 func printImage(root *guestfs.Root, builtNow bool, first, cached time.Duration, cachedRuns int) {
-	fmt.Printf("  image: %.0f MB (%s, %s)\n", float64(root.RootManifest.Image.Size)/1e6, filepath.Base(root.Image), short(root.Key))
+	fmt.Printf("  image: %.0f MB (%s, %s)\n", float64(root.ImageSize())/1e6, filepath.Base(root.Image), short(root.Key))
 	var steps []string
 	for _, s := range root.Steps {
 		steps = append(steps, fmt.Sprintf("%s %.1f s (%s)", s.Name, s.Seconds, s.Detail))
@@ -174,7 +174,7 @@ func printImage(root *guestfs.Root, builtNow bool, first, cached time.Duration, 
 	} else {
 		fmt.Printf("  build, cached: guestfs.EnsureRoot finding it in the store (what every VM create of base full calls), p50 %.1f ms of %d calls after a first of %s, beside the cold build's %.0f s\n",
 			float64(cached.Microseconds())/1000, cachedRuns, ms(first), root.BuildSeconds)
-		fmt.Printf("    (a call verifies the image through the sum cache: it hashes the %.0f MB again only when the cache does not know its identity)\n", float64(root.RootManifest.Image.Size)/1e6)
+		fmt.Printf("    (a call verifies the image through the sum cache: it hashes the %.0f MB again only when the cache does not know its identity)\n", float64(root.ImageSize())/1e6)
 	}
 }
 

@@ -28,7 +28,7 @@ import (
 // exec-ready through the service beside a per-VM process launched
 // directly, and 8 VMs created at once (time to the last ready, host RSS
 // per VM outside guest RAM).
-func serviceBench(capsem, home, guest, assetsDir string, runs int) error {
+func serviceBench(capsem, home, guest, bootStates string, runs int) error {
 	runDir, err := os.MkdirTemp("", "csb-")
 	if err != nil {
 		return err
@@ -140,7 +140,7 @@ func serviceBench(capsem, home, guest, assetsDir string, runs int) error {
 	// the same configuration again, saved.
 	for i, round := range []string{"cold: no saved boot yet", "warm: resumed from the saved boot"} {
 		if i == 0 {
-			if err := os.RemoveAll(filepath.Join(assetsDir, "boot-states")); err != nil {
+			if err := os.RemoveAll(bootStates); err != nil {
 				return err
 			}
 		}

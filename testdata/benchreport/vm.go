@@ -149,7 +149,7 @@ func vmBench(capsem string, runs int) error {
 	if err := netBench(capsem, home, guest, runs); err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
-	return serviceBench(capsem, home, guest, assets.Dir, runs)
+	return serviceBench(capsem, home, guest, assets.BootStateDir, runs)
 }
 
 func fileSize(p string) int64 {
