@@ -56,6 +56,8 @@ const (
 	RouteStop        = "/v1/stop"          // POST: 204, then the VM stops
 	RouteLogs        = "/v1/logs"          // GET ?tail=&grep=: the serial console's last lines
 	RoutePorts       = "/v1/ports"         // POST PortMapping: the PortMapping as published
+	RouteMCP         = "/v1/mcp"           // POST MCPCallRequest: MCPCallResult (through the gateway, as the host)
+	RouteMCPServers  = "/v1/mcp/servers"   // GET: MCPServersResult
 )
 
 // The readiness pipe of `capsem process --ready-fd N`: a StagePrefix line

@@ -37,6 +37,11 @@ const (
 	// ?trace_id=&since=&layers=exec,mcp&limit=: TimelineResult; since is
 	// an RFC 3339 time or a duration back from now).
 	RouteVMTimeline = "/v1/vms/{vm}/timeline"
+	// RouteVMMCP sends one MCP request through a running VM's gateway as
+	// the host (POST MCPCallRequest: MCPCallResult); RouteVMMCPServers
+	// lists its servers (GET: MCPServersResult).
+	RouteVMMCP        = "/v1/vms/{vm}/mcp"
+	RouteVMMCPServers = "/v1/vms/{vm}/mcp/servers"
 	// RouteVMPorts publishes one more port of a running VM, for as long
 	// as it runs (POST PortMapping: the PortMapping as published).
 	RouteVMPorts = "/v1/vms/{vm}/ports"

@@ -200,6 +200,38 @@ func (c *ProcessClient) Publish(ctx context.Context, m api.PortMapping) (api.Por
 	return out, c.post(ctx, api.RoutePorts, m, &out)
 }
 
+// MCP sends one MCP request through the VM's gateway as the host. The
+// answer is read up to its bound (api.MaxMCPCallBytes, with room for the
+// JSON around it).
+func (c *ProcessClient) MCP(ctx context.Context, req api.MCPCallRequest) (api.MCPCallResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return api.MCPCallResult{}, err
+	}
+	resp, err := c.do(ctx, http.MethodPost, api.RouteMCP, nil, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return api.MCPCallResult{}, err
+	}
+	defer resp.Body.Close()
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(resp.Body, api.MaxMCPCallBytes+1<<20), resp.Body}
+	var out api.MCPCallResult
+	return out, decode(api.RouteMCP, resp, &out)
+}
+
+// MCPServers lists the VM's gateway's servers.
+func (c *ProcessClient) MCPServers(ctx context.Context) (api.MCPServersResult, error) {
+	resp, err := c.do(ctx, http.MethodGet, api.RouteMCPServers, nil, "", nil)
+	if err != nil {
+		return api.MCPServersResult{}, err
+	}
+	defer resp.Body.Close()
+	var out api.MCPServersResult
+	return out, decode(api.RouteMCPServers, resp, &out)
+}
+
 // Stop shuts the VM down (cleanly if the guest answers).
 func (c *ProcessClient) Stop(ctx context.Context) error {
 	return c.post(ctx, api.RouteStop, struct{}{}, nil)

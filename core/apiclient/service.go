@@ -464,6 +464,18 @@ func (c *ServiceClient) Timeline(ctx context.Context, vm string, req api.Timelin
 	return v, c.callBounded(ctx, http.MethodGet, api.VMPath(api.RouteVMTimeline, vm), req.Query(), nil, &v, maxTimelineAnswer)
 }
 
+// MCP sends one MCP request through a running VM's gateway as the host.
+func (c *ServiceClient) MCP(ctx context.Context, vm string, req api.MCPCallRequest) (api.MCPCallResult, error) {
+	var v api.MCPCallResult
+	return v, c.callBounded(ctx, http.MethodPost, api.VMPath(api.RouteVMMCP, vm), nil, req, &v, api.MaxMCPCallBytes+1<<20)
+}
+
+// MCPServers lists a running VM's gateway's servers.
+func (c *ServiceClient) MCPServers(ctx context.Context, vm string) (api.MCPServersResult, error) {
+	var v api.MCPServersResult
+	return v, c.call(ctx, http.MethodGet, api.VMPath(api.RouteVMMCPServers, vm), nil, nil, &v)
+}
+
 // maxTimelineAnswer bounds a timeline answer: its events at their longest,
 // with room for the JSON around each.
 const maxTimelineAnswer = api.MaxTimelineEvents * (4*api.MaxTimelineSummary + 512)

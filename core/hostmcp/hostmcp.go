@@ -45,6 +45,7 @@ type Service interface {
 	Schema(ctx context.Context, vm string) (api.SchemaResult, error)
 	Inspect(ctx context.Context, vm string, req api.InspectRequest) (api.InspectResult, error)
 	Timeline(ctx context.Context, vm string, req api.TimelineRequest) (api.TimelineResult, error)
+	mcpService
 }
 
 // Instructions is what the server tells a client at initialize.

@@ -1,6 +1,7 @@
 package hostmcp
 
 import (
+	"fmt"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -32,6 +33,7 @@ type fakeService struct {
 	execReq    api.ExecRequest
 	createIn   api.CreateRequest
 	timelineIn api.TimelineRequest
+	mcpIn      []api.MCPCallRequest
 	block      chan struct{} // Exec waits on it (or ctx)
 	execCtx    error         // why the blocked Exec ended
 	// beat, when not nil, holds CreateStream in its first stage until it
@@ -173,6 +175,23 @@ func (f *fakeService) Timeline(_ context.Context, vm string, req api.TimelineReq
 	return api.TimelineResult{Events: []api.TimelineEvent{{Timestamp: "2026-12-03T12:00:00.000000000Z", Layer: api.LayerExec, ID: 1, TraceID: "t1", Summary: "api: true → exit 0 (1 ms)"}}, Omitted: 4}, nil
 }
 
+func (f *fakeService) MCP(_ context.Context, vm string, req api.MCPCallRequest) (api.MCPCallResult, error) {
+	f.mu.Lock()
+	f.mcpIn = append(f.mcpIn, req)
+	f.mu.Unlock()
+	switch {
+	case req.Method == "tools/list":
+		return api.MCPCallResult{Result: json.RawMessage(`{"tools":[{"name":"everything__echo","description":"echoes","inputSchema":{"type":"object"}},{"name":"builtin__http_get","inputSchema":{"type":"object"}}]}`)}, nil
+	case strings.Contains(string(req.Params), "blocked__"):
+		return api.MCPCallResult{Error: &api.MCPError{Code: -32600, Message: "tools/call denied by policy: rule no-blocked"}}, nil
+	}
+	return api.MCPCallResult{Result: json.RawMessage(`{"content":[{"type":"text","text":"Echo: hi"}]}`)}, nil
+}
+
+func (f *fakeService) MCPServers(_ context.Context, vm string) (api.MCPServersResult, error) {
+	return api.MCPServersResult{Servers: []api.MCPServer{{Name: "everything", Transport: "stdio", Enabled: true, Connected: true, Tools: 13}}}, nil
+}
+
 func connect(t *testing.T, svc Service, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
 	ct, st := mcp.NewInMemoryTransports()
@@ -213,8 +232,8 @@ func TestToolsListGolden(t *testing.T) {
 	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
 		t.Fatalf("tools/list changed (run with -update if intended):\n%s", got)
 	}
-	if len(res.Tools) != 19 {
-		t.Errorf("%d tools, want 19", len(res.Tools))
+	if len(res.Tools) != 22 {
+		t.Errorf("%d tools, want 22", len(res.Tools))
 	}
 	for _, tool := range res.Tools {
 		if tool.Annotations == nil || tool.OutputSchema == nil || tool.InputSchema == nil || len(tool.Description) < 40 {
@@ -604,5 +623,61 @@ func TestHostLogsTakeNamesOnly(t *testing.T) {
 	}
 	if res := call(t, cs, "capsem_host_logs", map[string]any{"name": "service", "maxBytes": 2 << 20}); !res.IsError {
 		t.Error("maxBytes past the bound accepted")
+	}
+}
+
+// TestPolicedMCPTools: capsem_mcp_tools filters the gateway's listing by
+// server, capsem_mcp_call sends a namespaced tools/call with its arguments
+// and trace and returns the tool's content; an unnamespaced name is
+// refused before anything is sent, and the gateway's refusal (policy) is
+// a tool error with its message.
+func TestPolicedMCPTools(t *testing.T) {
+	f := &fakeService{}
+	cs := connect(t, f, nil)
+	var servers MCPServersOut
+	res := call(t, cs, "capsem_mcp_servers", map[string]any{"id": "dev"})
+	b, _ := json.Marshal(res.StructuredContent)
+	if json.Unmarshal(b, &servers); len(servers.Servers) != 1 || servers.Servers[0].Tools != 13 {
+		t.Fatalf("servers: %+v", res)
+	}
+	var tools MCPToolsOut
+	res = call(t, cs, "capsem_mcp_tools", map[string]any{"id": "dev", "server": "everything"})
+	b, _ = json.Marshal(res.StructuredContent)
+	if json.Unmarshal(b, &tools); len(tools.Tools) != 1 || tools.Tools[0].Name != "everything__echo" {
+		t.Fatalf("tools of everything: %+v", res)
+	}
+	var out MCPCallOut
+	res = call(t, cs, "capsem_mcp_call", map[string]any{"id": "dev", "name": "everything__echo", "args": map[string]any{"message": "hi"}, "traceId": "t-9"})
+	b, _ = json.Marshal(res.StructuredContent)
+	if json.Unmarshal(b, &out); res.IsError || !strings.Contains(fmt.Sprint(out.Content), "Echo: hi") {
+		t.Fatalf("call: %+v", res)
+	}
+	f.mu.Lock()
+	last := f.mcpIn[len(f.mcpIn)-1]
+	sent := len(f.mcpIn)
+	f.mu.Unlock()
+	if last.Method != "tools/call" || last.TraceID != "t-9" || string(last.Params) != `{"arguments":{"message":"hi"},"name":"everything__echo"}` {
+		t.Fatalf("sent %+v (%s)", last, last.Params)
+	}
+	for _, bad := range []struct {
+		name, want string
+	}{
+		{"echo", `name "echo" is not namespaced`},
+		{"__echo", "not namespaced"},
+		{"everything__", "not namespaced"},
+	} {
+		res := call(t, cs, "capsem_mcp_call", map[string]any{"id": "dev", "name": bad.name})
+		if !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, bad.want) {
+			t.Errorf("%s: %+v", bad.name, res.Content)
+		}
+	}
+	f.mu.Lock()
+	if len(f.mcpIn) != sent {
+		t.Errorf("an unnamespaced name reached the service")
+	}
+	f.mu.Unlock()
+	res = call(t, cs, "capsem_mcp_call", map[string]any{"id": "dev", "name": "blocked__tool"})
+	if !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "denied by policy: rule no-blocked") {
+		t.Fatalf("a blocked call: %+v", res.Content)
 	}
 }

@@ -250,6 +250,17 @@ func (s *Service) Handler(stop func()) http.Handler {
 		out, err := s.Timeline(r.Context(), r.PathValue("vm"), req)
 		reply(w, http.StatusOK, out, err)
 	})
+	mux.HandleFunc("POST "+api.RouteVMMCP, func(w http.ResponseWriter, r *http.Request) {
+		var req api.MCPCallRequest
+		if decode(w, r, &req, api.MaxMCPCallBytes) {
+			out, err := s.MCP(r.Context(), r.PathValue("vm"), req)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	mux.HandleFunc("GET "+api.RouteVMMCPServers, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.MCPServers(r.Context(), r.PathValue("vm"))
+		reply(w, http.StatusOK, out, err)
+	})
 	mux.HandleFunc("POST "+api.RouteVMInspect, func(w http.ResponseWriter, r *http.Request) {
 		var req api.InspectRequest
 		if decode(w, r, &req, maxRequestBody) {

@@ -493,3 +493,33 @@ func (s *Service) Timeline(ctx context.Context, ref string, req api.TimelineRequ
 	}
 	return res, nil
 }
+
+// MCP sends one MCP request through a running VM's gateway as the host:
+// its policy, servers and ledger, the row naming the host.
+func (s *Service) MCP(ctx context.Context, ref string, req api.MCPCallRequest) (api.MCPCallResult, error) {
+	if err := req.Check(); err != nil {
+		return api.MCPCallResult{}, badRequest("%v", err)
+	}
+	v, c, err := s.running(ref)
+	if err != nil {
+		return api.MCPCallResult{}, err
+	}
+	out, err := c.MCP(ctx, req)
+	if err != nil {
+		return api.MCPCallResult{}, s.vmError(v, err)
+	}
+	return out, nil
+}
+
+// MCPServers lists a running VM's gateway's servers.
+func (s *Service) MCPServers(ctx context.Context, ref string) (api.MCPServersResult, error) {
+	v, c, err := s.running(ref)
+	if err != nil {
+		return api.MCPServersResult{}, err
+	}
+	out, err := c.MCPServers(ctx)
+	if err != nil {
+		return api.MCPServersResult{}, s.vmError(v, err)
+	}
+	return out, nil
+}

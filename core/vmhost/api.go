@@ -38,6 +38,8 @@ func (v *VM) routes() http.Handler {
 	mux.HandleFunc("GET "+api.RouteLogs, v.handleLogs)
 	mux.HandleFunc("POST "+api.RouteTerminal, v.handleTerminal)
 	mux.HandleFunc("POST "+api.RoutePorts, v.handlePorts)
+	mux.HandleFunc("POST "+api.RouteMCP, v.handleMCP)
+	mux.HandleFunc("GET "+api.RouteMCPServers, v.handleMCPServers)
 	return mux
 }
 

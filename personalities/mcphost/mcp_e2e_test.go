@@ -134,7 +134,7 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 	c := startMCP(t, env, runDir)
 
 	tools, err := c.s.ListTools(context.Background(), nil)
-	if err != nil || len(tools.Tools) != 19 {
+	if err != nil || len(tools.Tools) != 22 {
 		t.Fatalf("tools/list: %d tools, %v", len(tools.Tools), err)
 	}
 	var v hostmcp.VersionOut
@@ -305,6 +305,42 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 			t.Fatalf("the last two commands: %+v", tl)
 		}
 		c.refused("capsem_timeline", map[string]any{"id": "dev", "layers": []string{"disk"}}, `layer "disk"`)
+	})
+
+	t.Run("policed MCP tools", func(t *testing.T) {
+		// A VM whose policy blocks the builtin http_get of any URL naming
+		// "forbidden": the host's calls go through that policy, and into
+		// the VM's ledger as the host's.
+		cfg := filepath.Join(t.TempDir(), "vm.toml")
+		os.WriteFile(cfg, []byte("[[mcp.rules]]\nname = \"no-forbidden\"\naction = \"block\"\ntool = \"builtin__http_get\"\nargument = \"url\"\nmatches = \"forbidden\"\n"), 0o600)
+		var vm hostmcp.VMOut
+		c.must("capsem_create", map[string]any{"name": "policed", "base": "minimal", "ramMb": 512, "cpuCount": 1, "config": cfg}, &vm)
+		defer c.must("capsem_delete", map[string]any{"id": "policed"}, nil)
+		// A listing waits for the servers' first connect; the status then
+		// shows them connected.
+		var tools hostmcp.MCPToolsOut
+		c.must("capsem_mcp_tools", map[string]any{"id": "policed", "server": "builtin"}, &tools)
+		if !slices.ContainsFunc(tools.Tools, func(tool hostmcp.MCPToolOut) bool { return tool.Name == "builtin__http_get" && tool.InputSchema != nil }) {
+			t.Fatalf("builtin tools: %+v", tools)
+		}
+		var servers hostmcp.MCPServersOut
+		c.must("capsem_mcp_servers", map[string]any{"id": "policed"}, &servers)
+		if !slices.ContainsFunc(servers.Servers, func(s hostmcp.MCPServerOut) bool { return s.Name == "builtin" && s.Connected && s.Tools > 0 }) {
+			t.Fatalf("servers: %+v", servers)
+		}
+		var out hostmcp.MCPCallOut
+		c.must("capsem_mcp_call", map[string]any{"id": "policed", "name": "builtin__http_get", "args": map[string]any{"url": "http://127.0.0.1:9/allowed"}, "traceId": "host-1"}, &out)
+		if !out.IsError { // allowed by the MCP policy; the VM's [net] policy refuses the address
+			t.Fatalf("the allowed call: %+v", out)
+		}
+		c.refused("capsem_mcp_call", map[string]any{"id": "policed", "name": "builtin__http_get", "args": map[string]any{"url": "http://127.0.0.1:9/forbidden-secret"}}, "no-forbidden")
+		c.refused("capsem_mcp_call", map[string]any{"id": "policed", "name": "nosuch__tool"}, `unknown MCP server "nosuch"`)
+		c.refused("capsem_mcp_call", map[string]any{"id": "policed", "name": "http_get"}, "not namespaced")
+		var q hostmcp.InspectOut
+		c.must("capsem_inspect", map[string]any{"id": "policed", "sql": "SELECT decision, transport, process_name, coalesce(trace_id, '-'), coalesce(request_preview, '') FROM mcp_calls WHERE method = 'tools/call' AND pending = 0 ORDER BY id"}, &q)
+		if got := fmt.Sprint(q.Rows); !strings.HasPrefix(got, "[[allowed host host host-1 ") || !strings.Contains(got, "[denied host host - ") || strings.Contains(got, "forbidden-secret") {
+			t.Fatalf("the host's calls in the ledger: %s", got)
+		}
 	})
 
 	t.Run("logs", func(t *testing.T) {
@@ -594,7 +630,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 	if err := json.Unmarshal(out, &report); err != nil {
 		t.Fatalf("report %q: %v", out, err)
 	}
-	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 19 || !report.AllHaveOutputSchemas {
+	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 22 || !report.AllHaveOutputSchemas {
 		t.Errorf("discovery: %+v", report)
 	}
 	if !report.Version.Match || report.Created.State != "running" || report.Created.Name != "ts-vm" {
