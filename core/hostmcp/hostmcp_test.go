@@ -1,12 +1,12 @@
 package hostmcp
 
 import (
-	"fmt"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
