@@ -1,0 +1,81 @@
+package logs
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestPanicHelper is not a test: run by TestFindPanicsOfRealProcesses as a
+// child process, it logs a record and then crashes as its environment says.
+func TestPanicHelper(t *testing.T) {
+	kind := os.Getenv("CAPSEM_LOGS_TEST_CRASH")
+	if kind == "" {
+		t.Skip("only run as a child of TestFindPanicsOfRealProcesses")
+	}
+	os.Stderr.WriteString(`{"time":"2026-12-03T12:00:00.5Z","level":"INFO","msg":"about to crash"}` + "\n")
+	switch kind {
+	case "nil-map":
+		var m map[string]int
+		m["x"] = 1
+	case "nested":
+		defer func() { r := recover(); panic("while recovering: " + r.(string)) }()
+		panic("first")
+	case "fatal":
+		var ch chan int
+		<-ch // every goroutine asleep: a fatal error, not a panic
+	}
+}
+
+// TestFindPanicsOfRealProcesses: the reports real Go processes write when
+// they crash are found in their logs: message, goroutine, the first frame
+// outside the runtime, the frames, and the time of the last record before.
+func TestFindPanicsOfRealProcesses(t *testing.T) {
+	var log bytes.Buffer
+	log.WriteString(`{"time":"2026-12-03T11:00:00Z","level":"INFO","msg":"started"}` + "\n")
+	for _, kind := range []string{"nil-map", "nested", "fatal"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestPanicHelper$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "CAPSEM_LOGS_TEST_CRASH="+kind, "GOTRACEBACK=single")
+		cmd.Stderr = &log
+		if err := cmd.Run(); err == nil {
+			t.Fatalf("%s: the child did not crash", kind)
+		}
+		log.WriteString(`{"time":"2026-12-03T13:00:00Z","level":"INFO","msg":"next"}` + "\n")
+	}
+	found := FindPanics(&log)
+	if len(found) != 3 {
+		t.Fatalf("%d reports found, want 3:\n%s", len(found), log.String())
+	}
+	for i, want := range []struct {
+		message, location string
+		fatal             bool
+	}{
+		{"assignment to entry in nil map", "logs.TestPanicHelper", false},
+		{"first [recovered]\npanic: while recovering: first", "logs.TestPanicHelper.func1", false},
+		{"all goroutines are asleep - deadlock!", "testing.(*T).Run", true}, // every goroutine is asleep; the first listed is the test's main
+	} {
+		p := found[i]
+		if !strings.HasPrefix(p.Message, want.message) || p.Fatal != want.fatal || p.Time != "2026-12-03T12:00:00.5Z" || p.Goroutine == 0 ||
+			!strings.Contains(p.Location, want.location+"(") || (!want.fatal && !strings.Contains(p.Location, "panics_test.go:")) || len(p.Frames) < 2 {
+			t.Errorf("report %d: %+v\nwant message %q, location %s, fatal %v", i, p, want.message, want.location, want.fatal)
+		}
+	}
+}
+
+// FuzzFindPanics: any log text is read to its end without a panic of its
+// own, and what it reports stays within its bounds.
+func FuzzFindPanics(f *testing.F) {
+	f.Add("panic: x\n\ngoroutine 1 [running]:\nmain.main()\n\t/a.go:1 +0x1\n")
+	f.Add("fatal error: y\n\ngoroutine 7 [chan receive]:\n")
+	f.Add("{\"time\":\"t\"}\npanic: z [recovered]\n\tpanic: w\n\ngoroutine x [y]:\n\n")
+	f.Add("panic: \npanic: \n\n\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		for _, p := range FindPanics(strings.NewReader(text)) {
+			if len(p.Frames) > MaxPanicFrames || len(p.Message) > MaxPanicMessage {
+				t.Fatalf("out of bounds: %d frames, %d message bytes", len(p.Frames), len(p.Message))
+			}
+		}
+	})
+}
