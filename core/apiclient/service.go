@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/core/unixsock"
 )
 
@@ -463,6 +464,16 @@ func (c *ServiceClient) Timeline(ctx context.Context, vm string, req api.Timelin
 	var v api.TimelineResult
 	return v, c.callBounded(ctx, http.MethodGet, api.VMPath(api.RouteVMTimeline, vm), req.Query(), nil, &v, maxTimelineAnswer)
 }
+
+// Panics lists the Go panics and fatal errors in capsem's logs on this
+// host, the latest first.
+func (c *ServiceClient) Panics(ctx context.Context, req api.PanicsRequest) (api.PanicsResult, error) {
+	var v api.PanicsResult
+	return v, c.callBounded(ctx, http.MethodGet, api.RoutePanics, req.Query(), nil, &v, maxPanicsAnswer)
+}
+
+// maxPanicsAnswer bounds a panics answer: its reports at their longest.
+const maxPanicsAnswer = api.MaxPanics * (logs.MaxPanicMessage + logs.MaxPanicFrames*1024 + 4096)
 
 // MCP sends one MCP request through a running VM's gateway as the host.
 func (c *ServiceClient) MCP(ctx context.Context, vm string, req api.MCPCallRequest) (api.MCPCallResult, error) {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/apiclient"
+	"github.com/capsem/capsem/core/logs"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -188,6 +189,11 @@ func (f *fakeService) MCP(_ context.Context, vm string, req api.MCPCallRequest) 
 	return api.MCPCallResult{Result: json.RawMessage(`{"content":[{"type":"text","text":"Echo: hi"}]}`)}, nil
 }
 
+func (f *fakeService) Panics(_ context.Context, req api.PanicsRequest) (api.PanicsResult, error) {
+	return api.PanicsResult{Panics: []api.PanicReport{{Panic: logs.Panic{Time: "2026-12-03T12:00:00Z", Message: "boom", Location: "main.main() ~/x.go:1", Frames: []string{"main.main() ~/x.go:1"}},
+		Component: "process", VM: "vm-0123456789ab", Log: "~/.capsem/run/sessions/vm-0123456789ab/process.log"}}, Omitted: 2}, nil
+}
+
 func (f *fakeService) MCPServers(_ context.Context, vm string) (api.MCPServersResult, error) {
 	return api.MCPServersResult{Servers: []api.MCPServer{{Name: "everything", Transport: "stdio", Enabled: true, Connected: true, Tools: 13}}}, nil
 }
@@ -232,8 +238,8 @@ func TestToolsListGolden(t *testing.T) {
 	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
 		t.Fatalf("tools/list changed (run with -update if intended):\n%s", got)
 	}
-	if len(res.Tools) != 22 {
-		t.Errorf("%d tools, want 22", len(res.Tools))
+	if len(res.Tools) != 23 {
+		t.Errorf("%d tools, want 23", len(res.Tools))
 	}
 	for _, tool := range res.Tools {
 		if tool.Annotations == nil || tool.OutputSchema == nil || tool.InputSchema == nil || len(tool.Description) < 40 {

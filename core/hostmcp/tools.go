@@ -272,6 +272,8 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_timeline", Annotations: readOnly, Description: "A VM's ledger as one stream in time order: its commands (exec), MCP calls (mcp), DNS queries (dns), connections and HTTP requests (net), model API calls (model) and file transfers (fs), each with a one-line summary and its row id for capsem_inspect. " +
 		"Filter by traceId (the one given to capsem_exec ties a command to the MCP calls and connections it caused), since and layers; the latest events when more match than limit. Works on stopped VMs."}, t.timeline)
 	t.registerMCPTools(s)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_panics", Annotations: readOnly, Description: "Go panics, fatal errors and crashes by a signal of capsem's own processes on this host (the service, capsem mcp, each VM's process and its MCP aggregator), found in their logs: " +
+		"when, which process (and VM), the message, where it was raised and the goroutine's frames, home paths shown as ~. The latest first; since and limit filter."}, t.panics)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger)."}, t.delete)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_version", Annotations: readOnly, Description: "This MCP server's version, the service's, and whether they match."}, t.versionTool)
 }

@@ -9,9 +9,9 @@ import (
 	"strings"
 )
 
-// Panic is a Go panic or fatal error found in a log: what the runtime
-// wrote to the crashing process's stderr, which capsem points at the
-// process's log.
+// Panic is a Go panic, fatal error or crash by a signal found in a log:
+// what the runtime wrote to the crashing process's stderr, which capsem
+// points at the process's log.
 type Panic struct {
 	// Time is the time of the last log record before the panic (the
 	// runtime's report has none of its own); "" when none precedes it.
@@ -19,7 +19,7 @@ type Panic struct {
 	// Message is the panic's value ("panic: " or "fatal error: " cut),
 	// nested panics' after it, one a line.
 	Message string `json:"message"`
-	Fatal   bool   `json:"fatal,omitempty"` // a fatal error, not a panic
+	Fatal   bool   `json:"fatal,omitempty"` // a fatal error or a signal, not a panic
 	// Goroutine is the crashing goroutine's number, 0 when the report
 	// has none.
 	Goroutine int `json:"goroutine,omitempty"`
@@ -39,7 +39,14 @@ const (
 	maxPanicLine    = 64 << 10
 )
 
-var goroutineHeader = regexp.MustCompile(`^goroutine (\d+) \[[^\]]*\]:$`)
+// goroutineHeader is a trace's first line: "goroutine 7 [running]:", or
+// with the scheduler's details in a signal's dump ("goroutine 0 gp=0x…
+// m=0 mp=0x… [idle]:").
+var goroutineHeader = regexp.MustCompile(`^goroutine (\d+) (?:[^\[]* )?\[[^\]]*\]:$`)
+
+// signalReport is the first line of a crash by a signal the Go runtime
+// reports itself ("SIGSEGV: segmentation violation", "SIGQUIT: quit").
+var signalReport = regexp.MustCompile(`^SIG[A-Z]+: [a-z ]+$`)
 
 // FindPanics reads a log and returns the panics and fatal errors in it, in
 // order. Lines past maxPanicLine are cut; nothing in the log makes it fail.
@@ -83,6 +90,8 @@ func FindPanics(r io.Reader) []Panic {
 			switch {
 			case strings.HasPrefix(line, "\tpanic: "), strings.HasPrefix(line, "\t[signal "), strings.HasPrefix(line, "[signal "):
 				cur.Message = capText(cur.Message+"\n"+strings.TrimSpace(line), MaxPanicMessage)
+			case strings.HasPrefix(line, "PC=") || strings.HasPrefix(line, "signal arrived during"):
+				// A signal's registers and context: not part of the message.
 			case line == "":
 				state = header
 			default:
@@ -139,6 +148,9 @@ func panicStart(line string) (msg string, fatal, ok bool) {
 	}
 	if m, ok := strings.CutPrefix(line, "fatal error: "); ok {
 		return m, true, true
+	}
+	if signalReport.MatchString(line) {
+		return line, true, true
 	}
 	return "", false, false
 }

@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestPanicHelper is not a test: run by TestFindPanicsOfRealProcesses as a
@@ -26,6 +28,8 @@ func TestPanicHelper(t *testing.T) {
 	case "fatal":
 		var ch chan int
 		<-ch // every goroutine asleep: a fatal error, not a panic
+	case "hang":
+		time.Sleep(time.Minute) // until its parent sends SIGQUIT
 	}
 }
 
@@ -44,9 +48,24 @@ func TestFindPanicsOfRealProcesses(t *testing.T) {
 		}
 		log.WriteString(`{"time":"2026-12-03T13:00:00Z","level":"INFO","msg":"next"}` + "\n")
 	}
+	// A crash by a signal: SIGQUIT makes the runtime dump the process.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPanicHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "CAPSEM_LOGS_TEST_CRASH=hang")
+	cmd.Stderr = &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // past its first record
+	cmd.Process.Signal(syscall.SIGQUIT)
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("the child did not crash on SIGQUIT")
+	}
 	found := FindPanics(&log)
-	if len(found) != 3 {
-		t.Fatalf("%d reports found, want 3:\n%s", len(found), log.String())
+	if len(found) != 4 {
+		t.Fatalf("%d reports found, want 4:\n%s", len(found), log.String())
+	}
+	if q := found[3]; q.Message != "SIGQUIT: quit" || !q.Fatal || q.Time != "2026-12-03T12:00:00.5Z" || len(q.Frames) == 0 {
+		t.Errorf("the SIGQUIT dump: %+v", q)
 	}
 	for i, want := range []struct {
 		message, location string

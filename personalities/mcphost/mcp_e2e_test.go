@@ -134,7 +134,7 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 	c := startMCP(t, env, runDir)
 
 	tools, err := c.s.ListTools(context.Background(), nil)
-	if err != nil || len(tools.Tools) != 22 {
+	if err != nil || len(tools.Tools) != 23 {
 		t.Fatalf("tools/list: %d tools, %v", len(tools.Tools), err)
 	}
 	var v hostmcp.VersionOut
@@ -341,6 +341,35 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 		if got := fmt.Sprint(q.Rows); !strings.HasPrefix(got, "[[allowed host host host-1 ") || !strings.Contains(got, "[denied host host - ") || strings.Contains(got, "forbidden-secret") {
 			t.Fatalf("the host's calls in the ledger: %s", got)
 		}
+	})
+
+	t.Run("panics", func(t *testing.T) {
+		// A real crash of a real capsem process: a VM's process killed
+		// with SIGQUIT dumps its goroutines into its log, and
+		// capsem_panics finds it, naming the VM.
+		var vm hostmcp.VMOut
+		c.must("capsem_create", map[string]any{"name": "crash", "base": "minimal", "ramMb": 512, "cpuCount": 1}, &vm)
+		defer c.must("capsem_delete", map[string]any{"id": "crash"}, nil)
+		if vm.PID <= 0 {
+			t.Fatalf("no pid: %+v", vm)
+		}
+		if err := syscall.Kill(vm.PID, syscall.SIGQUIT); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); vm.State != "defunct"; time.Sleep(200 * time.Millisecond) {
+			c.must("capsem_info", map[string]any{"id": "crash"}, &vm)
+			if time.Now().After(deadline) {
+				t.Fatalf("the crashed VM is %s", vm.State)
+			}
+		}
+		var p hostmcp.PanicsOut
+		c.must("capsem_panics", map[string]any{"since": "10m"}, &p)
+		if !slices.ContainsFunc(p.Panics, func(r hostmcp.PanicOut) bool {
+			return r.Component == "process" && r.VM == vm.ID && r.Message == "SIGQUIT: quit" && r.Fatal && len(r.Frames) > 0 && strings.HasSuffix(r.Log, "process.log")
+		}) {
+			t.Fatalf("capsem_panics: %+v", p)
+		}
+		c.refused("capsem_panics", map[string]any{"limit": 1000}, "limit")
 	})
 
 	t.Run("logs", func(t *testing.T) {
@@ -630,7 +659,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 	if err := json.Unmarshal(out, &report); err != nil {
 		t.Fatalf("report %q: %v", out, err)
 	}
-	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 22 || !report.AllHaveOutputSchemas {
+	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 23 || !report.AllHaveOutputSchemas {
 		t.Errorf("discovery: %+v", report)
 	}
 	if !report.Version.Match || report.Created.State != "running" || report.Created.Name != "ts-vm" {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 
 	"github.com/capsem/capsem/core/hostmcp"
 	"github.com/capsem/capsem/core/logs"
@@ -31,6 +32,14 @@ func (Cmd) Run(ctx context.Context) error {
 		if f, err := logs.OpenRotated(path); err == nil {
 			defer f.Close()
 			slog.SetDefault(logs.New(io.MultiWriter(os.Stderr, f), levelOf(ctx, slog.Default())))
+		}
+		// A crash of capsem mcp goes to the log too (capsem_panics reads
+		// it), not only to a stderr the client may discard.
+		if f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err == nil {
+			if err := debug.SetCrashOutput(f, debug.CrashOptions{}); err != nil {
+				slog.Warn("capsem mcp's crashes go to stderr only", "err", err)
+			}
+			f.Close() // SetCrashOutput keeps its own duplicate
 		}
 	}
 	slog.Info("capsem mcp serving on stdio", "pid", os.Getpid())
