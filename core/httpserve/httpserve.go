@@ -23,6 +23,7 @@ package httpserve
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -59,6 +60,10 @@ type Options struct {
 	// Log, when not nil, tells of connections closed or refused for room
 	// (a line at most every 10 s).
 	Log *slog.Logger
+	// Answered, when not nil, is told of each request once its handler
+	// returns: its status (200 when the handler wrote none; 101 for a
+	// connection it took over) and how long the handler took.
+	Answered func(r *http.Request, status int, took time.Duration)
 }
 
 // refusalLogEvery spaces the log lines about connections closed for room.
@@ -298,7 +303,12 @@ func (s *Server) bounded(h http.Handler) http.Handler {
 				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, deadline: deadline, done: served, streaming: streaming}
 			}
 		}
-		h.ServeHTTP(&answerWriter{ResponseWriter: w, answering: served}, r)
+		aw := &answerWriter{ResponseWriter: w, answering: served}
+		began := time.Now()
+		h.ServeHTTP(aw, r)
+		if s.opts.Answered != nil {
+			s.opts.Answered(r, cmp.Or(aw.status, http.StatusOK), time.Since(began))
+		}
 	})
 }
 
@@ -364,10 +374,14 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 type answerWriter struct {
 	http.ResponseWriter
 	answering func()
+	status    int // the first status written
 }
 
 func (w *answerWriter) WriteHeader(status int) {
 	w.answering()
+	if w.status == 0 {
+		w.status = status
+	}
 	w.ResponseWriter.WriteHeader(status)
 }
 
@@ -389,6 +403,9 @@ func (w *answerWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil {
 		c.SetDeadline(time.Time{})
+		if w.status == 0 {
+			w.status = http.StatusSwitchingProtocols
+		}
 	}
 	return c, rw, err
 }

@@ -382,3 +382,39 @@ func (t *connTable) len() int {
 	defer t.mu.Unlock()
 	return len(t.conns)
 }
+
+// TestAnsweredTellsStatusAndTime: Answered hears of each request once its
+// handler returns, with the status written (200 when none was, the first
+// when several were) and the handler's time.
+func TestAnsweredTellsStatusAndTime(t *testing.T) {
+	type heard struct {
+		pattern string
+		status  int
+		took    time.Duration
+	}
+	got := make(chan heard, 8)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ok", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(150 * time.Millisecond)
+		w.WriteHeader(http.StatusTeapot)
+		w.WriteHeader(http.StatusInternalServerError) // ignored, as net/http does
+	})
+	sock, _ := serve(t, mux, Options{Answered: func(r *http.Request, status int, took time.Duration) {
+		got <- heard{r.Pattern, status, took}
+	}})
+	c := client(sock)
+	for _, path := range []string{"/ok", "/slow", "/nowhere"} {
+		resp, err := c.Get("http://x" + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	for _, want := range []heard{{"GET /ok", 200, 0}, {"GET /slow", http.StatusTeapot, 150 * time.Millisecond}, {"", http.StatusNotFound, 0}} {
+		h := <-got
+		if h.pattern != want.pattern || h.status != want.status || h.took < want.took {
+			t.Errorf("heard %+v, want %+v", h, want)
+		}
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/capsem/capsem/core/api"
@@ -352,4 +354,28 @@ func logQuery(w http.ResponseWriter, r *http.Request) (int, string, bool) {
 		tail = n
 	}
 	return tail, r.URL.Query().Get("grep"), true
+}
+
+// SlowRequest is how long a request may take before the log notes it
+// (capsem_triage ranks what the log notes).
+const SlowRequest = 500 * time.Millisecond
+
+// longRoutes take as long as a guest's command or a transfer does, not
+// the service: their time is not noted.
+var longRoutes = []string{api.RouteVMExec, api.RouteVMExecLive, api.RouteRun, api.RouteRunLive, api.RouteVMTerminal,
+	api.RouteVMFileContent, api.RouteVMReadFile, api.RouteVMWriteFile, api.RouteVMMCP}
+
+// answered logs the requests worth a look afterwards: those that failed
+// (5xx), were refused (4xx), or took SlowRequest or more.
+func (s *Service) answered(r *http.Request, status int, took time.Duration) {
+	_, route, _ := strings.Cut(r.Pattern, " ")
+	args := []any{"method", r.Method, "route", route, "status", status, "took_ms", took.Milliseconds()}
+	switch {
+	case status >= 500:
+		s.log.Warn("request failed", args...)
+	case status >= 400:
+		s.log.Info("request refused", args...)
+	case took >= SlowRequest && !slices.Contains(longRoutes, route):
+		s.log.Info("slow request", args...)
+	}
 }

@@ -1,7 +1,11 @@
 package service
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,5 +64,38 @@ func TestPanicsAcrossTheLogs(t *testing.T) {
 	}
 	if _, err := s.Panics(context.Background(), api.PanicsRequest{Limit: api.MaxPanics + 1}); err == nil {
 		t.Error("a limit past the bound was accepted")
+	}
+}
+
+// TestAnsweredNotesFailuresAndSlowRequests: the service's log notes a
+// failed request (5xx) as a warning, a refused one (4xx), and one that took
+// SlowRequest or more unless its route takes a command's or a transfer's
+// time; a quick success is not noted.
+func TestAnsweredNotesFailuresAndSlowRequests(t *testing.T) {
+	var log bytes.Buffer
+	s := &Service{log: slog.New(slog.NewJSONHandler(&log, nil))}
+	req := func(pattern string) *http.Request {
+		method, _, _ := strings.Cut(pattern, " ")
+		r := httptest.NewRequest(method, "/", nil)
+		r.Pattern = pattern
+		return r
+	}
+	s.answered(req("POST "+api.RouteVMs), 201, 3*time.Second)
+	s.answered(req("GET "+api.RouteVM), 404, time.Millisecond)
+	s.answered(req("POST "+api.RouteVMStop), 502, time.Millisecond)
+	s.answered(req("POST "+api.RouteVMExec), 200, time.Minute)
+	s.answered(req("GET "+api.RouteVMs), 200, time.Millisecond)
+	got := log.String()
+	for _, want := range []string{
+		`"level":"INFO","msg":"slow request","method":"POST","route":"/v1/vms","status":201,"took_ms":3000`,
+		`"level":"INFO","msg":"request refused","method":"GET","route":"/v1/vms/{vm}","status":404`,
+		`"level":"WARN","msg":"request failed","method":"POST","route":"/v1/vms/{vm}/stop","status":502`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("log lacks %s:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "\n"); n != 3 {
+		t.Errorf("%d lines logged, want 3 (not the exec's time, not a quick list):\n%s", n, got)
 	}
 }

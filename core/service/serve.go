@@ -57,7 +57,7 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	srv := httpserve.New(s.Handler(stop), httpserve.Options{Log: s.log})
+	srv := httpserve.New(s.Handler(stop), httpserve.Options{Log: s.log, Answered: s.answered})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.log.Info("capsem service serving", "socket", sock, "pid", os.Getpid(), "vms", len(s.List()))
