@@ -472,6 +472,12 @@ func (c *ServiceClient) Panics(ctx context.Context, req api.PanicsRequest) (api.
 	return v, c.callBounded(ctx, http.MethodGet, api.RoutePanics, req.Query(), nil, &v, maxPanicsAnswer)
 }
 
+// Triage ranks what went wrong lately on this host (and in one VM).
+func (c *ServiceClient) Triage(ctx context.Context, req api.TriageRequest) (api.TriageResult, error) {
+	var v api.TriageResult
+	return v, c.callBounded(ctx, http.MethodGet, api.RouteTriage, req.Query(), nil, &v, api.MaxTriageFindings*8192+4096)
+}
+
 // maxPanicsAnswer bounds a panics answer: its reports at their longest.
 const maxPanicsAnswer = api.MaxPanics * (logs.MaxPanicMessage + logs.MaxPanicFrames*1024 + 4096)
 

@@ -46,6 +46,7 @@ type Service interface {
 	Inspect(ctx context.Context, vm string, req api.InspectRequest) (api.InspectResult, error)
 	Timeline(ctx context.Context, vm string, req api.TimelineRequest) (api.TimelineResult, error)
 	Panics(ctx context.Context, req api.PanicsRequest) (api.PanicsResult, error)
+	Triage(ctx context.Context, req api.TriageRequest) (api.TriageResult, error)
 	mcpService
 }
 
@@ -58,7 +59,7 @@ Iterative debugging on a long-lived VM:
 2. capsem_exec {id, command}: run what you want to test
 3. capsem_read_file / capsem_write_file: check or change state
 4. capsem_inspect {id, sql}: query the ledger (capsem_inspect_schema lists its tables: mcp_calls, net_events, dns_events, exec_events, fs_events, model_calls); capsem_timeline {id, traceId?}: the same rows as one stream in time order (give capsem_exec a traceId to follow what one command caused)
-5. capsem_vm_logs {id}: the guest console and the VM's process log, when something fails (capsem_host_logs {name}: the service's and this server's own; capsem_panics: crashes of any capsem process, with their traces)
+5. capsem_vm_logs {id}: the guest console and the VM's process log, when something fails (capsem_host_logs {name}: the service's and this server's own; capsem_panics: crashes of any capsem process, with their traces; capsem_triage {id?}: what went wrong lately, ranked)
 6. capsem_delete {id}: tear it down (capsem_stop keeps a named VM for capsem_resume)
 
 Commands have no timeout unless you pass one; pass timeout only when the user asked for a deadline.`

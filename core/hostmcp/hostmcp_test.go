@@ -194,6 +194,13 @@ func (f *fakeService) Panics(_ context.Context, req api.PanicsRequest) (api.Pani
 		Component: "process", VM: "vm-0123456789ab", Log: "~/.capsem/run/sessions/vm-0123456789ab/process.log"}}, Omitted: 2}, nil
 }
 
+func (f *fakeService) Triage(_ context.Context, req api.TriageRequest) (api.TriageResult, error) {
+	if req.VM == "ghost" {
+		return api.TriageResult{}, errUnknown
+	}
+	return api.TriageResult{Since: "2026-12-02T12:00:00Z", Findings: []api.TriageFinding{{Severity: api.SeverityCritical, Kind: api.FindingPanic, Summary: "process crashed: boom", Count: 2, Source: "~/x.log"}}}, nil
+}
+
 func (f *fakeService) MCPServers(_ context.Context, vm string) (api.MCPServersResult, error) {
 	return api.MCPServersResult{Servers: []api.MCPServer{{Name: "everything", Transport: "stdio", Enabled: true, Connected: true, Tools: 13}}}, nil
 }
@@ -238,8 +245,8 @@ func TestToolsListGolden(t *testing.T) {
 	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
 		t.Fatalf("tools/list changed (run with -update if intended):\n%s", got)
 	}
-	if len(res.Tools) != 23 {
-		t.Errorf("%d tools, want 23", len(res.Tools))
+	if len(res.Tools) != 24 {
+		t.Errorf("%d tools, want 24", len(res.Tools))
 	}
 	for _, tool := range res.Tools {
 		if tool.Annotations == nil || tool.OutputSchema == nil || tool.InputSchema == nil || len(tool.Description) < 40 {

@@ -47,3 +47,42 @@ func (t *tools) panics(ctx context.Context, _ *mcp.CallToolRequest, in PanicsIn)
 	}
 	return nil, out, nil
 }
+
+type (
+	TriageIn struct {
+		ID    string `json:"id,omitempty" jsonschema:"a VM's id or name: also what its ledger recorded (connections and DNS queries refused, MCP calls failed or denied, commands failed)"`
+		Since string `json:"since,omitempty" jsonschema:"only what happened at or after this: an RFC 3339 time or a duration back from now (default 24h)"`
+		Limit int    `json:"limit,omitempty" jsonschema:"at most this many findings, the gravest (default 20, at most 200)"`
+	}
+	TriageOut struct {
+		Since    string       `json:"since"`
+		Findings []FindingOut `json:"findings" jsonschema:"ranked: by severity (critical, error, warning, info), then count, then how recently"`
+		Omitted  int          `json:"omitted,omitempty"`
+	}
+	FindingOut struct {
+		Severity string `json:"severity"`
+		Kind     string `json:"kind" jsonschema:"panic, error_log, warning_log, failed_request, refused_request, slow_request, denied_network, mcp_error or failed_exec"`
+		Summary  string `json:"summary"`
+		Example  string `json:"example,omitempty" jsonschema:"one occurrence in full"`
+		Count    int    `json:"count"`
+		First    string `json:"first,omitempty"`
+		Last     string `json:"last,omitempty"`
+		Source   string `json:"source" jsonschema:"the log it was found in, or session.db"`
+	}
+)
+
+func (t *tools) triage(ctx context.Context, _ *mcp.CallToolRequest, in TriageIn) (*mcp.CallToolResult, TriageOut, error) {
+	since, err := api.ParseSince(in.Since, time.Now())
+	if err != nil {
+		return nil, TriageOut{}, err
+	}
+	r, err := t.svc.Triage(ctx, api.TriageRequest{VM: in.ID, Since: since, Limit: in.Limit})
+	if err != nil {
+		return nil, TriageOut{}, err
+	}
+	out := TriageOut{Since: r.Since, Findings: []FindingOut{}, Omitted: r.Omitted}
+	for _, f := range r.Findings {
+		out.Findings = append(out.Findings, FindingOut(f))
+	}
+	return nil, out, nil
+}

@@ -274,6 +274,8 @@ func (t *tools) register(s *mcp.Server) {
 	t.registerMCPTools(s)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_panics", Annotations: readOnly, Description: "Go panics, fatal errors and crashes by a signal of capsem's own processes on this host (the service, capsem mcp, each VM's process and its MCP aggregator), found in their logs: " +
 		"when, which process (and VM), the message, where it was raised and the goroutine's frames, home paths shown as ~. The latest first; since and limit filter."}, t.panics)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_triage", Annotations: readOnly, Description: "What went wrong lately, ranked: crashes of capsem's processes, error and warning records in their logs, the service's failed (5xx), refused (4xx) and slow (over 500 ms) requests; " +
+		"with id, also that VM's refused connections and DNS queries, failed or denied MCP calls and failed commands from its ledger. Occurrences are grouped (count, first, last, one example) and ranked by severity, count and recency. Start here when something fails."}, t.triage)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger)."}, t.delete)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_version", Annotations: readOnly, Description: "This MCP server's version, the service's, and whether they match."}, t.versionTool)
 }

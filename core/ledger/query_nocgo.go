@@ -5,6 +5,7 @@ package ledger
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/capsem/capsem/core/api"
 )
@@ -31,4 +32,9 @@ func Query(context.Context, string, string, QueryLimits) (QueryResult, error) {
 // Timeline is unavailable without cgo.
 func Timeline(context.Context, string, api.TimelineRequest) (api.TimelineResult, error) {
 	return api.TimelineResult{}, errNoCgo
+}
+
+// Triage is unavailable without cgo.
+func Triage(context.Context, string, time.Time) ([]api.TriageFinding, error) {
+	return nil, errNoCgo
 }

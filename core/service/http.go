@@ -252,6 +252,15 @@ func (s *Service) Handler(stop func()) http.Handler {
 		out, err := s.Timeline(r.Context(), r.PathValue("vm"), req)
 		reply(w, http.StatusOK, out, err)
 	})
+	mux.HandleFunc("GET "+api.RouteTriage, func(w http.ResponseWriter, r *http.Request) {
+		req, err := api.ParseTriageQuery(r.URL.Query(), time.Now())
+		if err != nil {
+			writeError(w, badRequest("%v", err))
+			return
+		}
+		out, err := s.Triage(r.Context(), req)
+		reply(w, http.StatusOK, out, err)
+	})
 	mux.HandleFunc("GET "+api.RoutePanics, func(w http.ResponseWriter, r *http.Request) {
 		req, err := api.ParsePanicsQuery(r.URL.Query(), time.Now())
 		if err != nil {

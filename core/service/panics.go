@@ -34,23 +34,9 @@ func (s *Service) Panics(ctx context.Context, req api.PanicsRequest) (api.Panics
 	if limit < 0 || limit > api.MaxPanics {
 		return api.PanicsResult{}, badRequest("limit %d: want 1 to %d (0: %d)", limit, api.MaxPanics, api.DefaultPanics)
 	}
-	var sources []panicLog
-	if p, err := paths.ServiceLog(); err == nil {
-		sources = append(sources, panicLog{component: "service", path: p})
-	}
-	if p, err := paths.MCPLog(); err == nil {
-		sources = append(sources, panicLog{component: "mcp", path: p})
-	}
-	s.mu.Lock()
-	for _, v := range s.vms {
-		session := paths.Session{Dir: v.rec.SessionDir}
-		sources = append(sources, panicLog{component: "process", vm: v.rec.ID, path: session.ProcessLog()},
-			panicLog{component: "aggregator", vm: v.rec.ID, path: session.AggregatorLog()})
-	}
-	s.mu.Unlock()
 	home, _ := os.UserHomeDir()
 	var found []api.PanicReport
-	for _, src := range sources {
+	for _, src := range s.logSources() {
 		for _, path := range []string{src.path + ".1", src.path} {
 			if ctx.Err() != nil {
 				return api.PanicsResult{}, ctx.Err()
@@ -75,20 +61,58 @@ func (s *Service) Panics(ctx context.Context, req api.PanicsRequest) (api.Panics
 	return out, nil
 }
 
-// scanPanics reads the last maxPanicScan bytes of a log for panics; a log
-// that is missing or unreadable has none.
-func scanPanics(path string) []logs.Panic {
+// logSources are the logs capsem's processes on this host write, their
+// crashes included: the service's (its stderr is its log), capsem mcp's
+// (its crash output is copied to its log), and each known VM's process
+// and aggregator logs.
+func (s *Service) logSources() []panicLog {
+	var sources []panicLog
+	if p, err := paths.ServiceLog(); err == nil {
+		sources = append(sources, panicLog{component: "service", path: p})
+	}
+	if p, err := paths.MCPLog(); err == nil {
+		sources = append(sources, panicLog{component: "mcp", path: p})
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, v := range s.vms {
+		session := paths.Session{Dir: v.rec.SessionDir}
+		sources = append(sources, panicLog{component: "process", vm: v.rec.ID, path: session.ProcessLog()},
+			panicLog{component: "aggregator", vm: v.rec.ID, path: session.AggregatorLog()})
+	}
+	return sources
+}
+
+// openTail opens a log at its last maxPanicScan bytes; nil for a log that
+// is missing, unreadable or not a regular file.
+func openTail(path string) io.ReadCloser {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
 		return nil
-	} else if fi.Size() > maxPanicScan {
+	}
+	if fi.Size() > maxPanicScan {
 		f.Seek(fi.Size()-maxPanicScan, io.SeekStart)
 	}
-	return logs.FindPanics(io.LimitReader(f, maxPanicScan))
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(f, maxPanicScan), f}
+}
+
+// scanPanics reads the last maxPanicScan bytes of a log for panics; a log
+// that is missing or unreadable has none.
+func scanPanics(path string) []logs.Panic {
+	r := openTail(path)
+	if r == nil {
+		return nil
+	}
+	defer r.Close()
+	return logs.FindPanics(r)
 }
 
 // after reports whether the record time ts is at or after t; a time that

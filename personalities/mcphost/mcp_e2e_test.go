@@ -134,7 +134,7 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 	c := startMCP(t, env, runDir)
 
 	tools, err := c.s.ListTools(context.Background(), nil)
-	if err != nil || len(tools.Tools) != 23 {
+	if err != nil || len(tools.Tools) != 24 {
 		t.Fatalf("tools/list: %d tools, %v", len(tools.Tools), err)
 	}
 	var v hostmcp.VersionOut
@@ -370,6 +370,26 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 			t.Fatalf("capsem_panics: %+v", p)
 		}
 		c.refused("capsem_panics", map[string]any{"limit": 1000}, "limit")
+	})
+
+	t.Run("triage", func(t *testing.T) {
+		// What went wrong above, ranked: the service's refusal of the bad
+		// limit just before, and dev's failed command (exit 3) from its
+		// ledger.
+		var tr hostmcp.TriageOut
+		c.must("capsem_triage", map[string]any{"id": "dev", "since": "1h", "limit": 200}, &tr)
+		has := func(kind, summary string) bool {
+			return slices.ContainsFunc(tr.Findings, func(f hostmcp.FindingOut) bool { return f.Kind == kind && strings.Contains(f.Summary, summary) })
+		}
+		if !has("refused_request", "GET /v1/panics refused with 400") || !has("failed_exec", "exit 3: ") {
+			t.Fatalf("triage: %+v", tr)
+		}
+		for i := 1; i < len(tr.Findings); i++ {
+			if slices.Index(api.Severities, tr.Findings[i].Severity) < slices.Index(api.Severities, tr.Findings[i-1].Severity) {
+				t.Fatalf("not ranked by severity: %+v", tr.Findings)
+			}
+		}
+		c.refused("capsem_triage", map[string]any{"id": "ghost"}, `no VM named "ghost"`)
 	})
 
 	t.Run("logs", func(t *testing.T) {
@@ -659,7 +679,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 	if err := json.Unmarshal(out, &report); err != nil {
 		t.Fatalf("report %q: %v", out, err)
 	}
-	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 23 || !report.AllHaveOutputSchemas {
+	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 24 || !report.AllHaveOutputSchemas {
 		t.Errorf("discovery: %+v", report)
 	}
 	if !report.Version.Match || report.Created.State != "running" || report.Created.Name != "ts-vm" {
