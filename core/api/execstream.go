@@ -2,6 +2,8 @@ package api
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,8 +19,9 @@ import (
 // ExecStream writes an exec stream to an HTTP response, flushing each
 // event. Its Stdout and Stderr are safe for concurrent use.
 type ExecStream struct {
-	mu sync.Mutex
-	w  http.ResponseWriter
+	mu   sync.Mutex
+	w    http.ResponseWriter
+	line []byte // an output event's line, reused
 }
 
 // NewExecStream starts the stream's response.
@@ -63,10 +66,90 @@ type streamWriter struct {
 }
 
 func (w streamWriter) Write(p []byte) (int, error) {
-	if err := w.s.write(ExecEvent{Stream: w.stream, Data: p}); err != nil {
+	if len(p) == 0 {
+		if err := w.s.write(ExecEvent{Stream: w.stream}); err != nil {
+			return 0, err
+		}
+		return 0, nil
+	}
+	s := w.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.line = appendOutputEvent(s.line[:0], w.stream, p)
+	if _, err := s.w.Write(s.line); err != nil {
 		return 0, err
 	}
+	if f, ok := s.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	if cap(s.line) > 1<<20 {
+		s.line = nil // do not pin a huge piece's line
+	}
 	return len(p), nil
+}
+
+// An exec's output events are all of one shape and the bulk of a busy
+// stream, so they are written and read by hand, byte for byte what
+// encoding/json makes of ExecEvent{Stream, Data} (a test holds them to
+// it), at the cost of base64 alone. Every other event, and anything that
+// is not exactly of this shape, goes through encoding/json.
+const (
+	outputEventStream = `{"stream":"`
+	outputEventData   = `","data":"`
+	outputEventEnd    = `","exit_code":0}`
+)
+
+// appendOutputEvent appends the line of an output event of stream
+// ("stdout" or "stderr") carrying data (not empty).
+func appendOutputEvent(dst []byte, stream string, data []byte) []byte {
+	dst = append(dst, outputEventStream...)
+	dst = append(dst, stream...)
+	dst = append(dst, outputEventData...)
+	dst = base64.StdEncoding.AppendEncode(dst, data)
+	dst = append(dst, outputEventEnd...)
+	return append(dst, '\n')
+}
+
+// parseOutputEvent reads a line of appendOutputEvent's exact shape; ok is
+// false for any other line, which is then encoding/json's to read.
+func parseOutputEvent(line []byte) (stream string, data []byte, ok bool) {
+	rest, ok := bytes.CutPrefix(line, []byte(outputEventStream))
+	if !ok {
+		return "", nil, false
+	}
+	switch {
+	case bytes.HasPrefix(rest, []byte("stdout")):
+		stream = "stdout"
+	case bytes.HasPrefix(rest, []byte("stderr")):
+		stream = "stderr"
+	default:
+		return "", nil, false
+	}
+	rest, ok = bytes.CutPrefix(rest[len(stream):], []byte(outputEventData))
+	if !ok {
+		return "", nil, false
+	}
+	encoded, ok := bytes.CutSuffix(rest, []byte(outputEventEnd))
+	if !ok || len(encoded) == 0 {
+		return "", nil, false
+	}
+	// Only base64's own alphabet: the decoder would skip line breaks,
+	// which a JSON string cannot hold raw.
+	for _, c := range encoded {
+		if !isBase64Char(c) {
+			return "", nil, false
+		}
+	}
+	data = make([]byte, base64.StdEncoding.DecodedLen(len(encoded)))
+	n, err := base64.StdEncoding.Decode(data, encoded)
+	if err != nil {
+		return "", nil, false
+	}
+	return stream, data[:n], true
+}
+
+func isBase64Char(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' || c == '='
 }
 
 // maxExecEventLine bounds one event of a stream (an output chunk is far
@@ -94,6 +177,15 @@ func ReadRunStream(r io.Reader, events RunEvents, stdout, stderr io.Writer) (*Ex
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxExecEventLine)
 	for sc.Scan() {
+		if stream, data, ok := parseOutputEvent(sc.Bytes()); ok {
+			switch {
+			case stream == "stdout" && stdout != nil:
+				stdout.Write(data)
+			case stream == "stderr" && stderr != nil:
+				stderr.Write(data)
+			}
+			continue
+		}
 		var ev ExecEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return nil, fmt.Errorf("exec stream: bad event: %w", err)

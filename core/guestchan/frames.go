@@ -33,6 +33,10 @@ func appendRST(dst []byte, id uint32) []byte {
 // checks everything else.
 type frameReader struct {
 	r io.Reader
+	// onHeader, when set, sees each of the peer's frame headers before
+	// yamux does; an error from it ends the session (the flow gate's).
+	onHeader func(hdr []byte) error
+	err      error
 
 	mu     sync.Mutex
 	inject []byte // whole frames, the first maybe partly handed out already
@@ -52,6 +56,9 @@ func (f *frameReader) reset(id uint32) {
 }
 
 func (f *frameReader) Read(p []byte) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -73,7 +80,11 @@ func (f *frameReader) Read(p []byte) (int, error) {
 		p = p[:min(len(p), f.untilBoundary())]
 	}
 	n, err := f.r.Read(p)
-	f.track(p[:n])
+	if terr := f.track(p[:n]); terr != nil {
+		// Nothing of these bytes reaches yamux: the session ends here.
+		f.err = terr
+		return 0, terr
+	}
 	return n, err
 }
 
@@ -86,8 +97,9 @@ func (f *frameReader) untilBoundary() int {
 	return int(min(f.body, 1<<30))
 }
 
-// track follows the frame boundaries through b, the next bytes passed on.
-func (f *frameReader) track(b []byte) {
+// track follows the frame boundaries through b, the next bytes passed on,
+// showing each header to onHeader.
+func (f *frameReader) track(b []byte) error {
 	for len(b) > 0 {
 		if f.body > 0 {
 			n := uint32(min(uint64(len(b)), uint64(f.body)))
@@ -99,11 +111,17 @@ func (f *frameReader) track(b []byte) {
 		f.hdrN += n
 		b = b[n:]
 		if f.hdrN < yamuxHeaderSize {
-			return
+			return nil
 		}
 		f.hdrN = 0
 		if f.hdr[1] == yamuxTypeData {
 			f.body = binary.BigEndian.Uint32(f.hdr[8:])
 		}
+		if f.onHeader != nil {
+			if err := f.onHeader(f.hdr[:]); err != nil {
+				return err
+			}
+		}
 	}
+	return nil
 }

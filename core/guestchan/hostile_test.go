@@ -256,6 +256,42 @@ func TestHostileGuestStreamsAreBounded(t *testing.T) {
 	}
 }
 
+// TestHostileGuestCannotOverrunTheWindow: data the guest sends past the
+// host's receive window on a stream nobody reads is never taken in: the
+// host ends the session instead (yamux's check), so a stream costs the
+// host at most HostReceiveWindow whatever the guest writes.
+func TestHostileGuestCannotOverrunTheWindow(t *testing.T) {
+	h := newHostileGuest(t, testLog(t))
+	l, err := h.host.Listen(PortMCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const id = 1<<31 + 1
+	if err := h.write(appendData(appendSYN(nil, id), id, AppendHeader(nil, PortMCP))); err != nil {
+		t.Fatal(err)
+	}
+	// Accepted, the stream has its full window (yamux grants it on
+	// accept, before the handshake's reply); then nobody reads it.
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var frames []byte
+	chunk := make([]byte, 64<<10)
+	for sent := 0; sent <= HostReceiveWindow; sent += len(chunk) {
+		frames = appendData(frames, id, chunk)
+	}
+	// The host may end the session before all of it is written.
+	h.write(frames)
+	select {
+	case <-h.host.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the host took %d bytes past its %d-byte receive window on one stream and kept the session", len(frames), HostReceiveWindow)
+	}
+}
+
 type lockedWriter struct {
 	mu *sync.Mutex
 	w  io.Writer

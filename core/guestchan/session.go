@@ -71,13 +71,43 @@ const (
 	acceptBacklog = 256
 )
 
+// Receive windows: how many bytes of one stream a side takes in before its
+// reader has taken them (granted to the sender as the reader reads). A
+// stream moves at most a window per round trip of the window update (a
+// frame through the other side's send loop, QEMU and back: milliseconds
+// under TCG, where 256 KiB capped transfers at a fraction of the port's
+// rate), so the streams that carry bulk data need more.
+//
+// On the host a window is memory the guest, which is not trusted, can
+// make it hold: a stream has HostReceiveWindow, as many as MaxPeerStreams
+// of the guest's, unless the host raised it to HostDataWindow
+// (RaiseReceiveWindow), which it does only for streams carrying data it
+// asked for (an exec's output, a file it reads), so their number is
+// bounded by its own requests. See flowGate. In the guest every stream has
+// GuestReceiveWindow: what the trusted host sends costs only the guest's
+// memory.
+const (
+	HostReceiveWindow  = yamuxInitialWindow
+	HostDataWindow     = 2 << 20
+	GuestReceiveWindow = 2 << 20
+)
+
+// ReceiveWindowRaiser is what the host's streams (a Session's) offer
+// beyond net.Conn: RaiseReceiveWindow lets the stream hold HostDataWindow
+// instead of HostReceiveWindow. Raise only a stream whose data this side
+// asked for and reads as it comes: the raise is memory the peer may fill.
+type ReceiveWindowRaiser interface {
+	RaiseReceiveWindow()
+}
+
 // Bounds on the streams the peer opens. On the host the peer is the guest,
 // which is not trusted (its root can open streams on the channel behind the
 // agent's back): without them every stream it opens costs the host memory
 // and a goroutine for as long as it likes. A stream past a bound is reset
 // at once, on this side too: yamux alone would keep it until the peer
 // closes its end, which a hostile peer never does. The memory a stream can
-// cost is bounded by yamux's receive window (256 KiB) while nobody reads it.
+// cost is bounded by the host's receive window (HostReceiveWindow) while
+// nobody reads it.
 const (
 	// MaxPendingStreams bounds the streams in their handshake (waiting for
 	// their header, or answering it); past it the one that has waited
@@ -100,6 +130,7 @@ const (
 type Session struct {
 	mux    *yamux.Session
 	frames *frameReader
+	gate   *flowGate // the host's per-stream receive windows; nil in the guest
 	log    *slog.Logger
 	// peerLog logs what the peer can cause at will, at a bounded rate.
 	peerLog *slog.Logger
@@ -116,6 +147,7 @@ type Session struct {
 	closeOnce  sync.Once
 	acceptDone chan struct{}
 	handshakes sync.WaitGroup
+	granting   sync.WaitGroup
 }
 
 // Server starts the host side of a session over conn (the yamux server).
@@ -146,6 +178,12 @@ func newSession(conn io.ReadWriteCloser, log *slog.Logger, server bool) (*Sessio
 	cfg.EnableKeepAlive = false
 	cfg.StreamOpenTimeout = 0
 	cfg.ConnectionWriteTimeout = connectionWriteTimeout
+	cfg.MaxStreamWindowSize = GuestReceiveWindow
+	var gate *flowGate
+	if server {
+		cfg.MaxStreamWindowSize = HostDataWindow
+		gate = newFlowGate() // caps each stream below that (see flowGate)
+	}
 	cfg.LogOutput = nil
 	// yamux logs per frame of the peer's (a frame for a stream it does
 	// not know, say): at the peer's rate unless limited.
@@ -156,6 +194,10 @@ func newSession(conn io.ReadWriteCloser, log *slog.Logger, server bool) (*Sessio
 	)
 	frames := &frameReader{r: conn}
 	w := &wire{Reader: frames, coalescingConn: coalescingConn{ReadWriteCloser: conn}}
+	if gate != nil {
+		frames.onHeader = gate.incoming
+		w.gate = gate
+	}
 	if server {
 		mux, err = yamux.Server(w, cfg)
 	} else {
@@ -167,6 +209,7 @@ func newSession(conn io.ReadWriteCloser, log *slog.Logger, server bool) (*Sessio
 	s := &Session{
 		mux:        mux,
 		frames:     frames,
+		gate:       gate,
 		log:        log,
 		peerLog:    peerLog,
 		listeners:  map[uint32]*listener{},
@@ -176,7 +219,29 @@ func newSession(conn io.ReadWriteCloser, log *slog.Logger, server bool) (*Sessio
 		handshakeSlots: make(chan struct{}, MaxPendingStreams),
 	}
 	go s.acceptLoop()
+	if gate != nil {
+		s.granting.Add(1)
+		go s.grant(w)
+	}
 	return s, nil
+}
+
+// grant sends the window updates the flow gate held back, as their
+// streams are read.
+func (s *Session) grant(w *wire) {
+	defer s.granting.Done()
+	for {
+		select {
+		case <-s.gate.wake:
+			if frames := s.gate.takeGrants(); len(frames) > 0 {
+				// A failed write fails yamux's next one too: the session
+				// reports it.
+				w.writeFrames(frames)
+			}
+		case <-s.mux.CloseChan():
+			return
+		}
+	}
 }
 
 // Done is closed when the session is closed or the underlying connection
@@ -231,6 +296,7 @@ func (s *Session) Close() error {
 		s.mux.Close()
 		<-s.acceptDone
 		s.handshakes.Wait()
+		s.granting.Wait()
 	})
 	return nil
 }
@@ -296,7 +362,9 @@ func (s *Session) dialHandshake(ctx context.Context, st *yamux.Stream, port uint
 	var buf [HeaderSize]byte
 	_, err := st.Write(AppendHeader(buf[:0], port))
 	if err == nil {
-		_, err = io.ReadFull(st, buf[:ReplySize])
+		var n int
+		n, err = io.ReadFull(st, buf[:ReplySize])
+		s.consumed(st, n)
 	}
 	if err != nil {
 		switch {
@@ -422,7 +490,8 @@ func (s *Session) acceptHandshake(p *pendingStream) {
 	defer func() { <-s.handshakeSlots }()
 	st := p.st
 	var buf [HeaderSize]byte
-	_, readErr := io.ReadFull(st, buf[:])
+	n, readErr := io.ReadFull(st, buf[:])
+	s.consumed(st, n)
 	s.mu.Lock()
 	evicted := p.elem == nil
 	if !evicted {
@@ -528,6 +597,16 @@ func (s *Session) reset(st *yamux.Stream) {
 	st.SetDeadline(time.Now())
 	st.Close()
 	s.frames.reset(st.StreamID())
+	if s.gate != nil {
+		s.gate.forget(st.StreamID())
+	}
+}
+
+// consumed tells the flow gate that n bytes of st were read.
+func (s *Session) consumed(st *yamux.Stream, n int) {
+	if s.gate != nil {
+		s.gate.consumed(st.StreamID(), n)
+	}
 }
 
 type listener struct {
@@ -602,6 +681,20 @@ type conn struct {
 func (c *conn) LocalAddr() net.Addr  { return Addr{Port: c.port} }
 func (c *conn) RemoteAddr() net.Addr { return Addr{Port: c.port} }
 
+func (c *conn) Read(p []byte) (int, error) {
+	n, err := c.Stream.Read(p)
+	c.s.consumed(c.Stream, n)
+	return n, err
+}
+
+// RaiseReceiveWindow lets the stream hold HostDataWindow on the host
+// (ReceiveWindowRaiser); in the guest every stream has its full window.
+func (c *conn) RaiseReceiveWindow() {
+	if c.s.gate != nil {
+		c.s.gate.raise(c.Stream.StreamID())
+	}
+}
+
 // CloseWrite ends this side's half of the stream: the peer reads the end
 // after what was written, and reads here go on until the peer ends its
 // half. Close must still follow.
@@ -659,7 +752,8 @@ func dropDigits(r rune) rune {
 }
 
 // wire is the byte stream yamux runs over: the peer's bytes through a
-// frameReader, ours through a coalescingConn.
+// frameReader, ours through a coalescingConn, whose window updates the
+// flow gate (on the host) passes on.
 type wire struct {
 	io.Reader
 	coalescingConn
@@ -667,31 +761,67 @@ type wire struct {
 
 func (w *wire) Read(p []byte) (int, error) { return w.Reader.Read(p) }
 
-// coalescingConn merges each yamux data-frame header with the body that
-// follows it into one Write. yamux writes a frame's 12-byte header and its
-// body in two calls; on a virtio-serial port every write is a separate
-// buffer and a separate notification of the other side, which under TCG
-// costs more than the copy.
+// coalescingConn merges each yamux data-frame header with the start of the
+// body that follows it into one Write. yamux writes a frame's 12-byte
+// header and its body in two calls; on a virtio-serial port every write is
+// a separate buffer and a separate notification of the other side, which
+// under TCG costs more than the copy. Only what fits one port write with
+// the header (portWriteMax) is copied: the guest's driver cuts every write
+// at that size anyway, so the rest of a large body goes as it is.
 type coalescingConn struct {
 	io.ReadWriteCloser
-	pending bool
+	gate *flowGate // nil: window updates go as yamux writes them
+
+	// mu orders yamux's writes (its send loop, one call at a time) and the
+	// session's grants, which go between two of yamux's frames.
+	mu      sync.Mutex
+	pending bool // buf holds a data frame's header, its body comes next
 	buf     []byte
 }
 
+// writeFrames writes whole frames of the session's own between yamux's.
+func (c *coalescingConn) writeFrames(frames []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// A data frame's header held back is not on the wire yet: the frames
+	// go before it.
+	_, err := c.ReadWriteCloser.Write(frames)
+	return err
+}
+
+// portWriteMax is the most one write to a virtio-serial port carries: the
+// guest's driver (virtio_console) sends at most 32 KiB of a write as one
+// buffer and returns, so a larger write is several, each a notification
+// of the host.
+const portWriteMax = 32 << 10
+
 func (c *coalescingConn) Write(p []byte) (int, error) {
-	// Only yamux's send loop writes, one call at a time, so no lock.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.pending {
 		c.pending = false
-		c.buf = append(c.buf[:yamuxHeaderSize], p...)
+		first := min(len(p), portWriteMax-yamuxHeaderSize)
+		c.buf = append(c.buf[:yamuxHeaderSize], p[:first]...)
 		n, err := c.ReadWriteCloser.Write(c.buf)
-		if len(c.buf) > 1<<20 {
-			c.buf = nil // do not pin a huge frame's buffer
+		if err != nil || first == len(p) {
+			return max(0, n-yamuxHeaderSize), err
 		}
-		return max(0, n-yamuxHeaderSize), err
+		n, err = c.ReadWriteCloser.Write(p[first:])
+		return first + n, err
 	}
 	if len(p) == yamuxHeaderSize && p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:]) > 0 {
 		c.buf = append(c.buf[:0], p...)
 		c.pending = true
+		return len(p), nil
+	}
+	if c.gate != nil && len(p) == yamuxHeaderSize {
+		hdr := c.gate.outgoing(p)
+		if hdr == nil {
+			return len(p), nil // the gate holds the whole grant back
+		}
+		if _, err := c.ReadWriteCloser.Write(hdr); err != nil {
+			return 0, err
+		}
 		return len(p), nil
 	}
 	return c.ReadWriteCloser.Write(p)

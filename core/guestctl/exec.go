@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/guestwire"
 )
 
@@ -164,7 +165,8 @@ func (c *Client) serveOutput(conn net.Conn) {
 		c.log.Debug("exec output stream for no waiting exec", "exec_id", h.ID, "which", h.Which)
 		return
 	}
-	buf := make([]byte, 64<<10)
+	raiseWindow(conn)
+	buf := make([]byte, outputBufMin)
 	for {
 		n, err := conn.Read(buf)
 		if n > 0 {
@@ -177,8 +179,29 @@ func (c *Client) serveOutput(conn net.Conn) {
 			s.end(err)
 			return
 		}
+		if n == len(buf) && len(buf) < outputBufMax {
+			buf = make([]byte, 2*len(buf))
+		}
 	}
 }
+
+// raiseWindow lets a stream carrying data the host asked for, and reads as
+// it comes, take in a data window (guestchan.ReceiveWindowRaiser): more
+// than the default per round trip, which under TCG capped the rate. The
+// streams raised are as many as the host's own execs and transfers.
+func raiseWindow(c net.Conn) {
+	if r, ok := c.(guestchan.ReceiveWindowRaiser); ok {
+		r.RaiseReceiveWindow()
+	}
+}
+
+// An output is read in pieces that grow with it, so that a busy one
+// reaches the caller's writer (an HTTP response, an event per piece) in
+// few large pieces and a quiet one holds a small buffer.
+const (
+	outputBufMin = 32 << 10
+	outputBufMax = 256 << 10
+)
 
 // Exec runs a command in the guest and copies its stdout and stderr, kept
 // apart, to the given writers (nil discards), each up to its cap (at least

@@ -39,6 +39,7 @@ func (c *Client) attachFileStream(id uint64, conn net.Conn) bool {
 		c.log.Debug("file stream for no waiting transfer", "id", id)
 		return false
 	}
+	raiseWindow(conn)
 	// Under the lock: a transfer giving up deletes its entry, then drains
 	// its channel, so a stream is either drained there or never sent.
 	ch <- conn // buffered for exactly this one
@@ -99,7 +100,7 @@ func (c *Client) ReadFileTo(ctx context.Context, req *guestwire.FileRequest, w i
 	return c.transfer(ctx, guestwire.TypeFileRead, req, func(conn net.Conn, _ <-chan *guestwire.Message) (int64, *guestwire.Message, error) {
 		// The guest stops at MaxSize, but one that does not must not reach
 		// w with more: callers size their memory by it.
-		n, err := io.Copy(w, io.LimitReader(conn, limit))
+		n, err := io.CopyBuffer(w, io.LimitReader(conn, limit), make([]byte, guestwire.MaxChunk))
 		if err == nil && n == limit {
 			var more [1]byte
 			if k, _ := io.ReadFull(conn, more[:]); k > 0 {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +46,12 @@ func dialHost(t *testing.T, guest *memchan.End) net.Conn {
 func connect(t *testing.T, hello *guestwire.Message, opts Options) (*Client, *fakeGuest, error) {
 	t.Helper()
 	host, guest := memchan.Pair()
+	return connectOn(t, host, guest, hello, opts)
+}
+
+// connectOn is connect over a given channel, seen by the host as host.
+func connectOn(t *testing.T, host Channel, guest *memchan.End, hello *guestwire.Message, opts Options) (*Client, *fakeGuest, error) {
+	t.Helper()
 	t.Cleanup(func() { host.Close() })
 	g := &fakeGuest{ch: guest}
 	ready := make(chan struct{})
@@ -319,5 +326,101 @@ func TestExecRefusesBadInputBeforeSending(t *testing.T) {
 	}
 	if err := c.SendBootConfig(context.Background(), &guestwire.BootConfig{Env: map[string]string{"BASH_ENV": "/x"}}); err == nil || !strings.Contains(err.Error(), "BASH_ENV") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// raiseRecorder is a host channel whose streams record whether the host
+// raised their receive window (guestchan.ReceiveWindowRaiser).
+type raiseRecorder struct {
+	Channel
+	mu     sync.Mutex
+	raised map[uint64]string // stream header id → which, per raised stream
+}
+
+type raisableListener struct {
+	net.Listener
+	r *raiseRecorder
+}
+
+type raisableConn struct {
+	net.Conn
+	r      *raiseRecorder
+	header bytes.Buffer // what the host read first: the stream header
+}
+
+func (r *raiseRecorder) Listen(port uint32) (net.Listener, error) {
+	l, err := r.Channel.Listen(port)
+	return raisableListener{l, r}, err
+}
+
+func (l raisableListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &raisableConn{Conn: c, r: l.r}, nil
+}
+
+func (c *raisableConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.header.Len() < 64 {
+		c.header.Write(p[:n])
+	}
+	return n, err
+}
+
+func (c *raisableConn) RaiseReceiveWindow() {
+	h, err := guestwire.ReadStreamHeader(bytes.NewReader(c.header.Bytes()))
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	if err != nil {
+		c.r.raised[0] = "a stream whose header was not read yet"
+		return
+	}
+	c.r.raised[h.ID] += h.Which + " "
+}
+
+// TestDataStreamsAreRaised: the host raises the receive window of the data
+// streams it asked for, an exec's outputs and a file read's stream, once
+// it has matched them to its request, and of no other.
+func TestDataStreamsAreRaised(t *testing.T) {
+	memHost, guest := memchan.Pair()
+	host := &raiseRecorder{Channel: memHost, raised: map[uint64]string{}}
+	c, g, err := connectOn(t, host, guest, goodHello(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make(chan uint64, 2) // the exec's, then the read's
+	go func() {
+		m := g.next(t)
+		ids <- m.ID
+		stray := g.openOutput(t, 999, guestwire.StreamStdout)
+		io.ReadAll(stray)
+		out := g.openOutput(t, m.ID, guestwire.StreamStdout)
+		errs := g.openOutput(t, m.ID, guestwire.StreamStderr)
+		out.Write([]byte("out"))
+		out.Close()
+		errs.Close()
+		g.w.Write(&guestwire.Message{Type: guestwire.TypeExecResult, ID: m.ID, ExecResult: &guestwire.ExecResult{StdoutBytes: 3, StdoutSent: 3}})
+		m = g.next(t)
+		ids <- m.ID
+		data := g.openOutput(t, m.ID, guestwire.StreamFile)
+		data.Write([]byte("file"))
+		data.Close()
+		g.w.Write(&guestwire.Message{Type: guestwire.TypeFileResult, ID: m.ID, FileResult: &guestwire.FileResult{Bytes: 4}})
+	}()
+	if _, err := c.Exec(context.Background(), &guestwire.Exec{Argv: []string{"x"}}, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadFileTo(context.Background(), &guestwire.FileRequest{Path: "/f"}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	execID, readID := <-ids, <-ids
+	host.mu.Lock()
+	defer host.mu.Unlock()
+	want := map[uint64]string{execID: "stdout stderr ", readID: "file "}
+	if len(host.raised) != len(want) || host.raised[readID] != want[readID] ||
+		(host.raised[execID] != want[execID] && host.raised[execID] != "stderr stdout ") {
+		t.Errorf("raised %v, want %v (and nothing for the stray stream)", host.raised, want)
 	}
 }

@@ -162,10 +162,12 @@ func (c *ChunkWriter) Write(p []byte) (int, error) {
 	return written, nil
 }
 
-// ReadFrom copies r to the stream in chunks of up to 64 KiB, reading
-// straight into the buffer that carries the header.
+// ReadFrom copies r to the stream in chunks of up to MaxChunk, reading
+// straight into the buffer that carries the header. Large chunks matter to
+// the guest, which pays for every read of a chunk's header and of its body
+// far more than for the bytes.
 func (c *ChunkWriter) ReadFrom(r io.Reader) (int64, error) {
-	const size = 64 << 10
+	const size = MaxChunk
 	if cap(c.buf) < 4+size {
 		c.buf = make([]byte, 4+size)
 	}

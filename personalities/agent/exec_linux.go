@@ -55,10 +55,25 @@ type outPump struct {
 	broken bool // the stream failed or was detached: drain only
 }
 
+// Exec output is copied in pieces that grow with the output: under TCG
+// each read, stream write and wake-up costs the guest more than the bytes
+// it moves, so a command writing fast is copied in large pieces, while one
+// printing little holds a small buffer.
+const (
+	outputBufMin = 32 << 10
+	outputBufMax = 256 << 10
+	// outputPipeSize is the capacity asked for each output pipe (Linux's
+	// default is 64 KiB): a command writing fast fills it while the pump
+	// sends, and the pump then finds a piece as large as its buffer at a
+	// read. It counts against root's pipe pages (fs.pipe-user-pages-soft,
+	// 64 MiB), which a hundred execs at once stay far below.
+	outputPipeSize = outputBufMax
+)
+
 func (p *outPump) run(r *os.File) {
 	defer close(p.done)
 	defer r.Close()
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, outputBufMin)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
@@ -68,7 +83,23 @@ func (p *outPump) run(r *os.File) {
 		if err != nil {
 			return
 		}
+		if n == len(buf) && len(buf) < outputBufMax {
+			buf = make([]byte, 2*len(buf))
+		}
 	}
+}
+
+// outputPipe makes the pipe of one of an exec's outputs, as large as
+// outputPipeSize when the system allows (a smaller one only costs speed).
+func outputPipe() (r, w *os.File, err error) {
+	r, w, err = os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	if rc, err := r.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, outputPipeSize) })
+	}
+	return r, w, nil
 }
 
 func (p *outPump) forward(b []byte) {
@@ -195,7 +226,7 @@ func (s *Server) exec(ctx context.Context, id uint64, run *runningExec, e *guest
 
 	var readEnds, writeEnds [2]*os.File
 	for i := range pumps {
-		r, w, err := os.Pipe()
+		r, w, err := outputPipe()
 		if err != nil {
 			closeStreams()
 			closeAll(readEnds[:i]...)

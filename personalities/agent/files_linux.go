@@ -160,7 +160,14 @@ func writeFileFrom(path string, r io.Reader, mode uint32, parents bool, maxSize 
 	var rnd [8]byte
 	rand.Read(rnd[:])
 	tmp := ".capsem-write-" + hex.EncodeToString(rnd[:])
-	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	const flags = unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat(dfd, tmp, flags|unix.O_DIRECT, 0o600)
+	if errors.Is(err, unix.EINVAL) {
+		// No direct I/O on this filesystem (tmpfs, say); the refusal may
+		// come once the file exists.
+		unix.Unlinkat(dfd, tmp, 0)
+		fd, err = unix.Openat(dfd, tmp, flags, 0o600)
+	}
 	if err != nil {
 		return nil, 0, fsError(op, path, err)
 	}
@@ -172,8 +179,7 @@ func writeFileFrom(path string, r io.Reader, mode uint32, parents bool, maxSize 
 			unix.Unlinkat(dfd, tmp, 0)
 		}
 	}()
-	buf := make([]byte, 64<<10)
-	n, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(onlyReader{r}, maxSize+1), buf)
+	n, err := copyToFile(f, io.LimitReader(r, maxSize+1))
 	if err != nil {
 		return nil, n, fsError(op, path, err)
 	}
@@ -228,10 +234,139 @@ func writeTarget(dfd int, path, name string) (*unix.Stat_t, error) {
 	return &st, nil
 }
 
-// onlyWriter hides everything but Write (see onlyReader).
-type onlyWriter struct{ w io.Writer }
+// The copy buffers of a file transfer: a transfer moves a buffer per
+// syscall on the file and per stream write, and under TCG the guest pays
+// for each of those far more than for the bytes. A written file takes the
+// larger one: its writes go to the disk direct, each a request QEMU
+// answers. At most guestwire.MaxFileTransfers run at once.
+const (
+	fileCopyBuf  = 256 << 10
+	fileWriteBuf = 1 << 20
+)
 
-func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
+// directIOAlign is what direct I/O's buffer, offset and length must be
+// multiples of: the largest logical block size of the disks here.
+const directIOAlign = 4096
+
+// A file transfer moves the file's bytes with direct I/O (O_DIRECT) where
+// the filesystem allows: between the agent's buffer and the disk, without
+// the kernel's copy to or from the page cache, which is most of what a
+// transfer costs the guest under TCG (QEMU moves the bytes at the host's
+// speed instead), and the transferred file does not crowd the guest's
+// memory. What direct I/O cannot do (the tail of a file written, a
+// filesystem that turns it down) goes through the page cache as before; a
+// written file is synced before it counts either way.
+
+// directReadMin is the size from which a file is read direct: a smaller
+// one is cheaper from the page cache, where it may already be.
+const directReadMin = 1 << 20
+
+// alignedBuffer returns a page-aligned buffer of n bytes (an anonymous
+// mapping) and its release; where no mapping can be had, an ordinary one,
+// with which direct I/O falls back to the page cache.
+func alignedBuffer(n int) ([]byte, func()) {
+	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return make([]byte, n), func() {}
+	}
+	return buf, func() { unix.Munmap(buf) }
+}
+
+// setDirect turns direct I/O on f on or off.
+func setDirect(f *os.File, on bool) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	err = rc.Control(func(fd uintptr) {
+		flags, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
+		if err != nil {
+			ferr = err
+			return
+		}
+		if on {
+			flags |= unix.O_DIRECT
+		} else {
+			flags &^= unix.O_DIRECT
+		}
+		_, ferr = unix.FcntlInt(fd, unix.F_SETFL, flags)
+	})
+	if err != nil {
+		return err
+	}
+	return ferr
+}
+
+// isDirect reports whether f does direct I/O.
+func isDirect(f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	direct := false
+	rc.Control(func(fd uintptr) {
+		flags, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
+		direct = err == nil && flags&unix.O_DIRECT != 0
+	})
+	return direct
+}
+
+// copyToFile copies r into f, a new file (opened with O_DIRECT where the
+// filesystem allows): whole blocks direct, the tail through the page cache.
+func copyToFile(f *os.File, r io.Reader) (int64, error) {
+	buf, release := alignedBuffer(fileWriteBuf)
+	defer release()
+	direct := isDirect(f)
+	var total int64
+	for {
+		n, rerr := fill(r, buf)
+		data := buf[:n]
+		if direct {
+			whole := n &^ (directIOAlign - 1)
+			m, err := f.Write(data[:whole])
+			total += int64(m)
+			data = data[m:]
+			if err != nil && !errors.Is(err, unix.EINVAL) {
+				return total, err
+			}
+			if len(data) > 0 {
+				// The tail, or a filesystem that took O_DIRECT at open
+				// but not for this write.
+				if err := setDirect(f, false); err != nil {
+					return total, err
+				}
+				direct = false
+			}
+		}
+		if len(data) > 0 {
+			m, err := f.Write(data)
+			total += int64(m)
+			if err != nil {
+				return total, err
+			}
+		}
+		switch {
+		case rerr == io.EOF:
+			return total, nil
+		case rerr != nil:
+			return total, rerr
+		}
+	}
+}
+
+// fill reads r until buf is full or r ends (io.EOF) or fails.
+func fill(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
 
 // openRead opens a regular file for a read of at most maxSize bytes. A
 // link as the last component is refused unless follow is set.
@@ -273,26 +408,48 @@ func openRead(path string, follow bool, maxSize int64) (*os.File, *guestwire.Fil
 	return f, infoFromStat(&st), nil
 }
 
-// copyRead sends f to w, at most maxSize bytes. Some files (in /proc,
-// /sys) report size 0 and have content, so it reads to EOF, one byte past
-// the limit to tell "exactly at" from "over".
+// copyRead sends f to w, at most maxSize bytes, a large file with direct
+// I/O where the filesystem allows. Some files (in /proc, /sys) report size
+// 0 and have content, so it reads to EOF, one byte past the limit to tell
+// "exactly at" from "over".
 func copyRead(w io.Writer, f *os.File, path string, maxSize int64) (int64, error) {
-	buf := make([]byte, 64<<10)
-	n, err := io.CopyBuffer(w, io.LimitReader(onlyReader{f}, maxSize+1), buf)
-	if err != nil {
-		return n, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, n, err)
+	buf, release := alignedBuffer(fileCopyBuf)
+	defer release()
+	direct := false
+	if st, err := f.Stat(); err == nil && st.Size() >= directReadMin {
+		direct = setDirect(f, true) == nil
+	}
+	limit := maxSize + 1
+	var n int64
+	for n < limit {
+		m, err := f.Read(buf[:min(int64(len(buf)), limit-n)])
+		if direct && m == 0 && errors.Is(err, unix.EINVAL) {
+			// A piece cut short by the limit is not a whole number of
+			// blocks, or the filesystem took O_DIRECT but not this read.
+			if err := setDirect(f, false); err != nil {
+				return n, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, n, err)
+			}
+			direct = false
+			continue
+		}
+		if m > 0 {
+			if _, werr := w.Write(buf[:m]); werr != nil {
+				return n, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, n, werr)
+			}
+			n += int64(m)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return n, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, n, err)
+		}
 	}
 	if n > maxSize {
 		return n, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the file is more than %d bytes, the limit", path, maxSize)
 	}
 	return n, nil
 }
-
-// onlyReader hides everything but Read, so io.CopyBuffer uses the bounded
-// buffer it is given and never a WriterTo/ReaderFrom path of its own.
-type onlyReader struct{ r io.Reader }
-
-func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }
 
 // statFile describes path without following a link in its last component.
 func statFile(path string) (*guestwire.FileInfo, error) {

@@ -54,10 +54,65 @@ const (
 // current it returns errRootNotCurrent.
 func imageBench(capsem, home, guest string, runs int, build bool) error {
 	ctx := context.Background()
+	env, err := rootBenchEnv(ctx, home, guest, build)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nRoot image: VMs of the full root (%s, EROFS, read-only under the per-VM disk) beside the minimal root (the busybox initramfs), same run, %s -cpu %s, %d CPUs, %d MB\n",
+		env.root.Recipe, env.accel.Name, env.accel.CPU, imageVMCPUs, imageVMRAMMiB)
+	printImage(env.root, env.builtNow, env.firstEnsure, env.cachedEnsure, env.ensureCalls)
+
+	states, err := os.MkdirTemp("", "capsem-bench-image-states-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(states)
+	minimal, full := env.configs(states)
+
+	if err := imageStartBench(capsem, home, guest, states, runs, minimal, full); err != nil {
+		return err
+	}
+	if err := commandsBench(capsem, home, guest, full); err != nil {
+		return err
+	}
+	return apiBench(ctx, capsem, home, guest, env, states, "restored", false)
+}
+
+// apiOnlyBench prints only the data figures through the per-VM API beside
+// the raw channel (-api-only, for working on the data path): one VM of
+// each root, started however it can (no saved boot of this run).
+func apiOnlyBench(capsem, home, guest string) error {
+	ctx := context.Background()
+	env, err := rootBenchEnv(ctx, home, guest, false)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nData through the per-VM API (%s root and the minimal root), %s -cpu %s, %d CPUs, %d MB\n",
+		env.root.Recipe, env.accel.Name, env.accel.CPU, imageVMCPUs, imageVMRAMMiB)
+	states, err := os.MkdirTemp("", "capsem-bench-api-states-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(states)
+	return apiBench(ctx, capsem, home, guest, env, states, "", true)
+}
+
+// rootEnv is what the root image section's VMs need: the assets, the full
+// root's image, and the accelerator.
+type rootEnv struct {
+	assets                    *guestfs.Assets
+	root                      *guestfs.Root
+	accel                     qemu.Accel
+	builtNow                  bool
+	firstEnsure, cachedEnsure time.Duration
+	ensureCalls               int
+}
+
+func rootBenchEnv(ctx context.Context, home, guest string, build bool) (*rootEnv, error) {
 	assetsDir := filepath.Join(home, "assets")
 	assets, err := guestfs.Ensure(ctx, guestfs.Options{Dir: assetsDir, GuestBinary: guest, Progress: os.Stderr})
 	if err != nil {
-		return fmt.Errorf("assets: %w", err)
+		return nil, fmt.Errorf("assets: %w", err)
 	}
 	st, statusErr := guestfs.RootStatus(ctx, assetsDir, nil)
 	if !build && (statusErr != nil || !st.Current) {
@@ -68,67 +123,63 @@ func imageBench(capsem, home, guest string, runs int, build bool) error {
 		case st.RefKey != "":
 			why = fmt.Sprintf("%s is out of date (now %s)", short(st.RefKey), short(st.Key))
 		}
-		return fmt.Errorf("%w in %s: %s (capsem image build makes it, in minutes; or -image-build)", errRootNotCurrent, assetsDir, why)
+		return nil, fmt.Errorf("%w in %s: %s (capsem image build makes it, in minutes; or -image-build)", errRootNotCurrent, assetsDir, why)
 	}
 
 	// The image: EnsureRoot as a VM start of base full calls it. Built
 	// already, it is the cached figure; with -image-build and no current
 	// image, the first call builds and is the cold figure, measured.
+	env := &rootEnv{assets: assets}
 	var ensure []time.Duration
-	var root *guestfs.Root
-	builtNow := false
 	for i := range 6 {
 		t := time.Now()
 		r, err := guestfs.EnsureRoot(ctx, guestfs.RootOptions{Dir: assetsDir, Progress: io.Discard})
 		if err != nil {
-			return fmt.Errorf("root image: %w", err)
+			return nil, fmt.Errorf("root image: %w", err)
 		}
 		ensure = append(ensure, time.Since(t))
 		if i == 0 {
-			root = r
-			builtNow = st == nil || !st.Current
+			env.root = r
+			env.builtNow = st == nil || !st.Current
 		}
 	}
-	firstEnsure, cachedEnsure := ensure[0], median(ensure[1:])
+	env.firstEnsure, env.cachedEnsure, env.ensureCalls = ensure[0], median(ensure[1:]), len(ensure)-1
 
-	accel, err := (&qemu.Backend{VerdictPath: filepath.Join(home, "run", "accel.json")}).ChooseAccelFor(ctx, "",
+	env.accel, err = (&qemu.Backend{VerdictPath: filepath.Join(home, "run", "accel.json")}).ChooseAccelFor(ctx, "",
 		qemu.BootFiles{Kernel: assets.Kernel, Initramfs: assets.Initramfs, Firmware: qemu.PreferredFirmware()})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Printf("\nRoot image: VMs of the full root (%s, EROFS, read-only under the per-VM disk) beside the minimal root (the busybox initramfs), same run, %s -cpu %s, %d CPUs, %d MB\n",
-		root.Recipe, accel.Name, accel.CPU, imageVMCPUs, imageVMRAMMiB)
-	printImage(root, builtNow, firstEnsure, cachedEnsure, len(ensure)-1)
+	return env, nil
+}
 
-	states, err := os.MkdirTemp("", "capsem-bench-image-states-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(states)
-	minimal := func(c *vmhost.ProcessConfig) {
+// configs are the edits of a VM of the minimal root and of the full root,
+// saving their boots in states.
+func (e *rootEnv) configs(states string) (minimal, full func(*vmhost.ProcessConfig)) {
+	minimal = func(c *vmhost.ProcessConfig) {
 		c.BootStateDir, c.NoAutodetect, c.CPUs, c.RAMMB = states, true, imageVMCPUs, imageVMRAMMiB
 	}
-	full := func(c *vmhost.ProcessConfig) { minimal(c); c.RootImage = root.Image }
+	full = func(c *vmhost.ProcessConfig) { minimal(c); c.RootImage = e.root.Image }
+	return minimal, full
+}
 
-	if err := imageStartBench(capsem, home, guest, states, runs, minimal, full); err != nil {
-		return err
-	}
-	if err := commandsBench(capsem, home, guest, full); err != nil {
-		return err
-	}
-	// One VM of each root for the data figures, the full one also for the
-	// reads; the raw channel after them, with the CPUs to itself.
+// apiBench measures the data figures through the per-VM API of one VM of
+// each root, then the raw channel with the CPUs to itself, and prints
+// them. In the root image section the full root's VM also gives the reads;
+// for -api-only (apiOnly) each figure's CPU time is measured instead.
+func apiBench(ctx context.Context, capsem, home, guest string, env *rootEnv, states, wantStart string, apiOnly bool) error {
+	minimal, full := env.configs(states)
 	var apiRuns []apiFigures
 	for _, b := range []struct {
 		name string
 		edit func(*vmhost.ProcessConfig)
 	}{{"full", full}, {"minimal", minimal}} {
-		vm, _, _, err := startProcess(capsem, home, guest, b.edit, "restored")
+		vm, _, _, err := startProcess(capsem, home, guest, b.edit, wantStart)
 		if err != nil {
 			return fmt.Errorf("VM of the %s root: %w", b.name, err)
 		}
-		f, err := measureAPI(ctx, vm, b.name)
-		if err == nil && b.name == "full" {
+		f, err := measureAPI(ctx, vm, b.name, apiOnly)
+		if err == nil && !apiOnly && b.name == "full" {
 			err = readBench(ctx, vm)
 		}
 		vm.stop()
@@ -137,11 +188,16 @@ func imageBench(capsem, home, guest string, runs int, build bool) error {
 		}
 		apiRuns = append(apiRuns, f)
 	}
-	rawUp, rawDown, err := rawChannel(ctx, assets, accel, imageVMCPUs, imageVMRAMMiB)
+	rawUp, rawDown, rawCPU, err := rawChannel(ctx, env.assets, env.accel, imageVMCPUs, imageVMRAMMiB)
 	if err != nil {
 		return fmt.Errorf("raw channel: %w", err)
 	}
 	printAPI(apiRuns, rawUp, rawDown)
+	if apiOnly {
+		mib := float64(rawChannelBytes >> 20)
+		fmt.Printf("    CPU, raw channel: QEMU %.1f ms/MiB host→guest, %.1f ms/MiB guest→host\n",
+			float64(rawCPU.up.Microseconds())/1000/mib, float64(rawCPU.down.Microseconds())/1000/mib)
+	}
 	return nil
 }
 
@@ -536,13 +592,40 @@ type apiFigures struct {
 	execOut, fileIn, streamIn, streamOut    float64
 	execTrueP50, execTrueP99                time.Duration
 	execBytes, fileBytes, streamBytes, runs int
+	// execPipe is the exec output's own floor, MiB/s: the same command
+	// into cat in the guest, on the agent's clock (process start to exit).
+	execPipe float64
+	// cpu is, when measured (-api-only), the CPU time of each figure's
+	// last run, by side.
+	cpu map[string]cpuSnap
 }
 
 // measureAPI moves data through the per-VM API of a VM (exec output, a
 // file written whole, files streamed each way) and times exec `true`
 // round trips.
-func measureAPI(ctx context.Context, vm *vmHandle, root string) (apiFigures, error) {
+func measureAPI(ctx context.Context, vm *vmHandle, root string, cpu bool) (apiFigures, error) {
 	f := apiFigures{root: root, execBytes: 10 << 20, fileBytes: 32 << 20, streamBytes: 256 << 20, runs: 3}
+	var probe *cpuProbe
+	if cpu {
+		var err error
+		if probe, err = newCPUProbe(ctx, vm); err != nil {
+			return f, err
+		}
+		f.cpu = map[string]cpuSnap{}
+	}
+	var before cpuSnap
+	mark := func() {
+		if probe != nil {
+			before = probe.snap(ctx)
+		}
+	}
+	account := func(name string, bytes int) {
+		if probe != nil {
+			c := probe.snap(ctx).sub(before)
+			c.mib = float64(bytes) / (1 << 20)
+			f.cpu[name] = c
+		}
+	}
 	rate := func(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / (1 << 20) }
 	var lat []time.Duration
 	for i := range 60 {
@@ -560,6 +643,7 @@ func measureAPI(ctx context.Context, vm *vmHandle, root string) (apiFigures, err
 	blob := make([]byte, f.fileBytes)
 	for range f.runs {
 		var sink countWriter
+		mark()
 		t := time.Now()
 		if _, err := vm.client.Exec(ctx, &api.ExecRequest{Command: fmt.Sprintf("head -c %d /dev/zero", f.execBytes)}, &sink, nil); err != nil {
 			return f, err
@@ -568,19 +652,34 @@ func measureAPI(ctx context.Context, vm *vmHandle, root string) (apiFigures, err
 			return f, fmt.Errorf("exec output: %d bytes of %d", sink.n, f.execBytes)
 		}
 		execOut = append(execOut, rate(sink.n, time.Since(t)))
+		account("exec output", f.execBytes)
+		mark()
 		t = time.Now()
 		if err := vm.client.WriteFile(ctx, "/root/bench-write.bin", blob, 0o600); err != nil {
 			return f, err
 		}
 		fileIn = append(fileIn, rate(int64(f.fileBytes), time.Since(t)))
+		account("file written whole", f.fileBytes)
 	}
 	f.execOut, f.fileIn = medianFloat(execOut), medianFloat(fileIn)
+	var pipe []float64
+	for range f.runs {
+		d, _, err := guestTimed(vm, fmt.Sprintf("head -c %d /dev/zero | cat > /dev/null", f.execBytes))
+		if err != nil {
+			return f, err
+		}
+		pipe = append(pipe, rate(int64(f.execBytes), max(d, time.Millisecond)))
+	}
+	f.execPipe = medianFloat(pipe)
+	mark()
 	t := time.Now()
 	if _, err := vm.client.WriteFileFrom(ctx, "/root/bench-stream.bin", 0o600, io.LimitReader(zeros{}, int64(f.streamBytes))); err != nil {
 		return f, err
 	}
 	f.streamIn = rate(int64(f.streamBytes), time.Since(t))
+	account("file streamed in", f.streamBytes)
 	var back countWriter
+	mark()
 	t = time.Now()
 	if _, _, err := vm.client.ReadFileTo(ctx, "/root/bench-stream.bin", false, 0, &back); err != nil {
 		return f, err
@@ -589,6 +688,7 @@ func measureAPI(ctx context.Context, vm *vmHandle, root string) (apiFigures, err
 		return f, fmt.Errorf("streamed read: %d bytes of %d", back.n, f.streamBytes)
 	}
 	f.streamOut = rate(back.n, time.Since(t))
+	account("file streamed out", f.streamBytes)
 	_, _, err := guestTimed(vm, "rm -f /root/bench-stream.bin /root/bench-write.bin")
 	return f, err
 }
@@ -613,6 +713,19 @@ func printAPI(figures []apiFigures, rawUp, rawDown float64) {
 		row(fmt.Sprintf("%s root: a %d MiB file streamed each way", f.root, f.streamBytes>>20), cell(f.streamIn, rawUp), cell(f.streamOut, rawDown))
 	}
 	fmt.Printf("    (each figure includes its request's own start and end: for exec output about one exec round trip, below)\n")
+	fmt.Printf("    exec output's floor in the guest itself, the same head -c into cat (the agent's clock, process start to exit, median of 3):")
+	for i, f := range figures {
+		if i > 0 {
+			fmt.Printf(";")
+		}
+		fmt.Printf(" %s root %.0f MiB/s (%.0f%% of raw)", f.root, f.execPipe, 100*f.execPipe/rawDown)
+	}
+	fmt.Println()
+	for _, f := range figures {
+		for _, name := range slices.Sorted(maps.Keys(f.cpu)) {
+			fmt.Printf("    CPU, %s root, %s: %s\n", f.root, name, f.cpu[name])
+		}
+	}
 	fmt.Printf("  exec `true` round trip on a warm VM (p50 / p99 of 40 after 20):")
 	for i, f := range figures {
 		if i > 0 {

@@ -46,6 +46,7 @@ func main() {
 	levels := flag.String("levels", "1,16,64", "comma-separated concurrency levels of the gateway section (for profiling one)")
 	netOnly := flag.Bool("net-only", false, "run only the guest network's figures (for working on it)")
 	imageOnly := flag.Bool("image-only", false, "run only the root image's figures (the full root beside the minimal)")
+	apiOnly := flag.Bool("api-only", false, "run only the data figures through the per-VM API beside the raw channel (for working on the data path)")
 	imageBuild := flag.Bool("image-build", false, "build the full root image when it is not current (minutes; the cold build is then measured)")
 	flag.Parse()
 	for _, f := range strings.Split(*levels, ",") {
@@ -60,6 +61,14 @@ func main() {
 		capsem := os.Getenv("CAPSEM_TEST_BIN")
 		if err := netBench(capsem, benchHome(), filepath.Join(filepath.Dir(capsem), "capsem-guest"), *vmRuns); err != nil {
 			fmt.Fprintln(os.Stderr, "benchreport: network:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *apiOnly {
+		capsem := os.Getenv("CAPSEM_TEST_BIN")
+		if err := apiOnlyBench(capsem, benchHome(), filepath.Join(filepath.Dir(capsem), "capsem-guest")); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport: API data:", err)
 			os.Exit(1)
 		}
 		return

@@ -24,6 +24,11 @@ import (
 // rawChannelBytes is what the raw channel baseline moves each way.
 const rawChannelBytes = 64 << 20
 
+// rawCPU is QEMU's CPU time while the raw channel moved its bytes, each
+// way: what the guest and its device cost, beside which the API's cost
+// per byte is judged with less noise than rates on a shared host.
+type rawCPU struct{ up, down time.Duration }
+
 // rawChannel measures the guest channel's transport with nothing of ours on
 // it: a bare QEMU (same kernel, initramfs, machine, firmware, CPUs, memory
 // and accelerator as a capsem VM, and the same virtio-serial-pci device and
@@ -36,19 +41,19 @@ const rawChannelBytes = 64 << 20
 // the host from its first write to the guest's "done" on the console).
 // The API figures are the same exec output and file transfers with the
 // multiplexer, the agent and the per-VM process on top; this is what they
-// are a fraction of.
-func rawChannel(ctx context.Context, a *guestfs.Assets, accel qemu.Accel, cpus, memoryMiB int) (up, down float64, err error) {
+// are a fraction of. It also returns QEMU's CPU time each way.
+func rawChannel(ctx context.Context, a *guestfs.Assets, accel qemu.Accel, cpus, memoryMiB int) (up, down float64, cpu rawCPU, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	dir, err := os.MkdirTemp("", "cbr-")
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, cpu, err
 	}
 	defer os.RemoveAll(dir)
 	sock := filepath.Join(dir, "raw.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, cpu, err
 	}
 	defer ln.Close()
 
@@ -84,10 +89,10 @@ func rawChannel(ctx context.Context, a *guestfs.Assets, accel qemu.Accel, cpus, 
 	cmd.Stderr = &stderr
 	console, err := cmd.StdoutPipe()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, cpu, err
 	}
 	if err := cmd.Start(); err != nil {
-		return 0, 0, err
+		return 0, 0, cpu, err
 	}
 	defer func() {
 		cmd.Process.Kill()
@@ -128,10 +133,10 @@ func rawChannel(ctx context.Context, a *guestfs.Assets, accel qemu.Accel, cpus, 
 	select {
 	case conn = <-accepted:
 	case <-ctx.Done():
-		return 0, 0, errors.New("QEMU never connected to the channel socket")
+		return 0, 0, cpu, errors.New("QEMU never connected to the channel socket")
 	}
 	if conn == nil {
-		return 0, 0, errors.New("accepting QEMU's connection failed")
+		return 0, 0, cpu, errors.New("accepting QEMU's connection failed")
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -141,27 +146,32 @@ func rawChannel(ctx context.Context, a *guestfs.Assets, accel qemu.Accel, cpus, 
 	buf := make([]byte, 256<<10)
 	first, err := io.ReadAtLeast(conn, buf, 1)
 	if err != nil {
-		return 0, 0, fmt.Errorf("guest → host: %w (console: %s)", err, consoleText())
+		return 0, 0, cpu, fmt.Errorf("guest → host: %w (console: %s)", err, consoleText())
 	}
+	qemuBefore, _ := procCPU(cmd.Process.Pid)
 	t := time.Now()
 	rest, err := io.CopyN(io.Discard, conn, int64(rawChannelBytes-first))
 	if err != nil {
-		return 0, 0, fmt.Errorf("guest → host: %d of %d bytes: %w", int64(first)+rest, rawChannelBytes, err)
+		return 0, 0, cpu, fmt.Errorf("guest → host: %d of %d bytes: %w", int64(first)+rest, rawChannelBytes, err)
 	}
 	down = float64(rest) / time.Since(t).Seconds() / (1 << 20)
+	qemuMid, _ := procCPU(cmd.Process.Pid)
+	cpu.down = qemuMid - qemuBefore
 
 	// Host → guest.
 	t = time.Now()
 	for sent := 0; sent < rawChannelBytes; sent += len(buf) {
 		if _, err := conn.Write(buf); err != nil {
-			return 0, 0, fmt.Errorf("host → guest: %w", err)
+			return 0, 0, cpu, fmt.Errorf("host → guest: %w", err)
 		}
 	}
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return 0, 0, fmt.Errorf("host → guest: the guest never said it read everything (console: %s)", consoleText())
+		return 0, 0, cpu, fmt.Errorf("host → guest: the guest never said it read everything (console: %s)", consoleText())
 	}
 	up = float64(rawChannelBytes) / time.Since(t).Seconds() / (1 << 20)
-	return up, down, nil
+	qemuEnd, _ := procCPU(cmd.Process.Pid)
+	cpu.up = qemuEnd - qemuMid
+	return up, down, cpu, nil
 }
