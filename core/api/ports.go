@@ -32,7 +32,7 @@ const DefaultPortAddress = "127.0.0.1"
 const MaxPorts = 64
 
 // ParsePortMapping reads [ADDR:]HOST:GUEST, the form of capsem create
-// --publish and capsem port-forward: 8080:3000, 127.0.0.1:8080:3000,
+// --port and capsem port-forward: 8080:3000, 127.0.0.1:8080:3000,
 // [::1]:8080:3000. The mapping is checked (Check), and its address
 // filled in.
 func ParsePortMapping(s string) (PortMapping, error) {
