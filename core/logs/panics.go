@@ -24,8 +24,9 @@ type Panic struct {
 	// has none.
 	Goroutine int `json:"goroutine,omitempty"`
 	// Location is where the panic was raised (the frame below the first
-	// panic() of the trace), else the first frame outside the runtime:
-	// the function and its file:line.
+	// panic() of the trace), else the first frame of the program's own
+	// code (outside the Go distribution), else the first outside the
+	// runtime: the function and its file:line.
 	Location string `json:"location,omitempty"`
 	// Frames are the crashing goroutine's frames, "function file:line",
 	// at most MaxPanicFrames.
@@ -67,11 +68,12 @@ func FindPanics(r io.Reader) []Panic {
 	state := none
 	var function string
 	var afterPanic, panicked bool
+	var firstFunction string // the function of Location's frame
 	finish := func() {
 		if cur != nil {
 			out = append(out, *cur)
 		}
-		cur, state, function, afterPanic, panicked = nil, none, "", false, false
+		cur, state, function, afterPanic, panicked, firstFunction = nil, none, "", false, false, ""
 	}
 	for sc.Scan() {
 		line := sc.Text()
@@ -128,8 +130,12 @@ func FindPanics(r io.Reader) []Panic {
 					// panic was raised, whatever recovered and re-raised it
 					// above.
 					cur.Location, panicked = frame, true
+				case !panicked && !stdlib(function) && (cur.Location == "" || stdlib(firstFunction)):
+					// No panic() (a fatal error, a signal): the first frame
+					// of the program's own code.
+					cur.Location, firstFunction = frame, function
 				case cur.Location == "" && !strings.HasPrefix(function, "runtime."):
-					cur.Location = frame
+					cur.Location, firstFunction = frame, function
 				}
 				function = ""
 			default:
@@ -139,6 +145,19 @@ func FindPanics(r io.Reader) []Panic {
 	}
 	finish()
 	return out
+}
+
+// stdlib reports whether a trace's function is the Go distribution's: its
+// package path's first element has no dot (a module's has its host name)
+// and is not main.
+func stdlib(function string) bool {
+	function = strings.TrimPrefix(function, "created by ")
+	first, _, slash := strings.Cut(function, "/")
+	if !slash {
+		first, _, _ = strings.Cut(function, ".")
+		return first != "main"
+	}
+	return !strings.Contains(first, ".")
 }
 
 // panicStart reports whether line begins a runtime report.
