@@ -124,7 +124,8 @@ func TestTriageRanks(t *testing.T) {
 			rec(2*time.Minute, "INFO", "request refused", `,"method":"GET","route":"/v1/vms/{vm}","status":404`)+
 			rec(2*time.Minute, "WARN", "request failed", `,"method":"POST","route":"/v1/vms/{vm}/stop","status":502`)+
 			rec(90*time.Second, "INFO", "slow request", `,"method":"POST","route":"/v1/vms","status":201,"took_ms":4000`)+
-			rec(time.Minute, "ERROR", "VM process died", `,"vm":"vm-0000000000d1"`)), 0o600)
+			rec(time.Minute, "ERROR", "VM process died", `,"vm":"vm-0000000000d1"`)+
+			rec(time.Minute, "ERROR", "cannot read "+home+"/.capsem/user.toml", "")), 0o600)
 	os.WriteFile(session.ProcessLog(), []byte(rec(30*time.Second, "WARN", "guest missed its heartbeat", "")+
 		"panic: boom\n\ngoroutine 1 [running]:\nmain.crash()\n\t"+home+"/main.go:7 +0x1d\n\n"), 0o600)
 	led, err := ledger.Open(context.Background(), session.DB(), ledger.Options{})
@@ -147,13 +148,14 @@ func TestTriageRanks(t *testing.T) {
 	var got []string
 	for _, f := range r.Findings {
 		got = append(got, fmt.Sprintf("%s %s %d: %s", f.Severity, f.Kind, f.Count, f.Summary))
-		if strings.Contains(f.Example+f.Source, home) {
+		if strings.Contains(f.Summary+f.Example+f.Source, home) {
 			t.Errorf("the home directory shows in %+v", f)
 		}
 	}
 	want := []string{
 		"critical panic 1: process of vm-0000000000d1 crashed: boom",
 		"error error_log 1: service: VM process died",                       // a minute ago
+		"error error_log 1: service: cannot read ~/.capsem/user.toml",       // the home directory as ~
 		"error failed_request 1: POST /v1/vms/{vm}/stop answered 502",       // two minutes ago
 		"warning denied_network 2: connections to evil.example:443 refused", // twice
 		"warning warning_log 1: process: guest missed its heartbeat",        // 30 s ago
@@ -165,12 +167,12 @@ func TestTriageRanks(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("findings:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if f := r.Findings[7]; f.First != ts(3*time.Minute) || f.Last != ts(2*time.Minute) {
+	if f := r.Findings[8]; f.First != ts(3*time.Minute) || f.Last != ts(2*time.Minute) {
 		t.Errorf("the 404s' times: %+v", f)
 	}
 	// Without a VM: the host's logs alone; a limit keeps the gravest.
 	r, err = s.Triage(context.Background(), api.TriageRequest{Limit: 2})
-	if err != nil || len(r.Findings) != 2 || r.Findings[0].Kind != api.FindingPanic || r.Omitted != 4 {
+	if err != nil || len(r.Findings) != 2 || r.Findings[0].Kind != api.FindingPanic || r.Omitted != 5 {
 		t.Fatalf("host only, limit 2: %+v, %v", r, err)
 	}
 	if _, err := s.Triage(context.Background(), api.TriageRequest{VM: "vm-000000000999"}); StatusOf(err) != http.StatusNotFound {

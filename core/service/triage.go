@@ -31,6 +31,13 @@ func (s *Service) Triage(ctx context.Context, req api.TriageRequest) (api.Triage
 	if since.IsZero() {
 		since = time.Now().Add(-api.DefaultTriageSince)
 	}
+	var v *vm
+	if req.VM != "" {
+		var err error
+		if v, err = s.lookup(req.VM); err != nil {
+			return api.TriageResult{}, err
+		}
+	}
 	g := findingGroups{}
 	panics, err := s.Panics(ctx, api.PanicsRequest{Since: since, Limit: api.MaxPanics})
 	if err != nil {
@@ -55,17 +62,13 @@ func (s *Service) Triage(ctx context.Context, req api.TriageRequest) (api.Triage
 				f := recordFinding(rec, line, src.component)
 				if f.Kind != "" {
 					f.Source = redact(path, home)
-					f.Example = redact(f.Example, home)
+					f.Summary, f.Example = redact(f.Summary, home), redact(f.Example, home)
 					g.add(f, rec.Time)
 				}
 			})
 		}
 	}
-	if req.VM != "" {
-		v, err := s.lookup(req.VM)
-		if err != nil {
-			return api.TriageResult{}, err
-		}
+	if v != nil {
 		found, err := ledger.Triage(ctx, s.sessionOf(v).DB(), since)
 		if err != nil {
 			return api.TriageResult{}, refuse(http.StatusNotFound, "session ledger: %v", err)
