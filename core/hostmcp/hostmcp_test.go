@@ -248,6 +248,28 @@ func TestToolsListGolden(t *testing.T) {
 	if len(res.Tools) != 24 {
 		t.Errorf("%d tools, want 24", len(res.Tools))
 	}
+	// The TypeScript SDK refuses a tool whose schema gives a property as
+	// a bare true (what a Go field of type any becomes).
+	var propertiesAreSchemas func(path string, schema any)
+	propertiesAreSchemas = func(path string, schema any) {
+		m, _ := schema.(map[string]any)
+		props, _ := m["properties"].(map[string]any)
+		for name, p := range props {
+			if _, ok := p.(map[string]any); !ok {
+				t.Errorf("%s.%s: the schema %v is not an object", path, name, p)
+			}
+			propertiesAreSchemas(path+"."+name, p)
+		}
+		if items, ok := m["items"].(map[string]any); ok {
+			propertiesAreSchemas(path+"[]", items)
+		}
+	}
+	var tools []map[string]any
+	json.Unmarshal(got, &tools)
+	for _, tool := range tools {
+		propertiesAreSchemas(fmt.Sprint(tool["name"], ".in"), tool["inputSchema"])
+		propertiesAreSchemas(fmt.Sprint(tool["name"], ".out"), tool["outputSchema"])
+	}
 	for _, tool := range res.Tools {
 		if tool.Annotations == nil || tool.OutputSchema == nil || tool.InputSchema == nil || len(tool.Description) < 40 {
 			t.Errorf("%s lacks annotations, schemas or a description an agent can act on", tool.Name)

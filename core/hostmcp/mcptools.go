@@ -51,9 +51,9 @@ type (
 		TraceID string         `json:"traceId,omitempty" jsonschema:"ties the call's ledger row to a trace (capsem_timeline)"`
 	}
 	MCPCallOut struct {
-		IsError           bool  `json:"isError,omitempty" jsonschema:"the tool itself reported an error"`
-		Content           []any `json:"content,omitempty" jsonschema:"the tool's result content, as MCP has it"`
-		StructuredContent any   `json:"structuredContent,omitempty"`
+		IsError           bool           `json:"isError,omitempty" jsonschema:"the tool itself reported an error"`
+		Content           []any          `json:"content,omitempty" jsonschema:"the tool's result content, as MCP has it"`
+		StructuredContent map[string]any `json:"structuredContent,omitempty"`
 	}
 )
 
