@@ -82,14 +82,28 @@ type Spec struct {
 	RestoreFrom string
 }
 
-// Disk is a raw disk image.
+// Disk is a disk image.
 type Disk struct {
 	// ID names the disk: letters, digits, '-', '_', starting with a letter,
 	// at most 20 characters (the virtio-blk serial limit).
 	ID       string
 	Path     string
 	ReadOnly bool
+	// Format is how the file holds the disk: DiskRaw ("") or DiskQcow2 (a
+	// copy-on-write layer over the base its header names). The caller
+	// says which, from what it made: probing a file's first bytes would
+	// let a guest that wrote a qcow2 header into its raw disk make the
+	// hypervisor open a host file of its choosing as the base.
+	Format DiskFormat
 }
+
+// DiskFormat is the format of a disk image file.
+type DiskFormat string
+
+const (
+	DiskRaw   DiskFormat = ""
+	DiskQcow2 DiskFormat = "qcow2"
+)
 
 // Share is a host directory shared into the guest.
 type Share struct {
@@ -254,6 +268,14 @@ type (
 	StateKeyer interface {
 		StateKey() []string
 	}
+	// Pauser stops the guest's vCPUs and its devices' I/O (Pause: every
+	// write the guest issued is in its disk files when it returns) and
+	// lets it run on (Continue). A copy of a paused VM's disks is a
+	// consistent one.
+	Pauser interface {
+		Pause(ctx context.Context) error
+		Continue(ctx context.Context) error
+	}
 )
 
 // Machine is one VM.
@@ -357,6 +379,9 @@ func (s Spec) Validate() error {
 		seen[d.ID] = true
 		if err := checkPath(d.Path); err != nil {
 			return bad("disk %q path %q: %v", d.ID, d.Path, err)
+		}
+		if d.Format != DiskRaw && d.Format != DiskQcow2 {
+			return bad("disk %q format %q: want raw (\"\") or %q", d.ID, d.Format, DiskQcow2)
 		}
 	}
 	ports := map[string]bool{guestchan.VirtioPortName: true}

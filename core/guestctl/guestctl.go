@@ -475,3 +475,14 @@ func (c *Client) heartbeat() {
 		}
 	}
 }
+
+// Sync asks the guest to write every filesystem's dirty data to its disks
+// (sync(2)); on its answer, what the guest had written is in the disk
+// files, or in the host's cache of them.
+func (c *Client) Sync(ctx context.Context) error {
+	resp, err := c.call(ctx, &guestwire.Message{Type: guestwire.TypeSync})
+	if err != nil {
+		return err
+	}
+	return expect(resp, guestwire.TypeOK)
+}

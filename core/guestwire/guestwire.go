@@ -35,6 +35,9 @@ const (
 	TypeMkdir      = "mkdir"       // -> file_result{info}
 	TypeShutdown   = "shutdown"    // -> ok, then sync, unmount, power off
 	TypePing       = "ping"        // -> pong
+	// TypeSync writes every filesystem's dirty data to its disk (sync(2))
+	// -> ok: what the guest wrote is then in its disk files, for a copy.
+	TypeSync = "sync"
 	// TypeSocketOwner asks which process owns a TCP socket of the guest's
 	// (Socket) -> socket_owner_result (Owner). The answer is the guest's
 	// word: it attributes a connection, it decides nothing.
@@ -101,6 +104,8 @@ const (
 	MaxArgv = 4096
 	// MaxHostname is the Linux limit (HOST_NAME_MAX).
 	MaxHostname = 64
+	// MaxVMID bounds BootConfig.VMID.
+	MaxVMID = 64
 )
 
 // Error codes (Error.Code). Callers can branch on them; Message says what
@@ -204,6 +209,11 @@ type BootConfig struct {
 	ClockUnixNano int64 `msg:"clock_unix_nano,omitempty"`
 	// Hostname sets the guest's host name ("" = leave it alone).
 	Hostname string `msg:"hostname,omitempty"`
+	// VMID is the host's id of this VM ("" = none). A root that carries
+	// another VM's id was cloned from it (a VM made from a fork's image):
+	// the agent then gives it the identity of its own a clone must not
+	// share (the machine id), and records this id.
+	VMID string `msg:"vm_id,omitempty"`
 	// TrustCA is a CA certificate (PEM) the guest's programs must trust:
 	// the agent writes it to GuestCAFile, and GuestCABundle (the system
 	// roots and it) becomes the bundle TLS clients are pointed at.

@@ -118,6 +118,12 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Hostname")
 				return
 			}
+		case "vm_id":
+			z.VMID, err = dc.ReadString()
+			if err != nil {
+				err = msgp.WrapError(err, "VMID")
+				return
+			}
 		case "trust_ca":
 			z.TrustCA, err = dc.ReadBytes(z.TrustCA)
 			if err != nil {
@@ -144,8 +150,8 @@ func (z *BootConfig) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(6)
-	var zb0001Mask uint8 /* 6 bits */
+	zb0001Len := uint32(7)
+	var zb0001Mask uint8 /* 7 bits */
 	_ = zb0001Mask
 	if z.Env == nil {
 		zb0001Len--
@@ -163,13 +169,17 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 		zb0001Len--
 		zb0001Mask |= 0x8
 	}
-	if z.TrustCA == nil {
+	if z.VMID == "" {
 		zb0001Len--
 		zb0001Mask |= 0x10
 	}
-	if z.ExtraRoots == nil {
+	if z.TrustCA == nil {
 		zb0001Len--
 		zb0001Mask |= 0x20
+	}
+	if z.ExtraRoots == nil {
+		zb0001Len--
+		zb0001Mask |= 0x40
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -273,6 +283,18 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 			}
 		}
 		if (zb0001Mask & 0x10) == 0 { // if not omitted
+			// write "vm_id"
+			err = en.Append(0xa5, 0x76, 0x6d, 0x5f, 0x69, 0x64)
+			if err != nil {
+				return
+			}
+			err = en.WriteString(z.VMID)
+			if err != nil {
+				err = msgp.WrapError(err, "VMID")
+				return
+			}
+		}
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
 			// write "trust_ca"
 			err = en.Append(0xa8, 0x74, 0x72, 0x75, 0x73, 0x74, 0x5f, 0x63, 0x61)
 			if err != nil {
@@ -284,7 +306,7 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 				return
 			}
 		}
-		if (zb0001Mask & 0x20) == 0 { // if not omitted
+		if (zb0001Mask & 0x40) == 0 { // if not omitted
 			// write "extra_roots"
 			err = en.Append(0xab, 0x65, 0x78, 0x74, 0x72, 0x61, 0x5f, 0x72, 0x6f, 0x6f, 0x74, 0x73)
 			if err != nil {
@@ -304,8 +326,8 @@ func (z *BootConfig) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(6)
-	var zb0001Mask uint8 /* 6 bits */
+	zb0001Len := uint32(7)
+	var zb0001Mask uint8 /* 7 bits */
 	_ = zb0001Mask
 	if z.Env == nil {
 		zb0001Len--
@@ -323,13 +345,17 @@ func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 		zb0001Len--
 		zb0001Mask |= 0x8
 	}
-	if z.TrustCA == nil {
+	if z.VMID == "" {
 		zb0001Len--
 		zb0001Mask |= 0x10
 	}
-	if z.ExtraRoots == nil {
+	if z.TrustCA == nil {
 		zb0001Len--
 		zb0001Mask |= 0x20
+	}
+	if z.ExtraRoots == nil {
+		zb0001Len--
+		zb0001Mask |= 0x40
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -373,11 +399,16 @@ func (z *BootConfig) MarshalMsg(b []byte) (o []byte, err error) {
 			o = msgp.AppendString(o, z.Hostname)
 		}
 		if (zb0001Mask & 0x10) == 0 { // if not omitted
+			// string "vm_id"
+			o = append(o, 0xa5, 0x76, 0x6d, 0x5f, 0x69, 0x64)
+			o = msgp.AppendString(o, z.VMID)
+		}
+		if (zb0001Mask & 0x20) == 0 { // if not omitted
 			// string "trust_ca"
 			o = append(o, 0xa8, 0x74, 0x72, 0x75, 0x73, 0x74, 0x5f, 0x63, 0x61)
 			o = msgp.AppendBytes(o, z.TrustCA)
 		}
-		if (zb0001Mask & 0x20) == 0 { // if not omitted
+		if (zb0001Mask & 0x40) == 0 { // if not omitted
 			// string "extra_roots"
 			o = append(o, 0xab, 0x65, 0x78, 0x74, 0x72, 0x61, 0x5f, 0x72, 0x6f, 0x6f, 0x74, 0x73)
 			o = msgp.AppendBytes(o, z.ExtraRoots)
@@ -498,6 +529,12 @@ func (z *BootConfig) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Hostname")
 				return
 			}
+		case "vm_id":
+			z.VMID, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "VMID")
+				return
+			}
 		case "trust_ca":
 			z.TrustCA, bts, err = msgp.ReadBytesBytes(bts, z.TrustCA)
 			if err != nil {
@@ -535,7 +572,7 @@ func (z *BootConfig) Msgsize() (s int) {
 	for za0003 := range z.Files {
 		s += 1 + 5 + msgp.StringPrefixSize + len(z.Files[za0003].Path) + 5 + msgp.Uint32Size + 5 + msgp.BytesPrefixSize + len(z.Files[za0003].Data)
 	}
-	s += 16 + msgp.Int64Size + 9 + msgp.StringPrefixSize + len(z.Hostname) + 9 + msgp.BytesPrefixSize + len(z.TrustCA) + 12 + msgp.BytesPrefixSize + len(z.ExtraRoots)
+	s += 16 + msgp.Int64Size + 9 + msgp.StringPrefixSize + len(z.Hostname) + 6 + msgp.StringPrefixSize + len(z.VMID) + 9 + msgp.BytesPrefixSize + len(z.TrustCA) + 12 + msgp.BytesPrefixSize + len(z.ExtraRoots)
 	return
 }
 

@@ -204,6 +204,11 @@ func ValidateBootConfig(c *BootConfig) error {
 	if strings.ContainsAny(c.Hostname, "\x00/ \t\n") {
 		return Errorf(CodeInvalid, "hostname %q contains NUL, '/' or white space", c.Hostname)
 	}
+	if len(c.VMID) > MaxVMID || strings.ContainsFunc(c.VMID, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
+	}) {
+		return Errorf(CodeInvalid, "vm_id %q: want at most %d of [a-z0-9-]", c.VMID, MaxVMID)
+	}
 	return nil
 }
 

@@ -238,7 +238,7 @@ func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 		return err
 	}
 	t0 := time.Now()
-	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID), VMConfig: r.VMConfig,
+	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID), ID: r.ID, VMConfig: r.VMConfig,
 		GuestBin: s.o.GuestBinary, RootImage: r.RootImage, TCGCacheMiB: s.o.TCGCacheMiB}
 	cfg.NoAutodetect = cfg.NoAutodetect || s.o.NoAutodetect
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(credentialEnv(r.Config, cfg.NoAutodetect)...), Detach: true})

@@ -31,6 +31,9 @@ type ProcessConfig struct {
 	SessionDir string `name:"session-dir" required:"" type:"path" help:"Session directory (session.db, console log, sockets)."`
 	Socket     string `name:"socket" required:"" type:"path" help:"Unix socket for this process's API (created 0600)."`
 	Name       string `name:"name" default:"capsem" help:"VM name (hostname in the guest)."`
+	// ID is the service's id of the VM, which its root records: a root
+	// that records another VM's id is a clone's, and gets its own identity.
+	ID string `name:"vm-id" help:"The VM's id (the service's); a root cloned from another VM gets its own identity at boot."`
 	// VMConfig is the VM's configuration, as the service recorded it:
 	// its flags are capsem create's.
 	api.VMConfig `embed:""`

@@ -244,9 +244,10 @@ func (v *VM) startGuest(ctx context.Context, spec vmm.Spec, plan bootPlan) (save
 			err := plan.saved.verify(plan.meta)
 			checked <- stateCheck{err: err, ms: time.Since(t).Milliseconds()}
 		}()
-	case ModeBootAndSave:
-		spec.Monitor = true
 	}
+	// Every VM gets the monitor: saving its boot, and pausing it for a
+	// fork's consistent copy of its disk, go through it.
+	spec.Monitor = true
 	// A VM that neither saves nor resumes boots without the handshake,
 	// and mounts its disk while its last modules load.
 	if plan.mode != ModeBoot {

@@ -48,6 +48,8 @@ type Options struct {
 	SessionDir string
 	APISocket  string
 	Name       string
+	// ID is the VM's id (ProcessConfig.ID): its boot config's VMID.
+	ID string
 	// VMConfig is the VM's configuration (ProcessConfig.VM: defaults
 	// filled in, base matching RootImage).
 	api.VMConfig
@@ -189,7 +191,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err := v.joinLedger(ledgerOpened); err != nil {
 		return nil, err
 	}
-	if err := v.ctl.client.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, ClockUnixNano: time.Now().UnixNano(), Env: trustEnv, TrustCA: trustCA, ExtraRoots: extraRoots}); err != nil {
+	if err := v.ctl.client.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, VMID: o.ID, ClockUnixNano: time.Now().UnixNano(), Env: trustEnv, TrustCA: trustCA, ExtraRoots: extraRoots}); err != nil {
 		return nil, fmt.Errorf("sending boot config: %w", err)
 	}
 	if err := v.startGateway(ctx, sources); err != nil {

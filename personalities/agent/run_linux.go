@@ -216,6 +216,7 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		BaseEnv: imageEnv(log, guestwire.GuestImageEnv)}
 	if pid1 {
 		ensureMachineID(log, machineIDPath)
+		srv.ClaimIdentity = func(vmID string) error { return claimIdentity(log, vmIDPath, machineIDPath, vmID) }
 	}
 	if pid1 {
 		srv.FactsPath = guestwire.GuestBootFacts

@@ -57,6 +57,9 @@ type Server struct {
 	// alone (tests run on a real host).
 	SetClock    func(time.Time) error
 	SetHostname func(string) error
+	// ClaimIdentity makes the root this VM's (BootConfig.VMID); nil
+	// leaves the system alone.
+	ClaimIdentity func(vmID string) error
 	// FactsPath, when set, is where the boot config's facts are recorded
 	// (guestwire.GuestBootFacts in the VM).
 	FactsPath string
@@ -150,6 +153,12 @@ func (s *Server) Serve(ctx context.Context, conn net.Conn) error {
 			continue
 		case guestwire.TypeCancel:
 			s.cancel(m.Target)
+			reply(&guestwire.Message{Type: guestwire.TypeOK, ID: m.ID})
+			continue
+		case guestwire.TypeSync:
+			// In the read loop: a fork pauses the VM once this is
+			// answered, so nothing queued behind it may run first.
+			unix.Sync()
 			reply(&guestwire.Message{Type: guestwire.TypeOK, ID: m.ID})
 			continue
 		case guestwire.TypeShutdown:
@@ -378,6 +387,11 @@ func (s *Server) bootConfig(c *guestwire.BootConfig) error {
 			s.log().Debug("boot config hostname ignored (no hostname setter)")
 		} else if err := s.SetHostname(c.Hostname); err != nil {
 			return guestwire.Errorf(guestwire.CodePermission, "setting the host name to %q: %v", c.Hostname, err)
+		}
+	}
+	if c.VMID != "" && s.ClaimIdentity != nil {
+		if err := s.ClaimIdentity(c.VMID); err != nil {
+			return guestwire.Errorf(guestwire.CodeIO, "giving the VM its own identity: %v", err)
 		}
 	}
 	if s.FactsPath != "" {

@@ -582,6 +582,34 @@ func imageEnv(log *slog.Logger, path string) map[string]string {
 // tools read: the image ships it empty, so each VM gets its own.
 const machineIDPath = "/etc/machine-id"
 
+// vmIDPath records, on the VM's persistent root, the host's id of the VM
+// the root belongs to.
+const vmIDPath = "/var/lib/capsem/vm-id"
+
+// claimIdentity makes the root the VM vmID's: when the root was another
+// VM's (a clone, made from a fork's image; vmIDPath names that VM), what
+// a clone must not share is made anew. Today that is the machine id;
+// the host name, clock, entropy and network come from the host at each
+// boot. A root that records no VM (the first boot of a VM, or a root from
+// before these records) keeps what it has.
+func claimIdentity(log *slog.Logger, vmIDFile, machineIDFile, vmID string) error {
+	old, err := os.ReadFile(vmIDFile)
+	switch {
+	case err == nil && string(bytes.TrimSpace(old)) == vmID:
+		return nil
+	case err == nil:
+		log.Info("this root was another VM's: making its identity anew", "was", string(bytes.TrimSpace(old)), "vm", vmID)
+		if err := os.Remove(machineIDFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing the cloned machine id: %w", err)
+		}
+		ensureMachineID(log, machineIDFile)
+	case !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("reading %s: %w", vmIDFile, err)
+	}
+	_, err = writeFile(vmIDFile, []byte(vmID+"\n"), 0o644, true, 128)
+	return err
+}
+
 // ensureMachineID gives the VM a random machine id when its root has none
 // (a persistent VM keeps the one its disk holds).
 func ensureMachineID(log *slog.Logger, path string) {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -99,6 +101,44 @@ func TestWakeAsked(t *testing.T) {
 	} {
 		if got := wakeAsked(cmdline); got != want {
 			t.Errorf("wakeAsked(%q) = %v, want %v", cmdline, got, want)
+		}
+	}
+}
+
+// TestClaimIdentity: a root keeps its machine id across boots of its own
+// VM, and a root that was another VM's (a clone) gets a new one.
+func TestClaimIdentity(t *testing.T) {
+	dir := t.TempDir()
+	vmIDFile, machineIDFile := filepath.Join(dir, "var/lib/capsem/vm-id"), filepath.Join(dir, "etc/machine-id")
+	os.MkdirAll(filepath.Dir(machineIDFile), 0o755)
+	log := slog.New(slog.DiscardHandler)
+	ensureMachineID(log, machineIDFile)
+	first, _ := os.ReadFile(machineIDFile)
+	if len(bytes.TrimSpace(first)) != 32 {
+		t.Fatalf("machine id %q", first)
+	}
+	for _, step := range []struct {
+		vmID    string
+		changes bool
+	}{
+		{"vm-aaaaaaaaaaaa", false}, // first boot of a root: it is this VM's
+		{"vm-aaaaaaaaaaaa", false}, // its next boot
+		{"vm-bbbbbbbbbbbb", true},  // a clone's first boot
+		{"vm-bbbbbbbbbbbb", false}, // the clone's next boot
+	} {
+		before, _ := os.ReadFile(machineIDFile)
+		if err := claimIdentity(log, vmIDFile, machineIDFile, step.vmID); err != nil {
+			t.Fatal(err)
+		}
+		after, _ := os.ReadFile(machineIDFile)
+		if changed := !bytes.Equal(before, after); changed != step.changes {
+			t.Errorf("claim by %s: machine id changed %v, want %v (%q -> %q)", step.vmID, changed, step.changes, before, after)
+		}
+		if len(bytes.TrimSpace(after)) != 32 {
+			t.Errorf("machine id %q after claim by %s", after, step.vmID)
+		}
+		if got, _ := os.ReadFile(vmIDFile); string(got) != step.vmID+"\n" {
+			t.Errorf("vm-id file %q after claim by %s", got, step.vmID)
 		}
 	}
 }

@@ -18,7 +18,7 @@ func TestArgsParseBack(t *testing.T) {
 	for _, want := range []vmhost.ProcessConfig{
 		{SessionDir: "/s", Socket: "/s/p.sock", Name: "capsem", VMConfig: api.VMConfig{CPUs: 2, RAMMB: 1024, DiskGB: new(8)}},
 		{SessionDir: "/s", Socket: "/s/p.sock", Name: "ramonly", VMConfig: api.VMConfig{Base: api.BaseMinimal, DiskGB: new(0)}},
-		{SessionDir: "/s", Socket: "/s/p.sock", Name: "web", RootImage: "/images/root.erofs", VMConfig: api.VMConfig{
+		{SessionDir: "/s", Socket: "/s/p.sock", Name: "web", ID: "vm-0123456789ab", RootImage: "/images/root.erofs", VMConfig: api.VMConfig{
 			CPUs: 1, RAMMB: 512, NetMTU: 1500, NoAutodetect: true, Base: api.BaseFull, Workspace: "/home/u/project", WorkspaceMiB: 64,
 			Config: "/home/u/vm.toml", Env: map[string]string{"A": "1", "B": "x=y; z", "EMPTY": ""},
 			Ports: []api.PortMapping{{Address: "127.0.0.1", Host: 8080, Guest: 3000}, {Address: "::1", Host: 9090, Guest: 80}, {Address: "0.0.0.0", Host: 1, Guest: 65535}}}},

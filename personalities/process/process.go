@@ -58,7 +58,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 	v, err := vmhost.Boot(ctx, vmhost.Options{
 		Backend:    &qemu.Backend{Log: log, VerdictPath: verdicts},
 		Firmware:   qemu.PreferredFirmware(),
-		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, VMConfig: c.VM(), RootImage: c.RootImage,
+		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ID: c.ID, VMConfig: c.VM(), RootImage: c.RootImage,
 		TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, Logger: log,
 		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage, NetLoopbackOnly: c.NetLoopbackOnly,
 	})

@@ -229,10 +229,14 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 			ro, extra = "on", ""
 		}
 		id := "disk-" + d.ID
+		format := "raw"
+		if d.Format == vmm.DiskQcow2 {
+			format = string(vmm.DiskQcow2)
+		}
 		a = append(a,
 			// cache=writeback honours guest flushes (persistence) and works
 			// on every filesystem (cache=none needs O_DIRECT).
-			"-drive", "file="+optValue(d.Path)+",if=none,id="+id+",format=raw,readonly="+ro+",cache=writeback"+extra,
+			"-drive", "file="+optValue(d.Path)+",if=none,id="+id+",format="+format+",readonly="+ro+",cache=writeback"+extra,
 			// One request queue: the default is one per vCPU, each set up
 			// (rings, vectors) while the guest boots, for no gain on a
 			// disk this small under TCG.

@@ -43,6 +43,12 @@ func goldenSpecs() map[string]struct {
 		{ID: "base", Path: "/assets/base.img", ReadOnly: true},
 		{ID: "upper", Path: "/var/lib/capsem/vms/dev/upper.img"},
 	}
+	overlay := minimalSpec()
+	overlay.Name = "with-overlay"
+	overlay.Disks = []vmm.Disk{
+		{ID: "base", Path: "/assets/base.img", ReadOnly: true},
+		{ID: "upper", Path: "/var/lib/capsem/vms/dev/disk.qcow2", Format: vmm.DiskQcow2},
+	}
 	share := minimalSpec()
 	share.Name = "with-share"
 	share.Shares = []vmm.Share{
@@ -94,6 +100,7 @@ func goldenSpecs() map[string]struct {
 		"tcg-cache":          {tcgCache, tcgMax},
 		"tcg-cache-kvm":      {tcgCache, kvmHost}, // no TCG: no tb-size
 		"with-disks":         {disks, tcgMax},
+		"with-overlay":       {overlay, tcgMax},
 		"with-share":         {share, tcgMax},
 		"odd-paths":          {odd, kvmHost},
 		"qboot":              {fw, tcgMax},
@@ -268,6 +275,7 @@ func TestArgsRejects(t *testing.T) {
 		"comma in disk id":  func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "a,b", Path: "/d"}} },
 		"duplicate disk":    func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "a", Path: "/d"}, {ID: "a", Path: "/e"}} },
 		"relative disk":     func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "a", Path: "d.img"}} },
+		"unknown format":    func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "a", Path: "/d", Format: "vmdk"}} },
 		"bad share tag":     func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "a b", HostPath: "/w"}} },
 		"duplicate tag":     func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "w", HostPath: "/w"}, {Tag: "w", HostPath: "/x"}} },
 		"bad security":      func(s *vmm.Spec) { s.Shares = []vmm.Share{{Tag: "w", HostPath: "/w", SecurityModel: "passthrough"}} },

@@ -621,6 +621,31 @@ func (m *Machine) monitorClient(ctx context.Context) (*qmp, error) {
 	return q, nil
 }
 
+// Pause stops the VM's vCPUs (QMP stop), which also drains and flushes
+// its disks: every write the guest issued is in the files on return. The
+// spec must have Monitor set.
+func (m *Machine) Pause(ctx context.Context) error {
+	q, err := m.monitorClient(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = q.Execute(ctx, "stop", nil, nil)
+	return err
+}
+
+// Continue lets a paused VM run on (QMP cont), bounded even when ctx has
+// ended: a VM must not stay paused because its caller went away.
+func (m *Machine) Continue(ctx context.Context) error {
+	q, err := m.monitorClient(ctx)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	_, err = q.Execute(cctx, "cont", nil, nil)
+	return err
+}
+
 // ErrNotResumed is wrapped by SaveState's error when the VM could not be
 // resumed after the save: it stays paused, and is of no use any more.
 var ErrNotResumed = vmm.ErrNotResumed
