@@ -66,14 +66,15 @@ demo-gateway: build
 # deps installs what the tests need: Go modules, and the real MCP reference
 # server from npm, fetched once into the shared cache the sandbox may read.
 # Debian packages the tests need: gcc (cgo), node/npm (MCP peers), QEMU (the
-# VM tests boot real guests under TCG), e2fsprogs (per-VM disks), dpkg-deb
-# and apt-get download (guest assets come from Debian packages); for the root
+# VM tests boot real guests under TCG; qemu-img layers the disks of VMs made
+# from images), e2fsprogs (per-VM disks), dpkg-deb and apt-get download (guest
+# assets come from Debian packages); for the root
 # image, mmdebstrap (it brings apt, perl and python3 and ships mmtarfilter; run
 # as root with --mode=unshare it needs neither uidmap nor arch-test), erofs-utils
 # (mkfs.erofs, and dump.erofs for the tests) and npm (fetches the pinned
 # tarballs; Debian's nodejs does not include it).
 # Each entry is command:package; a missing command installs its package.
-APT_NEEDS := gcc:gcc node:nodejs npm:npm qemu-system-x86_64:qemu-system-x86 mkfs.ext4:e2fsprogs dpkg-deb:dpkg \
+APT_NEEDS := gcc:gcc node:nodejs npm:npm qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils mkfs.ext4:e2fsprogs dpkg-deb:dpkg \
 	mmdebstrap:mmdebstrap mkfs.erofs:erofs-utils
 deps:
 	@missing=""; \

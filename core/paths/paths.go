@@ -118,6 +118,9 @@ func SessionsDir() (string, error) { return runJoin("sessions") }
 // RegistryDir holds the service's VM records.
 func RegistryDir() (string, error) { return runJoin("vms") }
 
+// ImagesDir holds the images forks make, one directory each.
+func ImagesDir() (string, error) { return homeJoin("images") }
+
 // Session is one VM's session directory and the files in it.
 type Session struct{ Dir string }
 
@@ -130,6 +133,7 @@ const (
 	processLog    = "process.log"
 	aggregatorLog = "mcp-aggregator.log"
 	diskImage     = "disk.img"
+	diskLayer     = "disk.qcow2"
 	workspace     = "workspace"
 )
 
@@ -153,6 +157,11 @@ func (s Session) AggregatorLog() string { return filepath.Join(s.Dir, aggregator
 
 // Disk is the VM's disk image: ext4 with the root overlay's upper layer.
 func (s Session) Disk() string { return filepath.Join(s.Dir, diskImage) }
+
+// DiskLayer is the VM's disk when the VM was made from an image: a qcow2
+// copy-on-write layer over the image's disk. A session has this or Disk,
+// and the file's name is what says which format it has.
+func (s Session) DiskLayer() string { return filepath.Join(s.Dir, diskLayer) }
 
 // Workspace is the host side of the guest's /root/workspace.
 func (s Session) Workspace() string { return filepath.Join(s.Dir, workspace) }

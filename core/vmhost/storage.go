@@ -85,6 +85,12 @@ func ensureDisk(ctx context.Context, path string, sizeGiB int) (created bool, er
 	return true, nil
 }
 
+// fileExists: path is a regular file (a link is not followed).
+func fileExists(path string) bool {
+	st, err := os.Lstat(path)
+	return err == nil && st.Mode().IsRegular()
+}
+
 // findMkfs finds mkfs.ext4 on PATH or in the sbin directories, which an
 // ordinary user's PATH often lacks.
 func findMkfs() (string, error) {
@@ -133,7 +139,13 @@ func prepareStorage(ctx context.Context, log *slog.Logger, req storageRequest) (
 		disks = append(disks, vmm.Disk{ID: guestwire.BaseDiskID, Path: rootImage, ReadOnly: true})
 		cmdline += " " + guestwire.CmdlineLowerDisk + "=" + guestwire.BaseDiskID
 	}
-	if diskGiB > 0 {
+	if layer := (paths.Session{Dir: sessionDir}).DiskLayer(); diskGiB > 0 && fileExists(layer) {
+		// A VM made from an image: its disk is a layer over the image's,
+		// made by the service; its format is known by its name.
+		disks = append(disks, vmm.Disk{ID: guestwire.UpperDiskID, Path: layer, Format: vmm.DiskQcow2})
+		cmdline += " " + guestwire.CmdlineUpperDisk + "=" + guestwire.UpperDiskID
+		log.Info("per-VM disk", "path", layer, "format", vmm.DiskQcow2)
+	} else if diskGiB > 0 {
 		path := paths.Session{Dir: sessionDir}.Disk()
 		t := time.Now()
 		created, err = ensureDisk(ctx, path, diskGiB)

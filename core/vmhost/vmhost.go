@@ -89,8 +89,12 @@ type VM struct {
 	gwReady atomic.Pointer[mcpgw.Gateway]
 	machine vmm.Machine
 	ws      *workspace
-	net     *network // nil: no NIC
-	netCA   credentialCA
+	// upper is the per-VM disk (ID "": none) and wsDir the workspace's
+	// host directory: what a fork copies.
+	upper vmm.Disk
+	wsDir string
+	net   *network // nil: no NIC
+	netCA credentialCA
 	// tracedExecs counts the commands with a trace id running now.
 	tracedExecs atomic.Int64
 	ctl         control
@@ -298,6 +302,12 @@ func (v *VM) spec(ctx context.Context, assets *guestfs.Assets) (vmm.Spec, bool, 
 	disks, wsDir, storageArgs, diskCreated, err := prepareStorage(ctx, v.log, storageRequest{sessionDir: o.SessionDir, diskGiB: o.Disk(), rootImage: o.RootImage, workspaceDir: o.Workspace})
 	if err != nil {
 		return vmm.Spec{}, false, err
+	}
+	v.wsDir = wsDir
+	for _, d := range disks {
+		if d.ID == guestwire.UpperDiskID {
+			v.upper = d
+		}
 	}
 	if v.ws, err = openWorkspace(ctx, v, wsDir); err != nil {
 		return vmm.Spec{}, false, err
