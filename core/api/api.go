@@ -167,8 +167,8 @@ type Info struct {
 	BootTimings map[string]int64 `json:"boot_timings_ms,omitempty"`
 	// State is StateRunning, StateUnresponsive or StateStopped;
 	// StateReason says why a VM is unresponsive, and since when.
-	State       string `json:"state"`
-	StateReason string `json:"state_reason,omitempty"`
+	State       VMState `json:"state"`
+	StateReason string  `json:"state_reason,omitempty"`
 	// Workspace is what the guest's workspace takes on the host, and its
 	// bound.
 	Workspace *WorkspaceUsage `json:"workspace,omitempty"`

@@ -1,6 +1,10 @@
 package api
 
-import "time"
+import (
+	"net/url"
+	"strings"
+	"time"
+)
 
 // Routes of images: what a fork makes of a VM, a template to create VMs
 // from (CreateRequest.Image).
@@ -84,4 +88,9 @@ type ForkCopy struct {
 	WorkspaceBytes int64 `json:"workspace_bytes"`
 	SyncMS         int64 `json:"sync_ms"`
 	PausedMS       int64 `json:"paused_ms"`
+}
+
+// ImagePath puts an image's name into RouteImage.
+func ImagePath(name string) string {
+	return strings.Replace(RouteImage, "{image}", url.PathEscape(name), 1)
 }

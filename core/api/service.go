@@ -52,17 +52,21 @@ func VMPath(route, vm string) string {
 	return strings.Replace(route, "{vm}", url.PathEscape(vm), 1)
 }
 
+// VMState is where a VM is in its life. Which states each lifecycle verb
+// accepts is declared once, by the service.
+type VMState string
+
 // States of a VM in the service.
 const (
-	StateBooting = "booting"
-	StateRunning = "running"
-	StateStopped = "stopped" // persistent, not running: resume boots it again
-	StateDefunct = "defunct" // its process died; LastLog says how
+	StateBooting VMState = "booting"
+	StateRunning VMState = "running"
+	StateStopped VMState = "stopped" // persistent, not running: resume boots it again
+	StateDefunct VMState = "defunct" // its process died; LastLog says how
 	// StateUnresponsive: running, but its guest missed its heartbeat (a
 	// fork bomb, a stall of the host); calls fail until it answers again,
 	// which makes it running again by itself. Reported by the VM's
 	// process (Info.StateReason says why), never recorded.
-	StateUnresponsive = "unresponsive"
+	StateUnresponsive VMState = "unresponsive"
 )
 
 // The roots a VM can have (CreateRequest.Base).
@@ -92,7 +96,7 @@ type VM struct {
 	// Run says the VM belongs to a run: it is removed when the run's
 	// command ends.
 	Run        bool      `json:"run,omitempty"`
-	State      string    `json:"state"`
+	State      VMState   `json:"state"`
 	Image      string    `json:"image"`
 	CreatedAt  time.Time `json:"created_at"`
 	StartedAt  time.Time `json:"started_at,omitzero"`

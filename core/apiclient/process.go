@@ -258,3 +258,10 @@ func (c *ProcessClient) Logs(ctx context.Context, tail int, grep string) (string
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 2<<20))
 	return string(b), err
 }
+
+// ForkCopy has the running VM copy its disk and workspace into dir, a
+// staging directory of the image store, paused meanwhile.
+func (c *ProcessClient) ForkCopy(ctx context.Context, dir string) (api.ForkCopy, error) {
+	var out api.ForkCopy
+	return out, c.post(ctx, api.RouteFork, api.ForkCopyRequest{Dir: dir}, &out)
+}

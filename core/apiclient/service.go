@@ -501,3 +501,26 @@ const maxTimelineAnswer = api.MaxTimelineEvents * (4*api.MaxTimelineSummary + 51
 func (c *ServiceClient) StopService(ctx context.Context) error {
 	return c.call(ctx, http.MethodPost, api.RouteServiceStop, nil, nil, nil)
 }
+
+// Fork makes the image req.Name of a running or stopped VM.
+func (c *ServiceClient) Fork(ctx context.Context, vm string, req api.ForkRequest) (api.Image, error) {
+	var out api.Image
+	return out, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMFork, vm), nil, req, &out)
+}
+
+// Images lists the images.
+func (c *ServiceClient) Images(ctx context.Context) ([]api.Image, error) {
+	var out []api.Image
+	return out, c.call(ctx, http.MethodGet, api.RouteImages, nil, nil, &out)
+}
+
+// Image describes one image.
+func (c *ServiceClient) Image(ctx context.Context, name string) (api.Image, error) {
+	var out api.Image
+	return out, c.call(ctx, http.MethodGet, api.ImagePath(name), nil, nil, &out)
+}
+
+// DeleteImage deletes an image no VM uses.
+func (c *ServiceClient) DeleteImage(ctx context.Context, name string) error {
+	return c.call(ctx, http.MethodDelete, api.ImagePath(name), nil, nil, nil)
+}

@@ -83,23 +83,23 @@ type (
 // Outputs.
 type (
 	VMOut struct {
-		ID           string `json:"id"`
-		Name         string `json:"name,omitempty"`
-		Persistent   bool   `json:"persistent"`
-		Run          bool   `json:"run,omitempty" jsonschema:"the VM of a capsem_run or capsem run in progress: removed when its command ends"`
-		State        string `json:"state" jsonschema:"booting, running, unresponsive (running, but its guest missed its heartbeat: commands fail until it answers again, see stateReason), stopped (persistent) or defunct (its process died: see lastLog)"`
-		StateReason  string `json:"stateReason,omitempty" jsonschema:"why an unresponsive VM is, and since when"`
-		RAMMb        int    `json:"ramMb"`
-		CPUCount     int    `json:"cpuCount"`
-		Image        string `json:"image"`
-		Base         string `json:"base,omitempty" jsonschema:"the VM's root: full or minimal"`
-		WorkspaceDir string `json:"workspaceDir,omitempty" jsonschema:"the host directory shared as its workspace, when one was given"`
-		CreatedAt    string `json:"createdAt"`
-		StartedAt    string `json:"startedAt,omitempty"`
-		PID          int    `json:"pid,omitempty"`
-		LastLog      string `json:"lastLog,omitempty"`
-		Accel        string `json:"accel,omitempty" jsonschema:"kvm or tcg"`
-		BootMs       int64  `json:"bootMs,omitempty"`
+		ID           string      `json:"id"`
+		Name         string      `json:"name,omitempty"`
+		Persistent   bool        `json:"persistent"`
+		Run          bool        `json:"run,omitempty" jsonschema:"the VM of a capsem_run or capsem run in progress: removed when its command ends"`
+		State        api.VMState `json:"state" jsonschema:"booting, running, unresponsive (running, but its guest missed its heartbeat: commands fail until it answers again, see stateReason), stopped (persistent) or defunct (its process died: see lastLog)"`
+		StateReason  string      `json:"stateReason,omitempty" jsonschema:"why an unresponsive VM is, and since when"`
+		RAMMb        int         `json:"ramMb"`
+		CPUCount     int         `json:"cpuCount"`
+		Image        string      `json:"image"`
+		Base         string      `json:"base,omitempty" jsonschema:"the VM's root: full or minimal"`
+		WorkspaceDir string      `json:"workspaceDir,omitempty" jsonschema:"the host directory shared as its workspace, when one was given"`
+		CreatedAt    string      `json:"createdAt"`
+		StartedAt    string      `json:"startedAt,omitempty"`
+		PID          int         `json:"pid,omitempty"`
+		LastLog      string      `json:"lastLog,omitempty"`
+		Accel        string      `json:"accel,omitempty" jsonschema:"kvm or tcg"`
+		BootMs       int64       `json:"bootMs,omitempty"`
 		// Workspace is what the running VM's workspace takes on the host.
 		Workspace *WorkspaceOut `json:"workspace,omitempty" jsonschema:"what the running VM's workspace takes on the host, against its bound (the guest gets ENOSPC at either bound)"`
 		Ports     []PortOut     `json:"ports,omitempty" jsonschema:"guest TCP ports published on the host: a connection to address:host reaches the guest's port guest"`

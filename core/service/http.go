@@ -167,6 +167,28 @@ func (s *Service) Handler(stop func()) http.Handler {
 			reply(w, http.StatusOK, out, err)
 		}
 	})
+	mux.HandleFunc("POST "+api.RouteVMFork, func(w http.ResponseWriter, r *http.Request) {
+		var req api.ForkRequest
+		if decode(w, r, &req, maxRequestBody) {
+			out, err := s.Fork(r.Context(), r.PathValue("vm"), req)
+			reply(w, http.StatusOK, out, err)
+		}
+	})
+	mux.HandleFunc("GET "+api.RouteImages, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.Images()
+		reply(w, http.StatusOK, out, err)
+	})
+	mux.HandleFunc("GET "+api.RouteImage, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.Image(r.PathValue("image"))
+		reply(w, http.StatusOK, out, err)
+	})
+	mux.HandleFunc("DELETE "+api.RouteImage, func(w http.ResponseWriter, r *http.Request) {
+		if err := s.DeleteImage(r.PathValue("image")); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("POST "+api.RouteVMPorts, func(w http.ResponseWriter, r *http.Request) {
 		var req api.PortMapping
 		if decode(w, r, &req, maxRequestBody) {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -45,7 +44,13 @@ func (s *Service) normalize(req *api.CreateRequest) error {
 		}
 	}
 	if req.Image != DefaultImage {
-		return badRequest("image %q: only %q is available", req.Image, DefaultImage)
+		img, err := s.Image(req.Image)
+		if err != nil {
+			return err
+		}
+		if err := fromImage(req, img); err != nil {
+			return err
+		}
 	}
 	if err := req.VMConfig.Check(); err != nil {
 		return badRequest("%v", err)
@@ -150,7 +155,12 @@ func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool, s
 		return api.VM{}, err
 	}
 	defer v.mu.Unlock()
-	if err := s.resolveBase(ctx, v, stage); err != nil {
+	if req.Image != DefaultImage {
+		err = s.prepareFromImage(ctx, v)
+	} else {
+		err = s.resolveBase(ctx, v, stage)
+	}
+	if err != nil {
 		s.discard(v)
 		return api.VM{}, err
 	}
@@ -212,6 +222,9 @@ func (s *Service) reserve(req api.CreateRequest, run bool) (*vm, error) {
 			if o.rec.Name == req.Name {
 				return nil, conflict("a VM named %q exists already (%s)", req.Name, o.rec.State)
 			}
+		}
+		if err := s.imageNamedLocked(req.Name); err != nil {
+			return nil, err
 		}
 	}
 	if err := s.checkMemoryLocked(req.RAMMB); err != nil {
@@ -351,8 +364,8 @@ func (s *Service) Stop(ctx context.Context, ref string) (api.VM, error) {
 		return api.VM{}, err
 	}
 	defer v.mu.Unlock()
-	if r.State != api.StateRunning {
-		return api.VM{}, refuse(http.StatusConflict, "VM %s is %s, not running", r.Label(), r.State)
+	if err := guard(verbStop, &r); err != nil {
+		return api.VM{}, err
 	}
 	s.halt(ctx, v)
 	if !r.Persistent {
@@ -404,11 +417,11 @@ func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
 		return api.VM{}, err
 	}
 	defer v.mu.Unlock()
-	switch {
-	case !r.Persistent:
+	if !r.Persistent {
 		return api.VM{}, conflict("VM %s is ephemeral: only a persistent VM can be resumed (capsem_persist makes one)", r.Label())
-	case r.State == api.StateRunning || r.State == api.StateBooting:
-		return api.VM{}, conflict("VM %s is %s already", r.Label(), r.State)
+	}
+	if err := guard(verbResume, &r); err != nil {
+		return api.VM{}, err
 	}
 	if err := s.checkMemory(r.RAMMB); err != nil {
 		return api.VM{}, err
@@ -434,11 +447,14 @@ func (s *Service) Persist(ref, name string) (api.VM, error) {
 	if err := CheckName(name); err != nil {
 		return api.VM{}, err
 	}
-	v, _, err := s.lockVM(ref)
+	v, r, err := s.lockVM(ref)
 	if err != nil {
 		return api.VM{}, err
 	}
 	defer v.mu.Unlock()
+	if err := guard(verbPersist, &r); err != nil {
+		return api.VM{}, err
+	}
 	s.mu.Lock()
 	if v.rec.Persistent {
 		defer s.mu.Unlock()
@@ -454,8 +470,12 @@ func (s *Service) Persist(ref, name string) (api.VM, error) {
 			return api.VM{}, conflict("a VM named %q exists already", name)
 		}
 	}
+	if err := s.imageNamedLocked(name); err != nil {
+		defer s.mu.Unlock()
+		return api.VM{}, err
+	}
 	v.rec.Name, v.rec.Persistent = name, true
-	r := *v.rec
+	r = *v.rec
 	s.mu.Unlock()
 	if err := s.reg.Save(&r); err != nil {
 		return api.VM{}, err

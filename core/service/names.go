@@ -15,21 +15,25 @@ const MaxNameLen = 63
 // CheckName reports why name cannot name a VM, or nil: lower-case letters,
 // digits and '-', starting with a letter or digit, at most MaxNameLen, and
 // not of the form of an id (a name and an id must never be confused).
-func CheckName(name string) error {
+func CheckName(name string) error { return checkName("VM", name) }
+
+// checkName is CheckName for the name of a kind of thing ("VM",
+// "image"): images share VM names' form and namespace.
+func checkName(kind, name string) error {
 	if name == "" {
-		return badRequest("VM name is empty")
+		return badRequest("%s name is empty", kind)
 	}
 	if len(name) > MaxNameLen {
-		return badRequest("VM name is %d characters long, more than %d", len(name), MaxNameLen)
+		return badRequest("%s name is %d characters long, more than %d", kind, len(name), MaxNameLen)
 	}
 	for i, r := range name {
 		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' && i > 0
 		if !ok {
-			return badRequest("VM name %q: use lower-case letters, digits and '-', starting with a letter or digit", name)
+			return badRequest("%s name %q: use lower-case letters, digits and '-', starting with a letter or digit", kind, name)
 		}
 	}
 	if vmrecord.IDPattern.MatchString(name) {
-		return badRequest("VM name %q has the form of a VM id", name)
+		return badRequest("%s name %q has the form of a VM id", kind, name)
 	}
 	return nil
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/version"
 	"github.com/capsem/capsem/core/vmhost"
+	"github.com/capsem/capsem/core/vmimage"
 	"github.com/capsem/capsem/core/vmrecord"
 	"github.com/capsem/capsem/vmm"
 )
@@ -72,6 +73,11 @@ type Service struct {
 	runsEnded bool
 	runs      sync.WaitGroup
 
+	// images are the forks' images; forking names those being made
+	// (under mu).
+	images  vmimage.Store
+	forking map[string]bool
+
 	// inspectSlots holds a token per inspect query under way.
 	inspectSlots chan struct{}
 }
@@ -110,8 +116,15 @@ func New(ctx context.Context, o Options) (*Service, error) {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
+	imagesDir, err := paths.ImagesDir()
+	if err != nil {
+		return nil, err
+	}
 	s := &Service{o: o, log: o.Logger, reg: vmrecord.Registry{Dir: regDir}, sessions: sessions, vms: map[string]*vm{},
+		images: vmimage.Store{Dir: imagesDir}, forking: map[string]bool{},
 		inspectSlots: make(chan struct{}, maxInspectQueries)}
+	// Forks cut short by the last service's end.
+	s.images.Sweep()
 	s.runsDone, s.endRuns = context.WithCancel(context.Background())
 	recs, errs := s.reg.Load()
 	for _, err := range errs {

@@ -481,7 +481,7 @@ func TestVMErrorSaysWhoseTheFailureIs(t *testing.T) {
 	refused := &apiclient.StatusError{Status: http.StatusUnprocessableEntity, Code: api.CodeRefused, Message: "read /x: no such file or directory"}
 	cases := []struct {
 		name     string
-		state    string
+		state    api.VMState
 		stopping bool
 		err      error
 		status   int

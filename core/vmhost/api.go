@@ -40,6 +40,7 @@ func (v *VM) routes() http.Handler {
 	mux.HandleFunc("POST "+api.RoutePorts, v.handlePorts)
 	mux.HandleFunc("POST "+api.RouteMCP, v.handleMCP)
 	mux.HandleFunc("GET "+api.RouteMCPServers, v.handleMCPServers)
+	mux.HandleFunc("POST "+api.RouteFork, v.handleFork)
 	return mux
 }
 

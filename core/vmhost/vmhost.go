@@ -93,8 +93,10 @@ type VM struct {
 	// host directory: what a fork copies.
 	upper vmm.Disk
 	wsDir string
-	net   *network // nil: no NIC
-	netCA credentialCA
+	// forkMu keeps forks of the VM one at a time.
+	forkMu sync.Mutex
+	net    *network // nil: no NIC
+	netCA  credentialCA
 	// tracedExecs counts the commands with a trace id running now.
 	tracedExecs atomic.Int64
 	ctl         control

@@ -95,7 +95,7 @@ func orDash(s string) string {
 // printVM prints one VM as "key: value" lines. The values are escaped:
 // the last log holds what the guest made the VM's process write.
 func printVM(v api.VM) {
-	rows := [][2]string{{"id", v.ID}, {"name", orDash(v.Name)}, {"state", v.State}, {"persistent", fmt.Sprint(v.Persistent)}, {"run", fmt.Sprint(v.Run)},
+	rows := [][2]string{{"id", v.ID}, {"name", orDash(v.Name)}, {"state", string(v.State)}, {"persistent", fmt.Sprint(v.Persistent)}, {"run", fmt.Sprint(v.Run)},
 		{"memory", fmt.Sprintf("%d MB", v.RAMMB)}, {"cpus", fmt.Sprint(v.CPUs)}, {"image", v.Image}, {"base", orDash(v.Base)}, {"workspace", orDash(v.Workspace)},
 		{"created", v.CreatedAt.Local().Format(time.DateTime)}, {"session", v.SessionDir}}
 	if v.PID > 0 {

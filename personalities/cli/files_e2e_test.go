@@ -291,7 +291,7 @@ func TestFilesAndCommandsUnderAttack(t *testing.T) {
 }
 
 // state is a VM's state as capsem info tells it.
-func state(t *testing.T, c capsemCLI, vm string) string {
+func state(t *testing.T, c capsemCLI, vm string) api.VMState {
 	t.Helper()
 	var v api.VM
 	if err := json.Unmarshal([]byte(c.must("info", vm, "--json")), &v); err != nil {

@@ -32,7 +32,7 @@ func (c *LsCmd) Run(ctx context.Context) error {
 		case v.Run:
 			kind = "run" // removed when its capsem run ends
 		}
-		rows = append(rows, []string{v.ID, orDash(v.Name), v.State, kind, fmt.Sprintf("%d MB", v.RAMMB), fmt.Sprint(v.CPUs), age(v.CreatedAt)})
+		rows = append(rows, []string{v.ID, orDash(v.Name), string(v.State), kind, fmt.Sprintf("%d MB", v.RAMMB), fmt.Sprint(v.CPUs), age(v.CreatedAt)})
 	}
 	table([]string{"ID", "NAME", "STATE", "KIND", "MEMORY", "CPUS", "AGE"}, rows)
 	return nil

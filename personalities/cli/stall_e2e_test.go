@@ -48,7 +48,7 @@ func TestStalledGuestComesBack(t *testing.T) {
 		}
 		return vm
 	}
-	listed := func() string {
+	listed := func() api.VMState {
 		t.Helper()
 		var vms []api.VM
 		if err := json.Unmarshal([]byte(c.must("ls", "--json")), &vms); err != nil || len(vms) != 1 {
@@ -83,7 +83,7 @@ func TestStalledGuestComesBack(t *testing.T) {
 	if vm := info(); vm.State != api.StateUnresponsive || vm.Process == nil || !strings.Contains(vm.Process.StateReason, "heartbeat") {
 		t.Fatalf("info of the stalled VM: %+v %+v", vm, vm.Process)
 	}
-	if table := c.must("ls"); !strings.Contains(table, api.StateUnresponsive) {
+	if table := c.must("ls"); !strings.Contains(table, string(api.StateUnresponsive)) {
 		t.Fatalf("ls does not say unresponsive:\n%s", table)
 	}
 	if text := c.must("info", "stall"); !strings.Contains(text, "heartbeat") {

@@ -88,7 +88,7 @@ func (h *host) checkVMs(ctx context.Context, r *doctor.Reporter) {
 		r.Failf("", "listing the VMs: %v", err)
 		return
 	}
-	states := map[string]int{}
+	states := map[api.VMState]int{}
 	var defunct []string
 	for _, v := range vms {
 		states[v.State]++

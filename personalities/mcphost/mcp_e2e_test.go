@@ -412,7 +412,7 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 		c.refused("capsem_create", map[string]any{"env": map[string]any{"LD_PRELOAD": "/x.so"}}, "LD_PRELOAD")
 		c.refused("capsem_exec", map[string]any{"id": "ghost", "command": "true"}, `no VM named "ghost"`)
 		c.refused("capsem_exec", map[string]any{"id": "../../x", "command": "true"}, "no VM named")
-		c.refused("capsem_resume", map[string]any{"name": "dev"}, "running already")
+		c.refused("capsem_resume", map[string]any{"name": "dev"}, "VM dev is running: resume takes a VM that is stopped or defunct")
 		var l hostmcp.ListOut
 		c.must("capsem_list", map[string]any{}, &l)
 		if len(l.VMs) != 1 {
@@ -570,7 +570,7 @@ func TestServiceRestartAndCrash(t *testing.T) {
 		t.Helper()
 		var l hostmcp.ListOut
 		c.must("capsem_list", map[string]any{}, &l)
-		states := map[string]string{}
+		states := map[string]api.VMState{}
 		for _, v := range l.VMs {
 			states[v.Name] = v.State
 		}
