@@ -33,7 +33,7 @@ type configArg struct {
 // createArgs are capsem_create's arguments beyond the VM's configuration.
 var createArgs = map[string]string{
 	"name":  "A name makes the VM persistent: capsem_stop keeps its disk and ledger for capsem_resume (lower-case letters, digits, '-').",
-	"image": "The image to boot (default: the built-in one).",
+	"image": "An image made by capsem_fork to boot from: its disk, workspace and settings (settings given here win; its base and disk size are its own). Default: a fresh VM.",
 }
 
 // vmConfigArgs lists api.VMConfig's settings under their MCP names.

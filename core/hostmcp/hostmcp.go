@@ -47,6 +47,9 @@ type Service interface {
 	Timeline(ctx context.Context, vm string, req api.TimelineRequest) (api.TimelineResult, error)
 	Panics(ctx context.Context, req api.PanicsRequest) (api.PanicsResult, error)
 	Triage(ctx context.Context, req api.TriageRequest) (api.TriageResult, error)
+	Fork(ctx context.Context, vm string, req api.ForkRequest) (api.Image, error)
+	Images(ctx context.Context) ([]api.Image, error)
+	DeleteImage(ctx context.Context, name string) error
 	mcpService
 }
 
@@ -61,6 +64,7 @@ Iterative debugging on a long-lived VM:
 4. capsem_inspect {id, sql}: query the ledger (capsem_inspect_schema lists its tables: mcp_calls, net_events, dns_events, exec_events, fs_events, model_calls); capsem_timeline {id, traceId?}: the same rows as one stream in time order (give capsem_exec a traceId to follow what one command caused)
 5. capsem_vm_logs {id}: the guest console and the VM's process log, when something fails (capsem_host_logs {name}: the service's and this server's own; capsem_panics: crashes of any capsem process, with their traces; capsem_triage {id?}: what went wrong lately, ranked)
 6. capsem_delete {id}: tear it down (capsem_stop keeps a named VM for capsem_resume)
+Templates: capsem_fork {id, name} makes an image of a VM (installed packages, files, workspace); capsem_create {image: name} boots VMs from it; capsem_list shows images apart from VMs; capsem_delete {id: name} deletes an image no VM uses.
 
 Commands have no timeout unless you pass one; pass timeout only when the user asked for a deadline.`
 

@@ -145,7 +145,27 @@ func (f *fakeService) Resume(_ context.Context, vm string) (api.VM, error) {
 func (f *fakeService) Persist(_ context.Context, vm, name string) (api.VM, error) {
 	return api.VM{ID: vm, Name: name, Persistent: true}, nil
 }
-func (f *fakeService) Delete(_ context.Context, vm string) error { f.note("delete " + vm); return nil }
+func (f *fakeService) Delete(_ context.Context, vm string) error {
+	f.note("delete " + vm)
+	if vm == "tmpl" || vm == "nothing" {
+		return &apiclient.StatusError{Status: 404, Code: api.CodeNotFound, Message: "no VM " + vm}
+	}
+	return nil
+}
+func (f *fakeService) Fork(_ context.Context, vm string, req api.ForkRequest) (api.Image, error) {
+	f.note("fork " + vm + " " + req.Name)
+	return api.Image{Name: req.Name, Source: api.ImageSource{ID: vm, State: "running"}, SizeBytes: 1 << 20}, nil
+}
+func (f *fakeService) Images(context.Context) ([]api.Image, error) {
+	return []api.Image{{Name: "tmpl", Base: api.BaseFull, Source: api.ImageSource{ID: "vm-0123456789ab", State: "stopped"}}}, nil
+}
+func (f *fakeService) DeleteImage(_ context.Context, name string) error {
+	f.note("delete image " + name)
+	if name != "tmpl" {
+		return &apiclient.StatusError{Status: 404, Code: api.CodeNotFound, Message: "no image " + name}
+	}
+	return nil
+}
 func (f *fakeService) Purge(context.Context, bool) (api.PurgeResult, error) {
 	return api.PurgeResult{Removed: []string{}}, nil
 }
@@ -245,8 +265,8 @@ func TestToolsListGolden(t *testing.T) {
 	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
 		t.Fatalf("tools/list changed (run with -update if intended):\n%s", got)
 	}
-	if len(res.Tools) != 24 {
-		t.Errorf("%d tools, want 24", len(res.Tools))
+	if len(res.Tools) != 25 {
+		t.Errorf("%d tools, want 25", len(res.Tools))
 	}
 	// The TypeScript SDK refuses a tool whose schema gives a property as
 	// a bare true (what a Go field of type any becomes).
@@ -365,8 +385,36 @@ func TestToolsTranslate(t *testing.T) {
 		t.Errorf("version: %+v", v)
 	}
 	res = call(t, cs, "capsem_list", map[string]any{})
-	if b, _ := json.Marshal(res.StructuredContent); !strings.Contains(string(b), `"name":"keep"`) || !strings.Contains(string(b), `"state":"stopped"`) {
+	if b, _ := json.Marshal(res.StructuredContent); !strings.Contains(string(b), `"name":"keep"`) || !strings.Contains(string(b), `"state":"stopped"`) ||
+		!strings.Contains(string(b), `"images":[{"base":"full"`) || !strings.Contains(string(b), `"name":"tmpl"`) {
 		t.Errorf("list: %s", b)
+	}
+}
+
+// TestForkAndDeleteImage: capsem_fork passes its arguments on; capsem_delete
+// deletes a VM, else the image of that name, else says neither exists.
+func TestForkAndDeleteImage(t *testing.T) {
+	f := &fakeService{}
+	cs := connect(t, f, nil)
+	res := call(t, cs, "capsem_fork", map[string]any{"id": "dev", "name": "snap", "description": "after npm i"})
+	if b, _ := json.Marshal(res.StructuredContent); res.IsError || !strings.Contains(string(b), `"name":"snap"`) || !strings.Contains(string(b), `"sourceId":"dev"`) {
+		t.Errorf("fork: %s", b)
+	}
+	if res := call(t, cs, "capsem_fork", map[string]any{"id": "dev"}); !res.IsError {
+		t.Error("a fork without a name was accepted")
+	}
+	res = call(t, cs, "capsem_delete", map[string]any{"id": "tmpl"})
+	if b, _ := json.Marshal(res.StructuredContent); res.IsError || string(b) != `{"deleted":"tmpl","image":true}` {
+		t.Errorf("delete of an image: %s", b)
+	}
+	res = call(t, cs, "capsem_delete", map[string]any{"id": "nothing"})
+	if !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, `no VM or image is named "nothing"`) {
+		t.Errorf("delete of nothing: %v", res.Content)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if want := []string{"fork dev snap", "delete tmpl", "delete image tmpl", "delete nothing", "delete image nothing"}; !slices.Equal(f.calls, want) {
+		t.Errorf("calls %q, want %q", f.calls, want)
 	}
 }
 

@@ -2,12 +2,14 @@ package hostmcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/apiclient"
 )
 
 // Inputs. Parameters are camelCase on the wire; a field without omitempty
@@ -22,6 +24,14 @@ type (
 	ListIn struct{}
 	IDIn   struct {
 		ID string `json:"id" jsonschema:"the VM's id or name"`
+	}
+	ForkIn struct {
+		ID          string `json:"id" jsonschema:"the id or name of the VM to fork (running or stopped)"`
+		Name        string `json:"name" jsonschema:"the image's name: lower-case letters, digits and '-'; no VM or image may have it already"`
+		Description string `json:"description,omitempty" jsonschema:"what the image is for"`
+	}
+	DeleteIn struct {
+		ID string `json:"id" jsonschema:"a VM's id or name, or an image's name"`
 	}
 	ExecIn struct {
 		ID      string            `json:"id" jsonschema:"the VM's id or name"`
@@ -124,7 +134,25 @@ type (
 		FilesLimit int64 `json:"filesLimit"`
 	}
 	ListOut struct {
-		VMs []VMOut `json:"vms"`
+		VMs    []VMOut    `json:"vms"`
+		Images []ImageOut `json:"images" jsonschema:"images made by capsem_fork: templates for capsem_create {image}"`
+	}
+	ImageOut struct {
+		Name        string   `json:"name"`
+		Description string   `json:"description,omitempty"`
+		SourceID    string   `json:"sourceId" jsonschema:"the VM it was forked from"`
+		SourceName  string   `json:"sourceName,omitempty"`
+		SourceState string   `json:"sourceState" jsonschema:"running or stopped when forked"`
+		CreatedAt   string   `json:"createdAt"`
+		Base        string   `json:"base"`
+		RAMMb       int      `json:"ramMb"`
+		CPUCount    int      `json:"cpuCount"`
+		DiskBytes   int64    `json:"diskBytes" jsonschema:"the disk's size as the guest sees it"`
+		SizeBytes   int64    `json:"sizeBytes" jsonschema:"what the image takes on the host: its disk's allocated blocks and its workspace's files"`
+		ForkMs      int64    `json:"forkMs"`
+		PausedMs    int64    `json:"pausedMs,omitempty" jsonschema:"how long the running source was paused for the copy"`
+		UsedBy      []string `json:"usedBy,omitempty" jsonschema:"VMs made from it: it cannot be deleted while any remain"`
+		Problem     string   `json:"problem,omitempty" jsonschema:"why no VM can be made from it now"`
 	}
 	ExecOut struct {
 		Stdout          string `json:"stdout"`
@@ -141,6 +169,7 @@ type (
 	}
 	DeleteOut struct {
 		Deleted string `json:"deleted"`
+		Image   bool   `json:"image,omitempty" jsonschema:"what was deleted was an image"`
 	}
 	ReadFileOut struct {
 		Content  string `json:"content"`
@@ -276,7 +305,9 @@ func (t *tools) register(s *mcp.Server) {
 		"when, which process (and VM), the message, where it was raised and the goroutine's frames, home paths shown as ~. The latest first; since and limit filter."}, t.panics)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_triage", Annotations: readOnly, Description: "What went wrong lately, ranked: crashes of capsem's processes, error and warning records in their logs, the service's failed (5xx), refused (4xx) and slow (over 500 ms) requests; " +
 		"with id, also that VM's refused connections and DNS queries, failed or denied MCP calls and failed commands from its ledger. Occurrences are grouped (count, first, last, one example) and ranked by severity, count and recency. Start here when something fails."}, t.triage)
-	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger)."}, t.delete)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger); or, given an image's name, delete that image (refused while VMs made from it remain)."}, t.delete)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_fork", Annotations: nondestruct, Description: "Make a reusable template of a running or stopped VM: an image holding its disk (installed packages, files anywhere in the guest), its workspace and its settings. " +
+		"A running VM is paused for the copy (its filesystems synced first) and runs on. Boot VMs from it with capsem_create {image: name}: each gets its own identity (host name, machine id, ledger) and its own copy of everything. Returns the image with its size and the fork's duration."}, t.fork)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_version", Annotations: readOnly, Description: "This MCP server's version, the service's, and whether they match."}, t.versionTool)
 }
 
@@ -325,11 +356,33 @@ func (t *tools) list(ctx context.Context, _ *mcp.CallToolRequest, _ ListIn) (*mc
 	if err != nil {
 		return nil, ListOut{}, err
 	}
-	out := ListOut{VMs: []VMOut{}}
+	images, err := t.svc.Images(ctx)
+	if err != nil {
+		return nil, ListOut{}, err
+	}
+	out := ListOut{VMs: []VMOut{}, Images: []ImageOut{}}
 	for _, v := range vms {
 		out.VMs = append(out.VMs, vmOut(v))
 	}
+	for _, img := range images {
+		out.Images = append(out.Images, imageOut(img))
+	}
 	return nil, out, nil
+}
+
+func imageOut(img api.Image) ImageOut {
+	return ImageOut{Name: img.Name, Description: img.Description, SourceID: img.Source.ID, SourceName: img.Source.Name,
+		SourceState: img.Source.State, CreatedAt: img.CreatedAt.Format(time.RFC3339), Base: img.Base,
+		RAMMb: img.Config.RAMMB, CPUCount: img.Config.CPUs, DiskBytes: img.DiskBytes, SizeBytes: img.SizeBytes,
+		ForkMs: img.ForkMS, PausedMs: img.PausedMS, UsedBy: img.UsedBy, Problem: img.Problem}
+}
+
+func (t *tools) fork(ctx context.Context, _ *mcp.CallToolRequest, in ForkIn) (*mcp.CallToolResult, ImageOut, error) {
+	img, err := t.svc.Fork(ctx, in.ID, api.ForkRequest{Name: in.Name, Description: in.Description})
+	if err != nil {
+		return nil, ImageOut{}, err
+	}
+	return nil, imageOut(img), nil
 }
 
 func (t *tools) info(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, VMOut, error) {
@@ -421,8 +474,19 @@ func (t *tools) timeline(ctx context.Context, _ *mcp.CallToolRequest, in Timelin
 	return nil, out, nil
 }
 
-func (t *tools) delete(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, DeleteOut, error) {
-	if err := t.svc.Delete(ctx, in.ID); err != nil {
+func (t *tools) delete(ctx context.Context, _ *mcp.CallToolRequest, in DeleteIn) (*mcp.CallToolResult, DeleteOut, error) {
+	err := t.svc.Delete(ctx, in.ID)
+	var se *apiclient.StatusError
+	if errors.As(err, &se) && se.Code == api.CodeNotFound {
+		// Not a VM: an image of that name, if any (one namespace).
+		if ierr := t.svc.DeleteImage(ctx, in.ID); ierr == nil {
+			return nil, DeleteOut{Deleted: in.ID, Image: true}, nil
+		} else if !errors.As(ierr, &se) || se.Code != api.CodeNotFound {
+			return nil, DeleteOut{}, ierr
+		}
+		return nil, DeleteOut{}, fmt.Errorf("no VM or image is named %q", in.ID)
+	}
+	if err != nil {
 		return nil, DeleteOut{}, err
 	}
 	return nil, DeleteOut{Deleted: in.ID}, nil
