@@ -20,6 +20,16 @@ import (
 	"github.com/capsem/capsem/personalities/service"
 )
 
+// ImageCmd is `capsem image`: the build of the guest's assets, and the
+// images forks make. It has no Run of its own: kong runs every Run method
+// from the selected subcommand up to the root.
+type ImageCmd struct {
+	Build image.BuildCmd   `cmd:"" help:"Build the guest kernel, the minimal root and the root images from their recipes (cached in one store; rebuilt only when inputs change)."`
+	Ls    cli.ImageLsCmd   `cmd:"" help:"List the images forks made."`
+	Info  cli.ImageInfoCmd `cmd:"" help:"Describe an image."`
+	Rm    cli.ImageRmCmd   `cmd:"" help:"Delete images (refused for one VMs were made from)."`
+}
+
 // CLI is the grammar shared by subcommands and symlink names: every
 // personality (the host build; the guest build is cli_guest.go).
 type CLI struct {
@@ -45,7 +55,8 @@ type CLI struct {
 	PortForward   cli.PortForwardCmd `cmd:"" name:"port-forward" group:"VMs" help:"Publish a guest TCP port on the host while the VM runs ([ADDR:]HOST:GUEST, loopback unless ADDR is given)."`
 	MCP           mcphost.Cmd        `cmd:"" name:"mcp" help:"The MCP server AI agents on the host register (stdio): sandboxes as tools, through the service."`
 	Service       service.Cmd        `cmd:"" help:"The service that owns your VMs (capsem service start|stop|status; alone: serve in the foreground)."`
-	Image         image.Cmd          `cmd:"" help:"Build the guest boot assets."`
+	Fork          cli.ForkCmd        `cmd:"" group:"VMs" help:"Make an image of a running or stopped VM: a template to create VMs from (capsem create --image NAME)."`
+	Image         ImageCmd           `cmd:"" help:"Build the guest boot assets; list, describe and delete the images forks make."`
 	Doctor        doctor.Cmd         `cmd:"" help:"Check whether capsem works on this host, and how to fix what does not."`
 	Env           envcmd.Cmd         `cmd:"" help:"List the CAPSEM_* environment settings: what each means and its value here."`
 	Gateway       gateway.Cmd        `cmd:"" help:"Run the MCP gateway on a Unix socket (policy, aggregator, ledger)."`

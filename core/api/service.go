@@ -83,8 +83,9 @@ const (
 // keeps its disk, workspace and session.db for resume. Without a name it
 // is ephemeral, removed when it stops.
 type CreateRequest struct {
-	Name  string `json:"name,omitempty"`
-	Image string `json:"image,omitempty"` // "" or "default": the built-in guest image
+	Name string `json:"name,omitempty"`
+	// Image is "" or "default" (a fresh VM), or an image a fork made.
+	Image string `json:"image,omitempty"`
 	VMConfig
 }
 

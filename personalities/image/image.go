@@ -22,13 +22,6 @@ import (
 // be the guest's /init itself.
 const GuestBinaryName = "capsem-guest"
 
-// Cmd is `capsem image`. It has no Run of its own: kong runs every Run
-// method from the selected subcommand up to the root, so one here would
-// run again after the subcommand's.
-type Cmd struct {
-	Build BuildCmd `cmd:"" help:"Build the guest kernel, the minimal root and the root images from their recipes (cached in one store; rebuilt only when inputs change)."`
-}
-
 // BuildCmd is `capsem image build [--force] [--base full|minimal|all]`.
 type BuildCmd struct {
 	Force       bool   `help:"Rebuild even when the cached assets are current."`
