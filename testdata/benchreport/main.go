@@ -47,6 +47,7 @@ func main() {
 	netOnly := flag.Bool("net-only", false, "run only the guest network's figures (for working on it)")
 	imageOnly := flag.Bool("image-only", false, "run only the root image's figures (the full root beside the minimal)")
 	apiOnly := flag.Bool("api-only", false, "run only the data figures through the per-VM API beside the raw channel (for working on the data path)")
+	forkOnly := flag.Bool("fork-only", false, "run only the fork and image figures")
 	imageBuild := flag.Bool("image-build", false, "build the full root image when it is not current (minutes; the cold build is then measured)")
 	flag.Parse()
 	for _, f := range strings.Split(*levels, ",") {
@@ -69,6 +70,13 @@ func main() {
 		capsem := os.Getenv("CAPSEM_TEST_BIN")
 		if err := apiOnlyBench(capsem, benchHome(), filepath.Join(filepath.Dir(capsem), "capsem-guest")); err != nil {
 			fmt.Fprintln(os.Stderr, "benchreport: API data:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *forkOnly {
+		if err := forkOnlyBench(os.Getenv("CAPSEM_TEST_BIN"), benchHome()); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport: fork:", err)
 			os.Exit(1)
 		}
 		return

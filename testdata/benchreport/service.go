@@ -103,6 +103,9 @@ func serviceBench(capsem, home, guest, bootStates string, runs int) error {
 	if err := cpBench(ctx, capsem, env, runDir, svc); err != nil {
 		return err
 	}
+	if err := forkBench(ctx, svc, home); err != nil {
+		return err
+	}
 	if err := svc.Delete(ctx, warm.ID); err != nil {
 		return err
 	}

@@ -344,6 +344,19 @@ func TestStateKeyIgnoresTheTCGCache(t *testing.T) {
 	if cached := key(func(s *vmm.Spec) { s.TCGCacheMiB = 16 }); !slices.Equal(plain, cached) {
 		t.Errorf("the TCG cache size changes the state key:\n%q\n%q", plain, cached)
 	}
+	disk := key(func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "upper", Path: "/s1/disk.img"}} })
+	if layer := key(func(s *vmm.Spec) {
+		s.Disks = []vmm.Disk{{ID: "upper", Path: "/s2/disk.qcow2", Format: vmm.DiskQcow2}}
+	}); !slices.Equal(disk, layer) {
+		t.Errorf("a writable disk's file and format change the state key:\n%q\n%q", disk, layer)
+	}
+	if slices.Equal(plain, disk) {
+		t.Error("a disk keeps the same state key")
+	}
+	if other := key(func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "base", Path: "/root-a.erofs", ReadOnly: true}} }); slices.Equal(other,
+		key(func(s *vmm.Spec) { s.Disks = []vmm.Disk{{ID: "base", Path: "/root-b.erofs", ReadOnly: true}} })) {
+		t.Error("two read-only root images share a state key")
+	}
 	if bigger := key(func(s *vmm.Spec) { s.MemoryMiB = 1024 }); slices.Equal(plain, bigger) {
 		t.Error("more guest memory keeps the same state key")
 	}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -211,14 +212,21 @@ func (m *Machine) SetBeforeChannel(fn func(ctx context.Context, raw net.Conn) er
 }
 
 // StateKey is QEMU's argv: a saved state resumes only in a QEMU started
-// the same way (vmm.StateKeyer). The TCG cache's size is left out: the
-// state holds no translated code, so it resumes under any size.
+// the same way (vmm.StateKeyer). Left out is what the state holds nothing
+// of: the TCG cache's size (no translated code is saved) and the files and
+// formats of the VM's own writable disks (no block backend state is
+// saved, and a restored guest drops what its kernel cached of them), so
+// a VM whose disk is a layer over an image resumes the same saved boot as
+// one with a disk of its own.
 func (m *Machine) StateKey() []string {
-	if m.spec.TCGCacheMiB == 0 {
-		return m.Argv()
-	}
 	spec := m.spec
 	spec.TCGCacheMiB = 0
+	spec.Disks = slices.Clone(spec.Disks)
+	for i, d := range spec.Disks {
+		if !d.ReadOnly {
+			spec.Disks[i].Path, spec.Disks[i].Format = "/vm-disk/"+d.ID, vmm.DiskRaw
+		}
+	}
 	args, err := Args(spec, m.accel)
 	if err != nil { // m.args came from the same spec
 		return m.Argv()
