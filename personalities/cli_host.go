@@ -45,6 +45,7 @@ type CLI struct {
 	Info          cli.InfoCmd        `cmd:"" group:"VMs" help:"Describe a VM."`
 	Stop          cli.StopCmd        `cmd:"" group:"VMs" help:"Stop a VM (persistent: kept for resume; ephemeral: removed)."`
 	Resume        cli.ResumeCmd      `cmd:"" group:"VMs" help:"Boot a stopped persistent VM again."`
+	Suspend       cli.SuspendCmd     `cmd:"" group:"VMs" help:"Save a running persistent VM's whole state (memory, processes) and stop it; resume carries on from there."`
 	Persist       cli.PersistCmd     `cmd:"" group:"VMs" help:"Name a running ephemeral VM, making it persistent."`
 	Rm            cli.RmCmd          `cmd:"" group:"VMs" help:"Destroy VMs and all their state."`
 	Purge         cli.PurgeCmd       `cmd:"" group:"VMs" help:"Destroy every ephemeral VM (--all: every VM)."`

@@ -268,6 +268,12 @@ type (
 	StateKeyer interface {
 		StateKey() []string
 	}
+	// Suspender saves the VM's whole state to a file (as StateSaver) and
+	// leaves it paused, for its caller to stop: a VM of the same spec
+	// resumes from the file (Spec.RestoreFrom) where this one was.
+	Suspender interface {
+		SuspendTo(ctx context.Context, path string) error
+	}
 	// Pauser stops the guest's vCPUs and its devices' I/O (Pause: every
 	// write the guest issued is in its disk files when it returns) and
 	// lets it run on (Continue). A copy of a paused VM's disks is a

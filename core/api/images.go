@@ -94,3 +94,22 @@ type ForkCopy struct {
 func ImagePath(name string) string {
 	return strings.Replace(RouteImage, "{image}", url.PathEscape(name), 1)
 }
+
+// RouteSuspend is the per-VM process's suspend (POST: SuspendResult; the
+// VM then stops); RouteVMSuspend the service's (POST: VM, suspended).
+const (
+	RouteSuspend   = "/v1/suspend"
+	RouteVMSuspend = "/v1/vms/{vm}/suspend"
+)
+
+// SuspendResult is what a suspend saved and how long it took.
+type SuspendResult struct {
+	StateBytes int64 `json:"state_bytes"`
+	SuspendMS  int64 `json:"suspend_ms"`
+}
+
+// ResumeRequest resumes a stopped or suspended VM; Boot discards a
+// suspended VM's saved state and boots its disk instead.
+type ResumeRequest struct {
+	Boot bool `json:"boot,omitempty"`
+}

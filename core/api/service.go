@@ -62,6 +62,9 @@ const (
 	StateRunning VMState = "running"
 	StateStopped VMState = "stopped" // persistent, not running: resume boots it again
 	StateDefunct VMState = "defunct" // its process died; LastLog says how
+	// StateSuspended: persistent, its whole state (RAM, processes) saved
+	// in its session; resume carries on from it.
+	StateSuspended VMState = "suspended"
 	// StateUnresponsive: running, but its guest missed its heartbeat (a
 	// fork bomb, a stall of the host); calls fail until it answers again,
 	// which makes it running again by itself. Reported by the VM's

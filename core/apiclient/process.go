@@ -265,3 +265,9 @@ func (c *ProcessClient) ForkCopy(ctx context.Context, dir string) (api.ForkCopy,
 	var out api.ForkCopy
 	return out, c.post(ctx, api.RouteFork, api.ForkCopyRequest{Dir: dir}, &out)
 }
+
+// Suspend has the VM park its guest, save its whole state and stop.
+func (c *ProcessClient) Suspend(ctx context.Context) (api.SuspendResult, error) {
+	var out api.SuspendResult
+	return out, c.post(ctx, api.RouteSuspend, struct{}{}, &out)
+}

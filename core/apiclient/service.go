@@ -329,10 +329,17 @@ func (c *ServiceClient) Stop(ctx context.Context, vm string) (api.VM, error) {
 	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMStop, vm), nil, nil, &v)
 }
 
-// Resume boots a stopped persistent VM again.
-func (c *ServiceClient) Resume(ctx context.Context, vm string) (api.VM, error) {
+// Resume starts a stopped, defunct or suspended persistent VM again
+// (req.Boot: a suspended one's state discarded, its disk booted).
+func (c *ServiceClient) Resume(ctx context.Context, vm string, req api.ResumeRequest) (api.VM, error) {
 	var v api.VM
-	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMResume, vm), nil, nil, &v)
+	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMResume, vm), nil, req, &v)
+}
+
+// Suspend saves a running persistent VM's whole state and stops it.
+func (c *ServiceClient) Suspend(ctx context.Context, vm string) (api.VM, error) {
+	var v api.VM
+	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMSuspend, vm), nil, nil, &v)
 }
 
 // Publish publishes one more port of a running VM, for as long as it

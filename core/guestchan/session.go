@@ -128,6 +128,7 @@ const (
 
 // Session multiplexes logical-port streams over one byte stream.
 type Session struct {
+	conn   io.ReadWriteCloser // what the session runs on
 	mux    *yamux.Session
 	frames *frameReader
 	gate   *flowGate // the host's per-stream receive windows; nil in the guest
@@ -206,7 +207,7 @@ func newSession(conn io.ReadWriteCloser, log *slog.Logger, server bool) (*Sessio
 	if err != nil {
 		return nil, fmt.Errorf("guestchan: starting yamux %s: %w", role, err)
 	}
-	s := &Session{
+	s := &Session{conn: conn,
 		mux:        mux,
 		frames:     frames,
 		gate:       gate,
@@ -243,6 +244,10 @@ func (s *Session) grant(w *wire) {
 		}
 	}
 }
+
+// Conn is the connection the session runs on (the agent parks the
+// serial channel's port under it).
+func (s *Session) Conn() io.ReadWriteCloser { return s.conn }
 
 // Done is closed when the session is closed or the underlying connection
 // died.

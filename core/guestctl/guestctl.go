@@ -486,3 +486,14 @@ func (c *Client) Sync(ctx context.Context) error {
 	}
 	return expect(resp, guestwire.TypeOK)
 }
+
+// Suspend asks the guest to park (guestwire.TypeSuspend). It returns once
+// the guest has acknowledged; the guest then ends the session, and waits
+// on the raw channel for the wake of a restored VM.
+func (c *Client) Suspend(ctx context.Context) error {
+	resp, err := c.call(ctx, &guestwire.Message{Type: guestwire.TypeSuspend})
+	if err != nil {
+		return err
+	}
+	return expect(resp, guestwire.TypeOK)
+}

@@ -35,6 +35,12 @@ const (
 	TypeMkdir      = "mkdir"       // -> file_result{info}
 	TypeShutdown   = "shutdown"    // -> ok, then sync, unmount, power off
 	TypePing       = "ping"        // -> pong
+	// TypeSuspend asks the agent to park -> ok: it ends its multiplexer
+	// session (the port stays open), detaches the workspace, and waits on
+	// the raw channel for WakeMarker and a wake, as a restored guest
+	// does; the host then saves the VM's state and stops it. Commands
+	// the agent is running for the host end with the session.
+	TypeSuspend = "suspend"
 	// TypeSync writes every filesystem's dirty data to its disk (sync(2))
 	// -> ok: what the guest wrote is then in its disk files, for a copy.
 	TypeSync = "sync"
@@ -192,6 +198,11 @@ type Wake struct {
 	// generator reseeded from it, before anything else runs.
 	Seed []byte `msg:"seed"`
 }
+
+// WakeMarker precedes the wake frame on the raw channel. A parked guest
+// skips whatever is before it: bytes of the session that ended at the
+// park may still sit in its buffers when the VM is restored.
+const WakeMarker = "\x00\xffcapsem-wake-7f3a9c\xff\x00"
 
 // Wake seed bounds: at least a full reseed's worth (256 bits).
 const (

@@ -34,7 +34,8 @@ type Service interface {
 	// the VM's start and the VM once it is ready.
 	RunStream(ctx context.Context, req api.RunRequest, events api.RunEvents, stdout, stderr io.Writer) (*api.ExecEvent, error)
 	Stop(ctx context.Context, vm string) (api.VM, error)
-	Resume(ctx context.Context, vm string) (api.VM, error)
+	Resume(ctx context.Context, vm string, req api.ResumeRequest) (api.VM, error)
+	Suspend(ctx context.Context, vm string) (api.VM, error)
 	Persist(ctx context.Context, vm, name string) (api.VM, error)
 	Delete(ctx context.Context, vm string) error
 	Purge(ctx context.Context, all bool) (api.PurgeResult, error)

@@ -139,8 +139,13 @@ func (f *fakeService) RunStream(ctx context.Context, req api.RunRequest, events 
 	return &api.ExecEvent{Done: true, ExitCode: r.ExitCode, TimedOut: r.TimedOut}, nil
 }
 func (f *fakeService) Stop(_ context.Context, vm string) (api.VM, error) { return api.VM{ID: vm}, nil }
-func (f *fakeService) Resume(_ context.Context, vm string) (api.VM, error) {
+func (f *fakeService) Resume(_ context.Context, vm string, req api.ResumeRequest) (api.VM, error) {
+	f.note(fmt.Sprintf("resume %s boot=%v", vm, req.Boot))
 	return api.VM{ID: vm}, nil
+}
+func (f *fakeService) Suspend(_ context.Context, vm string) (api.VM, error) {
+	f.note("suspend " + vm)
+	return api.VM{ID: vm, State: api.StateSuspended}, nil
 }
 func (f *fakeService) Persist(_ context.Context, vm, name string) (api.VM, error) {
 	return api.VM{ID: vm, Name: name, Persistent: true}, nil
@@ -265,8 +270,8 @@ func TestToolsListGolden(t *testing.T) {
 	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
 		t.Fatalf("tools/list changed (run with -update if intended):\n%s", got)
 	}
-	if len(res.Tools) != 25 {
-		t.Errorf("%d tools, want 25", len(res.Tools))
+	if len(res.Tools) != 26 {
+		t.Errorf("%d tools, want 26", len(res.Tools))
 	}
 	// The TypeScript SDK refuses a tool whose schema gives a property as
 	// a bare true (what a Go field of type any becomes).

@@ -42,7 +42,8 @@ type (
 		TraceID string            `json:"traceId,omitempty" jsonschema:"ties the command to what it causes: its exec_events row and the net_events and model_calls rows of the connections its processes make carry it (letters, digits, . _ : -; at most 128)"`
 	}
 	ResumeIn struct {
-		Name string `json:"name" jsonschema:"the stopped VM's name (or id)"`
+		Name string `json:"name" jsonschema:"the stopped or suspended VM's name (or id)"`
+		Boot bool   `json:"boot,omitempty" jsonschema:"for a suspended VM: discard its saved state and boot its disk instead (when its state cannot be restored)"`
 	}
 	PersistIn struct {
 		ID   string `json:"id" jsonschema:"the running ephemeral VM's id"`
@@ -282,7 +283,10 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_exec", Annotations: changes, Description: "Run a shell command in a running VM and return its stdout and stderr (apart, each up to 1 MiB, with a truncated flag), exit code and duration. " +
 		"No timeout unless you give one; a timeout kills the command's process group and says so (timedOut). Cancelling the call kills the command."}, t.exec)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_stop", Annotations: changes, Description: "Stop a VM. A persistent (named) VM keeps its disk, workspace and ledger for capsem_resume; an ephemeral VM is destroyed."}, t.stop)
-	mcp.AddTool(s, &mcp.Tool{Name: "capsem_resume", Annotations: nondestruct, Description: "Boot a stopped persistent VM again, with its disk, workspace and ledger as they were."}, t.resume)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_resume", Annotations: nondestruct, Description: "Start a persistent VM again: a suspended one carries on where it was (its processes running, its clock corrected); a stopped one boots its disk, workspace and ledger as they were. " +
+		"A suspended VM whose state cannot be restored says why; boot: true then discards that state and boots its disk."}, t.resume)
+	mcp.AddTool(s, &mcp.Tool{Name: "capsem_suspend", Annotations: nondestruct, Description: "Suspend a running persistent VM: save its whole state (memory, processes, open files) in its session and stop it, freeing its memory; capsem_resume carries on from there. " +
+		"Commands running through capsem_exec at that moment end; processes the VM runs itself (servers, background jobs) carry on at resume. The workspace is mounted anew at resume: a process whose working directory or open files were in it must reopen them."}, t.suspend)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_persist", Annotations: nondestruct, Description: "Give a running ephemeral VM a name, which makes it persistent."}, t.persist)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_purge", Annotations: changes, Description: "Destroy every ephemeral VM; with all, every persistent VM too. Returns the ids removed."}, t.purge)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_read_file", Annotations: readOnly, Description: "Read a file in a running VM: text, or base64 with encoding base64 (a file that is not UTF-8 must be read so). Up to 64 MiB."}, t.readFile)
@@ -408,7 +412,12 @@ func (t *tools) stop(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp
 }
 
 func (t *tools) resume(ctx context.Context, _ *mcp.CallToolRequest, in ResumeIn) (*mcp.CallToolResult, VMOut, error) {
-	v, err := t.svc.Resume(ctx, in.Name)
+	v, err := t.svc.Resume(ctx, in.Name, api.ResumeRequest{Boot: in.Boot})
+	return nil, vmOut(v), err
+}
+
+func (t *tools) suspend(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, VMOut, error) {
+	v, err := t.svc.Suspend(ctx, in.ID)
 	return nil, vmOut(v), err
 }
 

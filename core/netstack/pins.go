@@ -95,3 +95,35 @@ func (p *pins) has(addr netip.Addr, name string) bool {
 	_, ok := p.byAddr[addr][name]
 	return ok
 }
+
+// Pin is one name the VM's DNS answered with one address.
+type Pin struct {
+	Name string     `json:"name"`
+	Addr netip.Addr `json:"addr"`
+}
+
+// Pins lists the stack's pins, oldest first: what a suspended VM's stack
+// keeps for the stack that resumes it (RestorePins), so that a connection
+// to an address the guest resolved before the suspend is still allowed.
+func (s *Stack) Pins() []Pin {
+	p := s.pins
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Pin, 0, p.n)
+	for _, k := range p.order {
+		if names := p.byAddr[k.addr]; names != nil && names[k.name] == k.tick {
+			out = append(out, Pin{Name: k.name, Addr: k.addr})
+		}
+	}
+	return out
+}
+
+// RestorePins adds pins (as Pins lists them), oldest first; the stack's
+// bound on pins holds as for its own.
+func (s *Stack) RestorePins(pins []Pin) {
+	for _, pin := range pins {
+		if pin.Addr.IsValid() && pin.Name != "" {
+			s.pins.add(pin.Name, []netip.Addr{pin.Addr})
+		}
+	}
+}

@@ -134,6 +134,7 @@ const (
 	aggregatorLog = "mcp-aggregator.log"
 	diskImage     = "disk.img"
 	diskLayer     = "disk.qcow2"
+	suspendDir    = "suspend"
 	workspace     = "workspace"
 )
 
@@ -162,6 +163,10 @@ func (s Session) Disk() string { return filepath.Join(s.Dir, diskImage) }
 // copy-on-write layer over the image's disk. A session has this or Disk,
 // and the file's name is what says which format it has.
 func (s Session) DiskLayer() string { return filepath.Join(s.Dir, diskLayer) }
+
+// Suspend holds the state a suspend saved (RAM, CPUs, devices) and what
+// the VM's process keeps for its resume (the DNS pins).
+func (s Session) Suspend() string { return filepath.Join(s.Dir, suspendDir) }
 
 // Workspace is the host side of the guest's /root/workspace.
 func (s Session) Workspace() string { return filepath.Join(s.Dir, workspace) }

@@ -157,7 +157,16 @@ func (s *Service) Handler(stop func()) http.Handler {
 		reply(w, http.StatusOK, out, err)
 	})
 	mux.HandleFunc("POST "+api.RouteVMResume, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.Resume(r.Context(), r.PathValue("vm"))
+		// The body is optional: no body is a plain resume.
+		var req api.ResumeRequest
+		if r.ContentLength != 0 && !decode(w, r, &req, maxRequestBody) {
+			return
+		}
+		out, err := s.Resume(r.Context(), r.PathValue("vm"), req)
+		reply(w, http.StatusOK, out, err)
+	})
+	mux.HandleFunc("POST "+api.RouteVMSuspend, func(w http.ResponseWriter, r *http.Request) {
+		out, err := s.Suspend(r.Context(), r.PathValue("vm"))
 		reply(w, http.StatusOK, out, err)
 	})
 	mux.HandleFunc("POST "+api.RouteVMPersist, func(w http.ResponseWriter, r *http.Request) {

@@ -248,6 +248,9 @@ func (s *Service) Images() ([]api.Image, error) {
 
 // Image describes the image name.
 func (s *Service) Image(name string) (api.Image, error) {
+	if err := checkName("image", name); err != nil {
+		return api.Image{}, err
+	}
 	img, err := s.images.Get(name)
 	if errors.Is(err, vmimage.ErrNotFound) {
 		return api.Image{}, refuse(http.StatusNotFound, "no image named %q (capsem image ls lists them)", name)

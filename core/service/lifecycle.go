@@ -164,7 +164,7 @@ func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool, s
 		s.discard(v)
 		return api.VM{}, err
 	}
-	if err := s.boot(ctx, v, stage); err != nil {
+	if err := s.boot(ctx, v, stage, false); err != nil {
 		s.discard(v)
 		return api.VM{}, err
 	}
@@ -241,8 +241,9 @@ func (s *Service) reserve(req api.CreateRequest, run bool) (*vm, error) {
 }
 
 // boot starts v's process and waits until the VM is ready, telling stage
-// (when not nil) the stages the process reports. v.mu is held.
-func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
+// (when not nil) the stages the process reports; suspended resumes the
+// VM's suspend instead of booting. v.mu is held.
+func (s *Service) boot(ctx context.Context, v *vm, stage func(string), suspended bool) error {
 	s.mu.Lock()
 	r := *v.rec
 	v.rec.State, v.rec.LastLog, v.stopping = api.StateBooting, "", false
@@ -252,7 +253,7 @@ func (s *Service) boot(ctx context.Context, v *vm, stage func(string)) error {
 	}
 	t0 := time.Now()
 	cfg := vmhost.ProcessConfig{SessionDir: r.SessionDir, Socket: r.Socket, Name: cmp.Or(r.Name, r.ID), ID: r.ID, VMConfig: r.VMConfig,
-		GuestBin: s.o.GuestBinary, RootImage: r.RootImage, TCGCacheMiB: s.o.TCGCacheMiB}
+		GuestBin: s.o.GuestBinary, RootImage: r.RootImage, TCGCacheMiB: s.o.TCGCacheMiB, Suspended: suspended}
 	cfg.NoAutodetect = cfg.NoAutodetect || s.o.NoAutodetect
 	proc, err := vmhost.Launch(cfg, vmhost.LaunchOptions{Executable: s.o.Executable, Env: s.processEnv(credentialEnv(r.Config, cfg.NoAutodetect)...), Detach: true})
 	if err != nil {
@@ -410,8 +411,10 @@ func (s *Service) halt(ctx context.Context, v *vm) {
 	s.mu.Unlock()
 }
 
-// Resume boots a stopped (or defunct) persistent VM again from its state.
-func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
+// Resume starts a persistent VM again: a suspended one from its saved
+// state, its processes where they were (with boot: its state discarded,
+// its disk booted); a stopped or defunct one by booting its disk.
+func (s *Service) Resume(ctx context.Context, ref string, req api.ResumeRequest) (api.VM, error) {
 	v, r, err := s.lockVM(ref)
 	if err != nil {
 		return api.VM{}, err
@@ -432,13 +435,70 @@ func (s *Service) Resume(ctx context.Context, ref string) (api.VM, error) {
 	if err := checkPortsFree(r.Ports); err != nil {
 		return api.VM{}, err
 	}
-	if err := s.boot(ctx, v, nil); err != nil {
+	suspended := r.State == api.StateSuspended && !req.Boot
+	if r.State == api.StateSuspended && req.Boot {
+		if err := os.RemoveAll(paths.Session{Dir: r.SessionDir}.Suspend()); err != nil {
+			return api.VM{}, fmt.Errorf("discarding the suspended state: %w", err)
+		}
+	}
+	if err := s.boot(ctx, v, nil, suspended); err != nil {
 		s.update(v, func(r *vmrecord.Record) {
+			// A suspend's state that did not load stays, for another
+			// try or a resume with boot.
 			r.State, r.PID = api.StateDefunct, 0
+			if suspended {
+				r.State = api.StateSuspended
+			}
 			r.LastLog = err.Error()
 		})
+		if suspended {
+			return api.VM{}, conflict("VM %s did not resume from its suspended state: %v", r.Label(), err)
+		}
 		return api.VM{}, err
 	}
+	return s.view(v), nil
+}
+
+// Suspend saves a running persistent VM's whole state in its session and
+// stops it; Resume carries on from it. When the save fails after the
+// guest parked, the VM is stopped (its disk intact) and the error says so.
+func (s *Service) Suspend(ctx context.Context, ref string) (api.VM, error) {
+	v, r, err := s.lockVM(ref)
+	if err != nil {
+		return api.VM{}, err
+	}
+	defer v.mu.Unlock()
+	if err := guard(verbSuspend, &r); err != nil {
+		return api.VM{}, err
+	}
+	if !r.Persistent {
+		return api.VM{}, conflict("VM %s is ephemeral: only a persistent VM can be suspended (capsem_persist names it)", r.Label())
+	}
+	s.mu.Lock()
+	client := v.client
+	v.stopping = true
+	s.mu.Unlock()
+	if client == nil {
+		return api.VM{}, notRunning(&r)
+	}
+	res, err := client.Suspend(ctx)
+	var se *apiclient.StatusError
+	if errors.As(err, &se) && se.Status/100 == 4 {
+		// Refused before the guest parked: the VM runs on.
+		s.mu.Lock()
+		v.stopping = false
+		s.mu.Unlock()
+		return api.VM{}, s.vmError(v, err)
+	}
+	s.halt(ctx, v)
+	if err != nil {
+		s.update(v, func(r *vmrecord.Record) { r.State, r.PID, r.LastLog = api.StateStopped, 0, err.Error() })
+		return api.VM{}, fmt.Errorf("VM %s: the suspend failed, and the VM is stopped (its disk is intact; capsem resume boots it): %w", r.Label(), err)
+	}
+	if err := s.update(v, func(r *vmrecord.Record) { r.State, r.PID, r.LastLog = api.StateSuspended, 0, "" }); err != nil {
+		return api.VM{}, err
+	}
+	s.log.Info("VM suspended", "vm", r.ID, "name", r.Name, "state_bytes", res.StateBytes, "ms", res.SuspendMS)
 	return s.view(v), nil
 }
 
@@ -529,7 +589,7 @@ func (s *Service) adopt(ctx context.Context, v *vm) {
 		s.log.Warn("removed the VM of a run its service did not finish", "vm", r.ID, "name", r.Name)
 		return
 	}
-	if r.State == api.StateStopped || r.State == api.StateDefunct {
+	if r.State == api.StateStopped || r.State == api.StateDefunct || r.State == api.StateSuspended {
 		killSessionProcesses(r.SessionDir) // none should run; none may
 		return
 	}

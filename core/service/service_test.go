@@ -106,7 +106,12 @@ func TestHostileRequests(t *testing.T) {
 		{"negative workspace bound", "POST", api.RouteVMs, `{"workspace_mib":-1}`, 400, "workspace_mib -1 (workspace bound in MiB): want 1 to"},
 		{"workspace bound past 1 PiB", "POST", api.RouteVMs, `{"workspace_mib":1073741825}`, 400, "workspace_mib 1073741825 (workspace bound in MiB): want 1 to"},
 		{"negative disk", "POST", api.RouteVMs, `{"disk_gb":-1}`, 400, "disk_gb -1 (disk size in GB): want 0 (no disk) to 4096"},
-		{"unknown image", "POST", api.RouteVMs, `{"image":"../../root"}`, 400, `image "../../root"`},
+		{"path in an image name", "POST", api.RouteVMs, `{"image":"../../root"}`, 400, `image name "../../root": use lower-case letters`},
+		{"unknown image", "POST", api.RouteVMs, `{"image":"no-such"}`, 404, `no image named "no-such"`},
+		{"fork to a path", "POST", api.VMPath(api.RouteVMFork, "x"), `{"name":"../x"}`, 400, `image name "../x"`},
+		{"fork with a long description", "POST", api.VMPath(api.RouteVMFork, "x"), `{"name":"ok","description":"` + strings.Repeat("d", api.MaxDescription+1) + `"}`, 400, "description"},
+		{"image route with a path", "GET", "/v1/images/..%2F..%2Fetc", "", 400, `image name "../../etc"`},
+		{"resume with unknown field", "POST", api.VMPath(api.RouteVMResume, "x"), `{"bogus":true}`, 400, "unknown field"},
 		{"loader variable", "POST", api.RouteVMs, `{"env":{"LD_PRELOAD":"/x"}}`, 400, "LD_PRELOAD"},
 		{"unknown base", "POST", api.RouteVMs, `{"base":"ubuntu"}`, 400, `base "ubuntu": want "full"`},
 		{"full base without a disk", "POST", api.RouteVMs, `{"disk_gb":0}`, 400, `base "full" needs a disk`},
@@ -215,7 +220,7 @@ func TestTakenPortRefused(t *testing.T) {
 	}
 	addVM(t, s, vmrecord.Record{VM: api.VM{ID: "vm-0000000000b1", Name: "kept", Persistent: true, State: api.StateStopped,
 		VMConfig: api.VMConfig{RAMMB: 256, CPUs: 1, NoAutodetect: true, Ports: []api.PortMapping{{Address: "127.0.0.1", Host: port, Guest: 80}}}}})
-	if _, err := s.Resume(context.Background(), "kept"); StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), want) {
+	if _, err := s.Resume(context.Background(), "kept", api.ResumeRequest{}); StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), want) {
 		t.Fatalf("resume with its port taken: %v, want 409 saying %q", err, want)
 	}
 	if v, _ := s.Info(context.Background(), "kept"); v.State != api.StateStopped {
@@ -385,7 +390,7 @@ func TestLifecycleCallOnAVMRemovedMeanwhile(t *testing.T) {
 	v.mu.Lock() // a delete under way
 	got := make(chan error, 1)
 	go func() {
-		_, err := s.Resume(context.Background(), "doomed")
+		_, err := s.Resume(context.Background(), "doomed", api.ResumeRequest{})
 		got <- err
 	}()
 	// Time for the call to find the VM and wait for its lock (had it not

@@ -16,17 +16,20 @@ const (
 	verbResume  verb = "resume"
 	verbPersist verb = "persist"
 	verbFork    verb = "fork"
+	verbSuspend verb = "suspend"
 )
 
 // verbAccepts declares, once, the states each verb acts on; guard checks
 // a VM against it. (Delete takes a VM in any state.)
 var verbAccepts = map[verb][]api.VMState{
 	verbStop:    {api.StateRunning},
-	verbResume:  {api.StateStopped, api.StateDefunct},
+	verbResume:  {api.StateStopped, api.StateDefunct, api.StateSuspended},
+	verbSuspend: {api.StateRunning},
 	verbPersist: {api.StateRunning},
 	// A defunct VM's disk is as its process's death left it: a fork
 	// would copy that as a template. Resume or delete it.
-	verbFork: {api.StateRunning, api.StateStopped},
+	// A suspended VM's disk is as its paused QEMU flushed it.
+	verbFork: {api.StateRunning, api.StateStopped, api.StateSuspended},
 }
 
 // guard refuses vb on a VM whose state it does not accept, naming both.

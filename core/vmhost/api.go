@@ -41,6 +41,7 @@ func (v *VM) routes() http.Handler {
 	mux.HandleFunc("POST "+api.RouteMCP, v.handleMCP)
 	mux.HandleFunc("GET "+api.RouteMCPServers, v.handleMCPServers)
 	mux.HandleFunc("POST "+api.RouteFork, v.handleFork)
+	mux.HandleFunc("POST "+api.RouteSuspend, v.handleSuspend)
 	return mux
 }
 

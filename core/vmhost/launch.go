@@ -42,6 +42,7 @@ type ProcessConfig struct {
 	TCGCacheMiB  int    `name:"tcg-cache-mib" default:"0" help:"Bound QEMU's TCG translation cache, in MiB (0: QEMU's default, which grows with the code the guest runs); a small one saves host memory and costs speed. KVM ignores it."`
 	// NetLoopbackOnly is a test's world: only loopback destinations.
 	NetLoopbackOnly bool   `name:"net-loopback-only" hidden:"" help:"Let the VM's network dial loopback addresses only; every other dial is refused and logged."`
+	Suspended       bool   `name:"suspended" hidden:"" help:"Resume the VM from the state its suspend saved in its session directory (or fail, saying why)."`
 	NoBootState     bool   `name:"no-boot-state" help:"Boot the VM: neither resume the saved boot of its configuration nor save one (also CAPSEM_BOOT_STATE=off)."`
 	BootStateDir    string `name:"boot-state-dir" type:"path" hidden:"" help:"Where saved boots live (default: the guest assets' own, under boot-states/)."`
 	// ConsoleLogMaxKiB is a test's smaller console bound.

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"time"
@@ -28,6 +29,9 @@ const (
 	ModeBootAndSave
 	// ModeResume resumes the saved boot of the VM's configuration.
 	ModeResume
+	// ModeResumeSuspended resumes the VM's own state, saved by its
+	// suspend: its processes carry on where they were.
+	ModeResumeSuspended
 )
 
 // String is the mode as api.Info.Start reports it.
@@ -37,6 +41,8 @@ func (m StartMode) String() string {
 		return "booted_saved"
 	case ModeResume:
 		return "restored"
+	case ModeResumeSuspended:
+		return "resumed"
 	}
 	return "booted"
 }
@@ -89,6 +95,10 @@ type bootPlan struct {
 	mode  StartMode
 	saved *bootState     // nil: saved boots are off or unavailable
 	meta  *bootStateMeta // the state to resume (ModeResume)
+	// suspended: the state is the VM's own, saved by its suspend: it
+	// resumes from it or not at all (err says why not).
+	suspended bool
+	err       error
 }
 
 // planBoot picks the first plan for spec: resume its saved boot when there
@@ -97,6 +107,9 @@ type bootPlan struct {
 // cannot save and key states.
 func (v *VM) planBoot(key []string, bootStates string, canSave bool) bootPlan {
 	o := v.opts
+	if o.Suspended {
+		return v.planSuspended(key)
+	}
 	switch {
 	case key == nil:
 		return bootPlan{mode: ModeBoot}
@@ -152,6 +165,7 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, bootStates 
 	if err != nil {
 		return ModeBoot, err
 	}
+	v.stateKeyArgv = key
 	// One VM of a configuration boots to save it; the others started with
 	// it wait for that save, then resume from it. The lock is held until
 	// the save is published, or this start ends.
@@ -177,6 +191,9 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, bootStates 
 		return p
 	}
 	plan := lockForSave(v.planBoot(key, bootStates, canSave))
+	if plan.err != nil {
+		return ModeBoot, plan.err
+	}
 	justSaved := false
 	for {
 		t := time.Now()
@@ -204,8 +221,12 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, bootStates 
 			return ModeBootAndSave, nil
 		case err == nil && plan.mode == ModeBootAndSave:
 			return ModeBoot, nil // its save failed: it booted on, unsaved
+		case err == nil && plan.suspended:
+			return ModeResumeSuspended, nil
 		case err == nil:
 			return plan.mode, nil
+		case plan.suspended:
+			return plan.mode, fmt.Errorf("the VM's suspended state could not be restored (%w); resuming with boot discards it and boots the VM's disk", err)
 		case plan.mode != ModeResume || v.ctl.client != nil:
 			return plan.mode, err
 		}
@@ -429,6 +450,9 @@ func sendWake(raw net.Conn) error {
 	seed := make([]byte, guestwire.MinWakeSeed)
 	rand.Read(seed)
 	w := &guestwire.Message{Type: guestwire.TypeWake, Wake: &guestwire.Wake{ClockUnixNano: time.Now().UnixNano(), Seed: seed}}
+	if _, err := io.WriteString(raw, guestwire.WakeMarker); err != nil {
+		return fmt.Errorf("waking the guest: %w", err)
+	}
 	if err := guestwire.NewWriter(raw).Write(w); err != nil {
 		return fmt.Errorf("waking the guest: %w", err)
 	}

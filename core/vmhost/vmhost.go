@@ -64,6 +64,9 @@ type Options struct {
 	// NoBootState boots the VM, neither resuming a saved state nor saving
 	// one (as CAPSEM_BOOT_STATE=off does).
 	NoBootState bool
+	// Suspended resumes the VM from the state its suspend saved in its
+	// session, or fails saying why.
+	Suspended bool
 	// BootStateDir is where saved boots live; "" means the guest assets'
 	// own (boot-states/<key> of the minimal root, removed with it), so new
 	// assets never meet old states.
@@ -95,8 +98,14 @@ type VM struct {
 	wsDir string
 	// forkMu keeps forks of the VM one at a time.
 	forkMu sync.Mutex
-	net    *network // nil: no NIC
-	netCA  credentialCA
+	// stateKeyArgv is the configuration key of the VM's saved states (its
+	// suspend's too).
+	stateKeyArgv []string
+	// suspended: Suspend saved the VM and parked its guest; the stop that
+	// follows does not ask the guest to power off.
+	suspended atomic.Bool
+	net       *network // nil: no NIC
+	netCA     credentialCA
 	// tracedExecs counts the commands with a trace id running now.
 	tracedExecs atomic.Int64
 	ctl         control
@@ -186,8 +195,14 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, err
 	}
 	v.mark("disk", t)
+	if o.Suspended {
+		v.restorePins()
+	}
 	if err := v.startMachine(ctx, spec, assets.BootStateDir, canSave); err != nil {
 		return nil, err
+	}
+	if v.start == ModeResumeSuspended {
+		v.finishResume()
 	}
 	v.recordGuestTimings()
 	if err := verified(); err != nil {
@@ -425,7 +440,7 @@ func (v *VM) teardown(ctx context.Context) {
 	// Once Stop has ended the supervision (or before Boot started it),
 	// the connection changes no more.
 	ctl := v.control()
-	if ctl != nil && v.machine != nil && v.unresponsive() == "" {
+	if ctl != nil && v.machine != nil && v.unresponsive() == "" && !v.suspended.Load() {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if err := ctl.Shutdown(sctx); err != nil {
 			v.log.Warn("guest shutdown request failed", "err", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -29,6 +30,12 @@ func fakeGuest(t *testing.T, first *guestwire.Message) (net.Conn, <-chan *guestw
 				close(got)
 				return
 			}
+		}
+		// The marker comes first, whole.
+		marker := make([]byte, len(guestwire.WakeMarker))
+		if _, err := io.ReadFull(guest, marker); err != nil || string(marker) != guestwire.WakeMarker {
+			close(got)
+			return
 		}
 		var m guestwire.Message
 		if err := guestwire.NewReader(guest).Read(&m); err != nil {

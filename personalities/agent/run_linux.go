@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -185,7 +186,7 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 			return err
 		}
 	}
-	defer ch.Close()
+	defer func() { ch.Close() }() // the channel of the moment (a park replaces it)
 	hello.Boot.ModulesMS = mods.finish().elapsed.Milliseconds()
 	if storage != nil {
 		if err := storage.finish(openCtx, log, mods.wait); err != nil {
@@ -212,7 +213,12 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		"mounts_ms", hello.Boot.MountsMS, "modules_ms", hello.Boot.ModulesMS, "storage_ms", hello.Boot.StorageMS,
 		"channel_ms", hello.Boot.ChannelMS, "after_wake_ms", hello.Boot.AfterWakeMS)
 
-	srv := &Server{Log: log, Dial: ch.Dial, Reaper: reaper, Hello: hello, SetClock: setClock, SetHostname: setHostname,
+	// The channel's session changes at a park (suspend): everything that
+	// dials the host goes through the current one.
+	var current atomic.Pointer[guestchan.Channel]
+	current.Store(&ch)
+	dial := func(ctx context.Context, port uint32) (net.Conn, error) { return (*current.Load()).Dial(ctx, port) }
+	srv := &Server{Log: log, Dial: dial, Reaper: reaper, Hello: hello, SetClock: setClock, SetHostname: setHostname,
 		BaseEnv: imageEnv(log, guestwire.GuestImageEnv)}
 	if pid1 {
 		ensureMachineID(log, machineIDPath)
@@ -223,13 +229,24 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	}
 	bridgeCtx, stopBridge := context.WithCancel(ctx)
 	defer stopBridge()
-	if termLn, err := ch.Listen(guestchan.PortTerminal); err != nil {
-		log.Error("terminal sessions unavailable", "err", err)
-	} else {
-		go srv.ServeTerminals(bridgeCtx, termLn)
+	serveTerminals := func(ch guestchan.Channel) {
+		if termLn, err := ch.Listen(guestchan.PortTerminal); err != nil {
+			log.Error("terminal sessions unavailable", "err", err)
+		} else {
+			go srv.ServeTerminals(bridgeCtx, termLn)
+		}
 	}
+	serveTerminals(ch)
+	armPark := func() {
+		if port := parkablePortOf(ch); port != nil {
+			srv.BeforePark = port.arm
+		} else {
+			srv.BeforePark = nil
+		}
+	}
+	armPark()
 	go func() {
-		if err := ServeMCPBridge(bridgeCtx, log, guestwire.GuestMCPSocket, ch.Dial); err != nil {
+		if err := ServeMCPBridge(bridgeCtx, log, guestwire.GuestMCPSocket, dial); err != nil {
 			log.Error("MCP bridge", "err", err)
 		}
 	}()
@@ -237,6 +254,27 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		err := srv.Serve(ctx, conn)
 		if errors.Is(err, ErrShutdown) || ctx.Err() != nil {
 			return err
+		}
+		if errors.Is(err, ErrPark) {
+			port := parkablePortOf(ch)
+			if port == nil {
+				return fmt.Errorf("agent: asked to park on a %s channel, which cannot be", kind)
+			}
+			ch.Close() // ends the session, and with it its terminals and streams
+			next, _, err := park(ctx, log, port, storage)
+			if err != nil {
+				return err
+			}
+			ch = next
+			current.Store(&ch)
+			armPark()
+			serveTerminals(ch)
+			conn, err = dialRetry(ctx, ch, guestchan.PortControl)
+			if err != nil {
+				return fmt.Errorf("agent: reaching the host's control port after a park: %w", err)
+			}
+			log.Info("connected to the host after a park")
+			continue
 		}
 		select {
 		case <-ch.Done():
@@ -326,7 +364,7 @@ func bootDirect(ctx, openCtx context.Context, log *slog.Logger, kind guestchan.K
 	go func() {
 		t := time.Now()
 		mods.wait(channelModules(kind)...)
-		ch, err := guestchan.OpenGuest(openCtx, kind, log)
+		ch, err := openChannel(openCtx, kind, log)
 		if err != nil {
 			err = fmt.Errorf("agent: opening the %s channel to the host: %w", kind, err)
 		}
@@ -435,12 +473,30 @@ func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *m
 			return nil, nil, 0, time.Time{}, err
 		}
 	}
-	s, err := guestchan.Client(res.f, log)
+	s, err := guestchan.Client(newParkablePort(res.f), log)
 	if err != nil {
 		return nil, nil, 0, time.Time{}, err
 	}
 	closePort = false
 	return s, storage, res.took, woke, nil
+}
+
+// openChannel opens the channel of kind; a serial one's session runs on a
+// parkablePort, so that a suspend can end it and keep the port.
+func openChannel(ctx context.Context, kind guestchan.Kind, log *slog.Logger) (guestchan.Channel, error) {
+	if kind != guestchan.KindSerial && kind != "" {
+		return guestchan.OpenGuest(ctx, kind, log)
+	}
+	f, err := guestchan.OpenVirtioPort(ctx, guestchan.VirtioPortName)
+	if err != nil {
+		return nil, err
+	}
+	s, err := guestchan.Client(newParkablePort(f), log)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // logModules logs how the module loading went, in one line.

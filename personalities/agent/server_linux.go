@@ -60,6 +60,9 @@ type Server struct {
 	// ClaimIdentity makes the root this VM's (BootConfig.VMID); nil
 	// leaves the system alone.
 	ClaimIdentity func(vmID string) error
+	// BeforePark readies the channel for a park (a suspend); nil: this
+	// agent cannot park.
+	BeforePark func()
 	// FactsPath, when set, is where the boot config's facts are recorded
 	// (guestwire.GuestBootFacts in the VM).
 	FactsPath string
@@ -164,6 +167,16 @@ func (s *Server) Serve(ctx context.Context, conn net.Conn) error {
 		case guestwire.TypeShutdown:
 			reply(&guestwire.Message{Type: guestwire.TypeOK, ID: m.ID})
 			return ErrShutdown
+		case guestwire.TypeSuspend:
+			if s.BeforePark == nil {
+				reply(errorMessage(m.ID, guestwire.Errorf(guestwire.CodeUnknown, "this agent cannot park (its channel is not a serial port)")))
+				continue
+			}
+			// Before the answer: the host may save the VM as soon as it
+			// has it.
+			s.BeforePark()
+			reply(&guestwire.Message{Type: guestwire.TypeOK, ID: m.ID})
+			return ErrPark
 		}
 		select {
 		case sem <- struct{}{}:

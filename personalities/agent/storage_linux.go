@@ -88,6 +88,9 @@ type storageStage struct {
 	attrs    []any
 	rootDone bool // the overlay is assembled on newRoot
 	took     time.Duration
+	// workspacePort is the mounted workspace's port, which its relay
+	// reads: closed to let a park's new mount open it again.
+	workspacePort *os.File
 }
 
 func prepareStorage(ctx context.Context, p storagePlan, wait func(...string)) (*storageStage, error) {
@@ -155,9 +158,11 @@ func (s *storageStage) finish(ctx context.Context, log *slog.Logger, wait func(.
 	if s.plan.workspaceTag != "" {
 		w := time.Now()
 		wait(workspaceModules...)
-		if err := mountWorkspace(ctx, log, s.plan.workspaceTag, guestwire.GuestWorkspace); err != nil {
+		port, err := mountWorkspace(ctx, log, s.plan.workspaceTag, guestwire.GuestWorkspace)
+		if err != nil {
 			return err
 		}
+		s.workspacePort = port
 		s.attrs = append(s.attrs, "workspace", guestwire.GuestWorkspace, "workspace_ms", time.Since(w).Milliseconds())
 	}
 	// One log line for the whole stage: each line costs milliseconds on
@@ -316,26 +321,26 @@ func switchRoot() error {
 // pipes, and PID 1 copies between them and the port (relayWorkspace).
 // nosuid and nodev: files the host put there must not gain privileges in
 // the guest.
-func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) error {
+func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("agent: creating the workspace mount point %s: %w", dir, err)
+		return nil, fmt.Errorf("agent: creating the workspace mount point %s: %w", dir, err)
 	}
 	port, err := guestchan.OpenVirtioPort(ctx, guestwire.WorkspacePort)
 	if err != nil {
-		return fmt.Errorf("agent: the workspace's port: %w", err)
+		return nil, fmt.Errorf("agent: the workspace's port: %w", err)
 	}
 	// Two pipes, one each way: the kernel reads replies from one and
 	// writes requests to the other.
 	var replies, requests [2]int
 	if err := unix.Pipe2(replies[:], unix.O_CLOEXEC); err != nil {
 		port.Close()
-		return fmt.Errorf("agent: pipe for the workspace: %w", err)
+		return nil, fmt.Errorf("agent: pipe for the workspace: %w", err)
 	}
 	if err := unix.Pipe2(requests[:], unix.O_CLOEXEC); err != nil {
 		unix.Close(replies[0])
 		unix.Close(replies[1])
 		port.Close()
-		return fmt.Errorf("agent: pipe for the workspace: %w", err)
+		return nil, fmt.Errorf("agent: pipe for the workspace: %w", err)
 	}
 	for _, fd := range []int{replies[1], requests[1]} {
 		// Room for whole messages (best effort: the system may cap it).
@@ -349,9 +354,9 @@ func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) erro
 	unix.Close(requests[1])
 	if err != nil {
 		// The relay sees the kernel's ends gone and closes the rest.
-		return fmt.Errorf("agent: mounting the workspace on %s: %w", dir, err)
+		return nil, fmt.Errorf("agent: mounting the workspace on %s: %w", dir, err)
 	}
-	return nil
+	return port, nil
 }
 
 // relayBuffer is the size of each copy buffer between the kernel's 9p

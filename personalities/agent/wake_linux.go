@@ -33,6 +33,14 @@ func wakeHandshake(ctx context.Context, port io.ReadWriter, h wakeHooks) (*guest
 	if err := guestwire.NewWriter(port).Write(&guestwire.Message{Type: guestwire.TypeSavePoint}); err != nil {
 		return nil, fmt.Errorf("agent: writing the save point to the host: %w", err)
 	}
+	return awaitWake(ctx, port, h)
+}
+
+// awaitWake reads the host's wake (past WakeMarker, skipping whatever
+// comes before it) and applies it: the seed first, so nothing random is
+// drawn from the saved state after a restore, then the clock. The wait is
+// bounded by ctx.
+func awaitWake(ctx context.Context, port io.Reader, h wakeHooks) (*guestwire.Wake, error) {
 	if d, ok := port.(interface{ SetReadDeadline(time.Time) error }); ok {
 		if dl, ok := ctx.Deadline(); ok {
 			d.SetReadDeadline(dl)
@@ -40,7 +48,13 @@ func wakeHandshake(ctx context.Context, port io.ReadWriter, h wakeHooks) (*guest
 		}
 	}
 	var m guestwire.Message
-	if err := guestwire.NewReader(port).Read(&m); err != nil {
+	err := skipToMarker(port, guestwire.WakeMarker)
+	if err == nil {
+		// Unbuffered: nothing past the wake frame may be consumed here
+		// (the multiplexer's first bytes follow it).
+		err = guestwire.NewReader(port).Read(&m)
+	}
+	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
 		}
@@ -61,6 +75,27 @@ func wakeHandshake(ctx context.Context, port io.ReadWriter, h wakeHooks) (*guest
 		}
 	}
 	return m.Wake, nil
+}
+
+// skipToMarker reads r one byte at a time up to and including marker, so
+// that nothing after it is consumed.
+func skipToMarker(r io.Reader, marker string) error {
+	var b [1]byte
+	matched := 0
+	for matched < len(marker) {
+		if _, err := io.ReadFull(r, b[:]); err != nil {
+			return err
+		}
+		switch {
+		case b[0] == marker[matched]:
+			matched++
+		case b[0] == marker[0]:
+			matched = 1
+		default:
+			matched = 0
+		}
+	}
+	return nil
 }
 
 // reseedKernelRandom mixes seed into the kernel's input pool, credited as

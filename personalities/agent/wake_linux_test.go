@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -30,6 +31,9 @@ func fakeWakeHost(t *testing.T, reply *guestwire.Message) (net.Conn, <-chan gues
 		}
 		got <- m
 		if reply != nil {
+			// Junk first, as a restored guest may find in its buffers
+			// (a start of the marker among it), then the marker.
+			host.Write([]byte("\x00\xffcaps\x00junk" + guestwire.WakeMarker))
 			guestwire.NewWriter(host).Write(reply)
 		}
 	}()
@@ -140,5 +144,23 @@ func TestClaimIdentity(t *testing.T) {
 		if got, _ := os.ReadFile(vmIDFile); string(got) != step.vmID+"\n" {
 			t.Errorf("vm-id file %q after claim by %s", got, step.vmID)
 		}
+	}
+}
+
+// TestSkipToMarker: the marker is found after junk that holds parts of it,
+// and nothing after it is consumed.
+func TestSkipToMarker(t *testing.T) {
+	m := guestwire.WakeMarker
+	for _, in := range []string{m, "junk" + m, m[:5] + m, m[:len(m)-2] + m, "\x00\x00" + m, "\x00" + m[:3] + "\x00" + m} {
+		r := strings.NewReader(in + "rest")
+		if err := skipToMarker(r, m); err != nil {
+			t.Fatalf("%q: %v", in, err)
+		}
+		if rest, _ := io.ReadAll(r); string(rest) != "rest" {
+			t.Errorf("%q: left %q", in, rest)
+		}
+	}
+	if err := skipToMarker(strings.NewReader(m[:len(m)-1]), m); err == nil {
+		t.Error("a cut marker was taken")
 	}
 }

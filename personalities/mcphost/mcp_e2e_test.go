@@ -134,7 +134,7 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 	c := startMCP(t, env, runDir)
 
 	tools, err := c.s.ListTools(context.Background(), nil)
-	if err != nil || len(tools.Tools) != 25 {
+	if err != nil || len(tools.Tools) != 26 {
 		t.Fatalf("tools/list: %d tools, %v", len(tools.Tools), err)
 	}
 	var v hostmcp.VersionOut
@@ -679,7 +679,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 	if err := json.Unmarshal(out, &report); err != nil {
 		t.Fatalf("report %q: %v", out, err)
 	}
-	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 25 || !report.AllHaveOutputSchemas {
+	if report.ServerVersion.Name != "capsem" || !strings.Contains(report.Instructions, "capsem_create") || len(report.Tools) != 26 || !report.AllHaveOutputSchemas {
 		t.Errorf("discovery: %+v", report)
 	}
 	if !report.Version.Match || report.Created.State != "running" || report.Created.Name != "ts-vm" {

@@ -60,7 +60,7 @@ func (c *Cmd) Run(ctx context.Context) error {
 		Firmware:   qemu.PreferredFirmware(),
 		SessionDir: c.SessionDir, APISocket: c.Socket, Name: c.Name, ID: c.ID, VMConfig: c.VM(), RootImage: c.RootImage,
 		TCGCacheMiB: c.TCGCacheMiB, ConsoleLogMaxBytes: int64(c.ConsoleLogMaxKiB) << 10, GuestBinary: c.GuestBin, Logger: log,
-		NoBootState: c.NoBootState, BootStateDir: c.BootStateDir, Stage: stage, NetLoopbackOnly: c.NetLoopbackOnly,
+		NoBootState: c.NoBootState, Suspended: c.Suspended, BootStateDir: c.BootStateDir, Stage: stage, NetLoopbackOnly: c.NetLoopbackOnly,
 	})
 	if err != nil {
 		return err

@@ -668,6 +668,17 @@ const statePollInterval = 10 * time.Millisecond
 // The spec must have Monitor set. Devices that cannot be saved in their
 // state (a mounted 9p share) make QEMU refuse, and the VM runs on.
 func (m *Machine) SaveState(ctx context.Context, path string) error {
+	return m.saveState(ctx, path, true)
+}
+
+// SuspendTo saves the VM's whole state to path as SaveState does, and
+// leaves it paused: the caller stops it, and a VM of the same spec
+// resumes it from the file (vmm.Suspender).
+func (m *Machine) SuspendTo(ctx context.Context, path string) error {
+	return m.saveState(ctx, path, false)
+}
+
+func (m *Machine) saveState(ctx context.Context, path string, runOn bool) error {
 	q, err := m.monitorClient(ctx)
 	if err != nil {
 		return err
@@ -711,11 +722,14 @@ func (m *Machine) SaveState(ctx context.Context, path string) error {
 		status, err = m.waitMigration(ctx, q)
 	}
 	// The VM carries on whatever happened (there is no destination to
-	// take over). Its own bound: the save may have used up ctx's.
-	cctx, cancel := cleanupContext(ctx)
-	defer cancel()
-	if _, cerr := q.Execute(cctx, "cont", nil, nil); cerr != nil {
-		return fmt.Errorf("%w: %w (save: %v)", ErrNotResumed, cerr, err)
+	// take over), unless it is to stay paused for its stop. Its own
+	// bound: the save may have used up ctx's.
+	if runOn || err != nil || status != "completed" {
+		cctx, cancel := cleanupContext(ctx)
+		defer cancel()
+		if _, cerr := q.Execute(cctx, "cont", nil, nil); cerr != nil {
+			return fmt.Errorf("%w: %w (save: %v)", ErrNotResumed, cerr, err)
+		}
 	}
 	if err != nil {
 		return err

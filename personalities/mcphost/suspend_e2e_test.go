@@ -1,0 +1,131 @@
+package mcphost_test
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capsem/capsem/core/hostmcp"
+	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/testkit"
+)
+
+// TestSuspendResume: a suspended VM resumes with its processes where they
+// were: a counter goes on from its value (not from zero), a file held open
+// stays open and keeps growing, a process whose working directory is the
+// workspace lives on, the workspace serves again, and the guest's clock is
+// the host's. A state that fails to load says why and is kept; resume with
+// boot then boots the disk. Suspending what cannot be suspended is refused.
+func TestSuspendResume(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	c := startMCP(t, env, runDir)
+	exec := func(vm, command string) string {
+		t.Helper()
+		var r hostmcp.ExecOut
+		c.must("capsem_exec", map[string]any{"id": vm, "command": command}, &r)
+		if r.ExitCode != 0 {
+			t.Fatalf("%s: %q exited %d:\n%s\n%s", vm, command, r.ExitCode, r.Stdout, r.Stderr)
+		}
+		return strings.TrimSpace(r.Stdout)
+	}
+	number := func(s string) int {
+		t.Helper()
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			t.Fatalf("not a number: %q", s)
+		}
+		return n
+	}
+
+	var vm hostmcp.VMOut
+	c.must("capsem_create", map[string]any{"name": "sus", "ramMb": 1024}, &vm)
+	session := paths.Session{Dir: filepath.Join(runDir, "sessions", vm.ID)}
+	exec("sus", `set -e
+echo kept > /root/on-disk
+echo hello > /root/workspace/hello.txt
+(i=0; exec 3>>/var/tmp/held; while true; do i=$((i+1)); echo $i > /var/tmp/count; echo $i >&3; sleep 0.2; done </dev/null >/dev/null 2>&1) &
+echo $! > /var/tmp/counter.pid
+cd /root/workspace && sleep 100000 </dev/null >/dev/null 2>&1 &
+echo $! > /var/tmp/sleeper.pid
+sleep 1`)
+	counter := exec("sus", "cat /var/tmp/counter.pid")
+	sleeper := exec("sus", "cat /var/tmp/sleeper.pid")
+	alive := func(pid string) string {
+		t.Helper()
+		return exec("sus", "kill -0 "+pid+" 2>/dev/null && echo alive || echo gone")
+	}
+	if alive(counter) != "alive" || alive(sleeper) != "alive" {
+		t.Fatal("the background processes did not start")
+	}
+	before := number(exec("sus", "cat /var/tmp/count"))
+	held := number(exec("sus", "wc -l < /var/tmp/held"))
+
+	var out hostmcp.VMOut
+	c.must("capsem_suspend", map[string]any{"id": "sus"}, &out)
+	if out.State != "suspended" {
+		t.Fatalf("suspend: %+v", out)
+	}
+	c.refused("capsem_exec", map[string]any{"id": "sus", "command": "true"}, "suspended")
+	c.refused("capsem_suspend", map[string]any{"id": "sus"}, "VM sus is suspended: suspend takes a VM that is running")
+	time.Sleep(3 * time.Second) // the host's clock moves on meanwhile
+
+	c.must("capsem_resume", map[string]any{"name": "sus"}, &out)
+	if out.State != "running" {
+		t.Fatalf("resume: %+v", out)
+	}
+	if alive(counter) != "alive" {
+		t.Errorf("the counter's process %s is gone", counter)
+	}
+	if alive(sleeper) != "alive" {
+		t.Errorf("the process %s whose working directory is the workspace is gone", sleeper)
+	}
+	after := number(exec("sus", "sleep 1; cat /var/tmp/count"))
+	if after <= before || after > before+200 {
+		t.Errorf("the counter was %d before the suspend and is %d after: not carried on", before, after)
+	}
+	if got := number(exec("sus", "wc -l < /var/tmp/held")); got <= held {
+		t.Errorf("the file held open had %d lines, has %d: not written on", held, got)
+	}
+	if got := exec("sus", "readlink /proc/"+counter+"/fd/3"); got != "/var/tmp/held" {
+		t.Errorf("the counter's descriptor 3 is %q", got)
+	}
+	if got := exec("sus", "cat /root/workspace/hello.txt; echo more > /root/workspace/after.txt; cat /root/on-disk"); got != "hello\nkept" {
+		t.Errorf("the workspace and disk after the resume: %q", got)
+	}
+	if b, err := os.ReadFile(filepath.Join(session.Workspace(), "after.txt")); err != nil || string(b) != "more\n" {
+		t.Errorf("the workspace's host side after the resume: %q, %v", b, err)
+	}
+	guestClock := number(exec("sus", "date +%s"))
+	if d := time.Now().Unix() - int64(guestClock); d < -5 || d > 5 {
+		t.Errorf("the guest's clock is %d s off the host's after the resume", d)
+	}
+
+	// A state that does not load says why, and is kept; boot discards it.
+	c.must("capsem_suspend", map[string]any{"id": "sus"}, nil)
+	states, _ := filepath.Glob(filepath.Join(session.Suspend(), "*.state"))
+	if len(states) != 1 {
+		t.Fatalf("suspend states: %v", states)
+	}
+	if err := os.WriteFile(states[0], []byte("not a state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.refused("capsem_resume", map[string]any{"name": "sus"}, "did not resume from its suspended state")
+	c.must("capsem_info", map[string]any{"id": "sus"}, &out)
+	if out.State != "suspended" {
+		t.Errorf("after a failed resume: %+v", out)
+	}
+	c.must("capsem_resume", map[string]any{"name": "sus", "boot": true}, &out)
+	// The counter's file is on the disk, and no longer counts.
+	if got := exec("sus", `cat /root/on-disk; a=$(cat /var/tmp/count); sleep 1; [ "$a" = "$(cat /var/tmp/count)" ] && echo stopped`); got != "kept\nstopped" {
+		t.Errorf("after a resume with boot: %q", got)
+	}
+
+	var eph hostmcp.VMOut
+	c.must("capsem_create", map[string]any{"ramMb": 512, "base": "minimal"}, &eph)
+	c.refused("capsem_suspend", map[string]any{"id": eph.ID}, "only a persistent VM can be suspended")
+	c.must("capsem_stop", map[string]any{"id": "sus"}, nil)
+	c.refused("capsem_suspend", map[string]any{"id": "sus"}, "VM sus is stopped: suspend takes a VM that is running")
+}
