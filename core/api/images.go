@@ -28,6 +28,10 @@ const ImageFormat = 1
 type ForkRequest struct {
 	Name        string `json:"name"`
 	Description string `json:"description,omitempty"`
+	// Memory keeps the VM's RAM and CPU state too (of a running or
+	// suspended VM): every VM made from the image resumes with the
+	// source's processes running where they were.
+	Memory bool `json:"memory,omitempty"`
 }
 
 // MaxDescription bounds an image's description, in bytes.
@@ -45,6 +49,11 @@ type Image struct {
 	// that very root image, or not at all (Problem says it is gone).
 	Base      string `json:"base"`
 	RootImage string `json:"root_image,omitempty"`
+	// Memory: the image holds the source's RAM and CPU state (StateBytes
+	// of it); its VMs resume from it rather than boot, with the source's
+	// memory and CPUs.
+	Memory     bool  `json:"memory,omitempty"`
+	StateBytes int64 `json:"state_bytes,omitempty"`
 	// Config is the source's configuration, less what belongs to the
 	// source alone (its ports, its host workspace directory): the
 	// defaults of a VM created from the image.
@@ -57,7 +66,7 @@ type Image struct {
 	WorkspaceBytes int64 `json:"workspace_bytes"`
 	SizeBytes      int64 `json:"size_bytes"`
 	// ForkMS is the fork's duration; PausedMS how long a running
-	// source was paused for it.
+	// source was paused for it (a memory fork: suspended and resumed).
 	ForkMS   int64 `json:"fork_ms"`
 	PausedMS int64 `json:"paused_ms,omitempty"`
 	// UsedBy names the VMs made from the image (their disks are layers
@@ -83,6 +92,8 @@ type ForkCopyRequest struct {
 
 // ForkCopy is what the copy took.
 type ForkCopy struct {
+	// StateBytes is a memory fork's saved state (the service copies it).
+	StateBytes     int64 `json:"state_bytes,omitempty"`
 	DiskBytes      int64 `json:"disk_bytes"`
 	DiskAllocated  int64 `json:"disk_allocated_bytes"`
 	WorkspaceBytes int64 `json:"workspace_bytes"`

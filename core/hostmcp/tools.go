@@ -29,6 +29,7 @@ type (
 		ID          string `json:"id" jsonschema:"the id or name of the VM to fork (running or stopped)"`
 		Name        string `json:"name" jsonschema:"the image's name: lower-case letters, digits and '-'; no VM or image may have it already"`
 		Description string `json:"description,omitempty" jsonschema:"what the image is for"`
+		Memory      bool   `json:"memory,omitempty" jsonschema:"also keep the VM's memory and CPU state (a running or suspended VM): every VM made from the image resumes with the source's processes running where they were, each with its own identity, clock and entropy"`
 	}
 	DeleteIn struct {
 		ID string `json:"id" jsonschema:"a VM's id or name, or an image's name"`
@@ -150,6 +151,8 @@ type (
 		CPUCount    int      `json:"cpuCount"`
 		DiskBytes   int64    `json:"diskBytes" jsonschema:"the disk's size as the guest sees it"`
 		SizeBytes   int64    `json:"sizeBytes" jsonschema:"what the image takes on the host: its disk's allocated blocks and its workspace's files"`
+		Memory      bool     `json:"memory,omitempty" jsonschema:"the image holds a running VM's memory: its VMs resume with the source's processes running"`
+		StateBytes  int64    `json:"stateBytes,omitempty" jsonschema:"the saved memory and CPU state's size"`
 		ForkMs      int64    `json:"forkMs"`
 		PausedMs    int64    `json:"pausedMs,omitempty" jsonschema:"how long the running source was paused for the copy"`
 		UsedBy      []string `json:"usedBy,omitempty" jsonschema:"VMs made from it: it cannot be deleted while any remain"`
@@ -311,7 +314,8 @@ func (t *tools) register(s *mcp.Server) {
 		"with id, also that VM's refused connections and DNS queries, failed or denied MCP calls and failed commands from its ledger. Occurrences are grouped (count, first, last, one example) and ranked by severity, count and recency. Start here when something fails."}, t.triage)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_delete", Annotations: changes, Description: "Destroy a VM, running or not, and wipe all its state (disk, workspace, ledger); or, given an image's name, delete that image (refused while VMs made from it remain)."}, t.delete)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_fork", Annotations: nondestruct, Description: "Make a reusable template of a running or stopped VM: an image holding its disk (installed packages, files anywhere in the guest), its workspace and its settings. " +
-		"A running VM is paused for the copy (its filesystems synced first) and runs on. Boot VMs from it with capsem_create {image: name}: each gets its own identity (host name, machine id, ledger) and its own copy of everything. Returns the image with its size and the fork's duration."}, t.fork)
+		"A running VM is paused for the copy (its filesystems synced first) and runs on. Boot VMs from it with capsem_create {image: name}: each gets its own identity (host name, machine id, ledger) and its own copy of everything. " +
+		"With memory: true the image also keeps the VM's memory and CPU state, and its VMs start with the source's processes running (the source is suspended for the copy and resumed: commands in flight through capsem_exec end). Returns the image with its size and the fork's duration."}, t.fork)
 	mcp.AddTool(s, &mcp.Tool{Name: "capsem_version", Annotations: readOnly, Description: "This MCP server's version, the service's, and whether they match."}, t.versionTool)
 }
 
@@ -378,11 +382,11 @@ func imageOut(img api.Image) ImageOut {
 	return ImageOut{Name: img.Name, Description: img.Description, SourceID: img.Source.ID, SourceName: img.Source.Name,
 		SourceState: img.Source.State, CreatedAt: img.CreatedAt.Format(time.RFC3339), Base: img.Base,
 		RAMMb: img.Config.RAMMB, CPUCount: img.Config.CPUs, DiskBytes: img.DiskBytes, SizeBytes: img.SizeBytes,
-		ForkMs: img.ForkMS, PausedMs: img.PausedMS, UsedBy: img.UsedBy, Problem: img.Problem}
+		ForkMs: img.ForkMS, PausedMs: img.PausedMS, UsedBy: img.UsedBy, Problem: img.Problem, Memory: img.Memory, StateBytes: img.StateBytes}
 }
 
 func (t *tools) fork(ctx context.Context, _ *mcp.CallToolRequest, in ForkIn) (*mcp.CallToolResult, ImageOut, error) {
-	img, err := t.svc.Fork(ctx, in.ID, api.ForkRequest{Name: in.Name, Description: in.Description})
+	img, err := t.svc.Fork(ctx, in.ID, api.ForkRequest{Name: in.Name, Description: in.Description, Memory: in.Memory})
 	if err != nil {
 		return nil, ImageOut{}, err
 	}

@@ -90,15 +90,30 @@ func (s *Service) Fork(ctx context.Context, ref string, req api.ForkRequest) (ap
 	if err != nil {
 		return api.Image{}, err
 	}
-	var cp api.ForkCopy
-	if r.State == api.StateRunning {
+	var (
+		cp       api.ForkCopy
+		resumeVM bool // a running source of a memory fork, suspended for it
+	)
+	switch {
+	case req.Memory:
+		cp, resumeVM, err = s.copyWithMemory(ctx, v, &r, staging)
+	case r.State == api.StateRunning:
 		if client == nil {
 			err = notRunning(&r)
 		} else if cp, err = client.ForkCopy(ctx, staging); err != nil {
 			err = s.vmError(v, err)
 		}
-	} else {
+	default:
 		cp, err = copyStopped(ctx, &r, staging)
+	}
+	var resumeErr error
+	if resumeVM {
+		// The source carries on from the state it was forked at.
+		t := time.Now()
+		if resumeErr = s.boot(ctx, v, nil, true); resumeErr != nil {
+			s.update(v, func(r *vmrecord.Record) { r.State, r.PID, r.LastLog = api.StateSuspended, 0, resumeErr.Error() })
+		}
+		cp.PausedMS += time.Since(t).Milliseconds()
 	}
 	if err != nil {
 		s.images.Discard(staging)
@@ -108,7 +123,8 @@ func (s *Service) Fork(ctx context.Context, ref string, req api.ForkRequest) (ap
 		Source: api.ImageSource{ID: r.ID, Name: r.Name, State: string(r.State)},
 		Base:   r.Base, RootImage: r.RootImage, Config: imageConfig(r.VMConfig),
 		DiskBytes: cp.DiskBytes, DiskAllocated: cp.DiskAllocated, WorkspaceBytes: cp.WorkspaceBytes,
-		SizeBytes: cp.DiskAllocated + cp.WorkspaceBytes, PausedMS: cp.PausedMS}
+		SizeBytes: cp.DiskAllocated + cp.WorkspaceBytes + cp.StateBytes, PausedMS: cp.PausedMS,
+		Memory: req.Memory, StateBytes: cp.StateBytes}
 	img.ForkMS = time.Since(t0).Milliseconds()
 	if err := s.images.Publish(staging, img); err != nil {
 		s.images.Discard(staging)
@@ -117,9 +133,38 @@ func (s *Service) Fork(ctx context.Context, ref string, req api.ForkRequest) (ap
 		}
 		return api.Image{}, err
 	}
-	s.log.Info("forked a VM", "vm", r.ID, "name", r.Name, "image", img.Name, "fork_ms", img.ForkMS,
+	s.log.Info("forked a VM", "vm", r.ID, "name", r.Name, "image", img.Name, "memory", img.Memory, "fork_ms", img.ForkMS,
 		"paused_ms", img.PausedMS, "size_bytes", img.SizeBytes)
+	if resumeErr != nil {
+		return api.Image{}, fmt.Errorf("image %s is made, but VM %s did not resume after it (it stays suspended; capsem resume tries again): %w", img.Name, r.Label(), resumeErr)
+	}
 	return s.Image(img.Name)
+}
+
+// copyWithMemory copies a VM's disk, workspace and whole state into
+// staging: a suspended VM's as they are; a running one is suspended for
+// it (resume then reports true: the caller resumes it). v.mu is held.
+func (s *Service) copyWithMemory(ctx context.Context, v *vm, r *vmrecord.Record, staging string) (cp api.ForkCopy, resume bool, err error) {
+	switch r.State {
+	case api.StateRunning:
+		t := time.Now()
+		if _, err := s.suspendLocked(ctx, v, r); err != nil {
+			return cp, false, err
+		}
+		resume = true
+		defer func() { cp.PausedMS += time.Since(t).Milliseconds() }()
+	case api.StateSuspended:
+	default:
+		return cp, false, conflict("VM %s is %s: a fork with memory takes a VM that is running or suspended", r.Label(), r.State)
+	}
+	if cp, err = copyStopped(ctx, r, staging); err != nil {
+		return cp, resume, err
+	}
+	suspend := paths.Session{Dir: r.SessionDir}.Suspend()
+	if cp.StateBytes, err = vmimage.CopyTree(ctx, suspend, vmimage.StagedState(staging)); err != nil {
+		return cp, resume, fmt.Errorf("copying the VM's saved state: %w", err)
+	}
+	return cp, resume, nil
 }
 
 // copyStopped copies a stopped VM's disk and workspace into staging.
@@ -162,6 +207,12 @@ func fromImage(req *api.CreateRequest, img api.Image) error {
 	if req.Base != "" && req.Base != img.Base {
 		return badRequest("base %q: image %q is of base %q", req.Base, img.Name, img.Base)
 	}
+	if img.Memory && (req.RAMMB != 0 && req.RAMMB != img.Config.RAMMB || req.CPUs != 0 && req.CPUs != img.Config.CPUs) {
+		return badRequest("image %q holds a running VM's memory and CPUs: its VMs have its %d MB and %d CPUs", img.Name, img.Config.RAMMB, img.Config.CPUs)
+	}
+	if img.Memory && req.NoNetwork != img.Config.NoNetwork {
+		return badRequest("image %q holds a running VM's devices: its VMs keep its network (no_network %v)", img.Name, img.Config.NoNetwork)
+	}
 	if req.DiskGB != nil && *req.DiskGB != img.Config.Disk() {
 		return badRequest("disk_gb %d: image %q has a %d GB disk, which its VMs keep", *req.DiskGB, img.Name, img.Config.Disk())
 	}
@@ -186,9 +237,10 @@ func fromImage(req *api.CreateRequest, img api.Image) error {
 }
 
 // prepareFromImage gives a new VM of an image its disk, a layer over the
-// image's, and its workspace, a copy of the image's (unless the VM shares
-// a host directory). v.mu is held.
-func (s *Service) prepareFromImage(ctx context.Context, v *vm) error {
+// image's, its workspace, a copy of the image's (unless the VM shares a
+// host directory), and a memory image's state as its suspend's: memory
+// says the VM is then to resume from it. v.mu is held.
+func (s *Service) prepareFromImage(ctx context.Context, v *vm) (memory bool, err error) {
 	r := s.snapshot(v)
 	// Read again: it could have been deleted before this VM was
 	// recorded as its user; from now on it cannot be.
@@ -197,24 +249,29 @@ func (s *Service) prepareFromImage(ctx context.Context, v *vm) error {
 		err = errors.New(img.Problem)
 	}
 	if err != nil {
-		return refuse(http.StatusConflict, "image %q: %v", r.Image, err)
+		return false, refuse(http.StatusConflict, "image %q: %v", r.Image, err)
 	}
 	if err := s.update(v, func(r *vmrecord.Record) { r.RootImage = img.RootImage }); err != nil {
-		return err
+		return false, err
 	}
 	if err := os.MkdirAll(r.SessionDir, 0o700); err != nil {
-		return fmt.Errorf("creating the session directory: %w", err)
+		return false, fmt.Errorf("creating the session directory: %w", err)
 	}
 	sess := paths.Session{Dir: r.SessionDir}
 	if err := vmimage.MakeLayer(ctx, s.images.Disk(r.Image), sess.DiskLayer()); err != nil {
-		return err
+		return false, err
 	}
 	if r.Workspace == "" {
 		if _, err := vmimage.CopyTree(ctx, s.images.Workspace(r.Image), sess.Workspace()); err != nil {
-			return err
+			return false, err
 		}
 	}
-	return nil
+	if img.Memory {
+		if err := vmimage.LinkTree(ctx, s.images.State(r.Image), sess.Suspend()); err != nil {
+			return false, fmt.Errorf("placing image %s's saved state: %w", img.Name, err)
+		}
+	}
+	return img.Memory, nil
 }
 
 // usersOfLocked names the VMs made from the image name. s.mu is held.

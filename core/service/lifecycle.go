@@ -155,8 +155,9 @@ func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool, s
 		return api.VM{}, err
 	}
 	defer v.mu.Unlock()
+	memory := false
 	if req.Image != DefaultImage {
-		err = s.prepareFromImage(ctx, v)
+		memory, err = s.prepareFromImage(ctx, v)
 	} else {
 		err = s.resolveBase(ctx, v, stage)
 	}
@@ -164,7 +165,7 @@ func (s *Service) create(ctx context.Context, req api.CreateRequest, run bool, s
 		s.discard(v)
 		return api.VM{}, err
 	}
-	if err := s.boot(ctx, v, stage, false); err != nil {
+	if err := s.boot(ctx, v, stage, memory); err != nil {
 		s.discard(v)
 		return api.VM{}, err
 	}
@@ -474,12 +475,22 @@ func (s *Service) Suspend(ctx context.Context, ref string) (api.VM, error) {
 	if !r.Persistent {
 		return api.VM{}, conflict("VM %s is ephemeral: only a persistent VM can be suspended (capsem_persist names it)", r.Label())
 	}
+	if _, err := s.suspendLocked(ctx, v, &r); err != nil {
+		return api.VM{}, err
+	}
+	return s.view(v), nil
+}
+
+// suspendLocked suspends the running VM v (r: its record): suspended on
+// success; stopped, and said so, when the save failed after its guest
+// parked. v.mu is held.
+func (s *Service) suspendLocked(ctx context.Context, v *vm, r *vmrecord.Record) (api.SuspendResult, error) {
 	s.mu.Lock()
 	client := v.client
 	v.stopping = true
 	s.mu.Unlock()
 	if client == nil {
-		return api.VM{}, notRunning(&r)
+		return api.SuspendResult{}, notRunning(r)
 	}
 	res, err := client.Suspend(ctx)
 	var se *apiclient.StatusError
@@ -488,18 +499,18 @@ func (s *Service) Suspend(ctx context.Context, ref string) (api.VM, error) {
 		s.mu.Lock()
 		v.stopping = false
 		s.mu.Unlock()
-		return api.VM{}, s.vmError(v, err)
+		return res, s.vmError(v, err)
 	}
 	s.halt(ctx, v)
 	if err != nil {
 		s.update(v, func(r *vmrecord.Record) { r.State, r.PID, r.LastLog = api.StateStopped, 0, err.Error() })
-		return api.VM{}, fmt.Errorf("VM %s: the suspend failed, and the VM is stopped (its disk is intact; capsem resume boots it): %w", r.Label(), err)
+		return res, fmt.Errorf("VM %s: the suspend failed, and the VM is stopped (its disk is intact; capsem resume boots it): %w", r.Label(), err)
 	}
 	if err := s.update(v, func(r *vmrecord.Record) { r.State, r.PID, r.LastLog = api.StateSuspended, 0, "" }); err != nil {
-		return api.VM{}, err
+		return res, err
 	}
 	s.log.Info("VM suspended", "vm", r.ID, "name", r.Name, "state_bytes", res.StateBytes, "ms", res.SuspendMS)
-	return s.view(v), nil
+	return res, nil
 }
 
 // Persist names a running ephemeral VM, which makes it persistent.

@@ -240,3 +240,33 @@ func copyFile(src, dst string, info fs.FileInfo) (int64, error) {
 	}
 	return info.Size(), err
 }
+
+// LinkTree places the files of the directory src (no subdirectories) in
+// the new directory dst: hard links where both are on one filesystem (the
+// files are never changed in place), copies otherwise.
+func LinkTree(ctx context.Context, src, dst string) error {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			return fmt.Errorf("%s: %s is not a regular file", src, e.Name())
+		}
+		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
+		if os.Link(from, to) == nil {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
+		if _, err := copyFile(from, to, info); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}

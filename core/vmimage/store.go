@@ -29,6 +29,7 @@ const (
 	metaFile      = "image.json"
 	diskFile      = "disk.img"
 	workspaceDir  = "workspace"
+	stateDir      = "state"
 	stagingPrefix = ".staging-"
 	removingDir   = ".removing-"
 )
@@ -60,6 +61,10 @@ func (s Store) Disk(name string) string { return filepath.Join(s.path(name), dis
 // Workspace is the image's copy of the source's workspace.
 func (s Store) Workspace(name string) string { return filepath.Join(s.path(name), workspaceDir) }
 
+// State is the image's saved VM state (a memory fork's): the files of a
+// suspend (paths.Session.Suspend), to be placed in a new VM's session.
+func (s Store) State(name string) string { return filepath.Join(s.path(name), stateDir) }
+
 // Stage makes an empty staging directory for an image of name, with its
 // workspace directory; the fork fills it (StagedDisk, StagedWorkspace)
 // and Publish makes it the image, or Discard removes it.
@@ -81,6 +86,7 @@ func (s Store) Stage(name string) (string, error) {
 // workspace in a staging directory.
 func StagedDisk(staging string) string      { return filepath.Join(staging, diskFile) }
 func StagedWorkspace(staging string) string { return filepath.Join(staging, workspaceDir) }
+func StagedState(staging string) string     { return filepath.Join(staging, stateDir) }
 
 // Discard removes a staging directory.
 func (s Store) Discard(staging string) {
@@ -183,6 +189,11 @@ func (s Store) problem(img api.Image) string {
 	}
 	if st, err := os.Stat(s.Disk(img.Name)); err != nil || !st.Mode().IsRegular() {
 		return "its disk " + s.Disk(img.Name) + " is missing"
+	}
+	if img.Memory {
+		if st, err := os.Stat(s.State(img.Name)); err != nil || !st.IsDir() {
+			return "its saved state " + s.State(img.Name) + " is missing"
+		}
 	}
 	if img.RootImage != "" {
 		if _, err := os.Stat(img.RootImage); err != nil {

@@ -15,6 +15,7 @@ type ForkCmd struct {
 	VM          string `arg:"" help:"The VM to fork (id or name), running or stopped."`
 	Name        string `arg:"" help:"The image's name (no VM or image may have it)."`
 	Description string `name:"description" short:"d" help:"What the image is for."`
+	Memory      bool   `help:"Also keep the VM's memory and CPU state (running or suspended VM): its VMs resume with its processes running."`
 	JSON        bool   `help:"Print the image as JSON."`
 }
 
@@ -24,7 +25,7 @@ func (c *ForkCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	img, err := cl.Fork(ctx, c.VM, api.ForkRequest{Name: c.Name, Description: c.Description})
+	img, err := cl.Fork(ctx, c.VM, api.ForkRequest{Name: c.Name, Description: c.Description, Memory: c.Memory})
 	if err != nil {
 		return err
 	}
@@ -90,7 +91,7 @@ func (c *ImageInfoCmd) Run(ctx context.Context) error {
 		{"created", img.CreatedAt.Local().Format("2006-01-02 15:04:05")}, {"base", img.Base}, {"root image", orDash(img.RootImage)},
 		{"memory", fmt.Sprintf("%d MB", img.Config.RAMMB)}, {"cpus", fmt.Sprint(img.Config.CPUs)},
 		{"disk", fmt.Sprintf("%s (%s allocated)", size(img.DiskBytes), size(img.DiskAllocated))},
-		{"workspace", size(img.WorkspaceBytes)}, {"size", size(img.SizeBytes)},
+		{"workspace", size(img.WorkspaceBytes)}, {"memory state", orDash(map[bool]string{true: size(img.StateBytes)}[img.Memory])}, {"size", size(img.SizeBytes)},
 		{"fork", fmt.Sprintf("%d ms (paused %d ms)", img.ForkMS, img.PausedMS)},
 		{"used by", orDash(strings.Join(img.UsedBy, ", "))}, {"problem", orDash(img.Problem)}}
 	for _, r := range rows {

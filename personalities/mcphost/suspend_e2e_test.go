@@ -2,6 +2,7 @@ package mcphost_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -128,4 +129,82 @@ sleep 1`)
 	c.refused("capsem_suspend", map[string]any{"id": eph.ID}, "only a persistent VM can be suspended")
 	c.must("capsem_stop", map[string]any{"id": "sus"}, nil)
 	c.refused("capsem_suspend", map[string]any{"id": "sus"}, "VM sus is stopped: suspend takes a VM that is running")
+}
+
+// TestMemoryFork: an image with memory of a running VM makes VMs that
+// start with the source's processes running (a counter carries on from
+// where it was), each with its own host name and machine id, independent
+// of each other and of the source, which runs on. Its VMs keep its memory
+// size; a stopped VM has no memory to fork.
+func TestMemoryFork(t *testing.T) {
+	env, runDir := testkit.ServiceEnv(t)
+	c := startMCP(t, env, runDir)
+	rm := exec.Command(testkit.CapsemBinary(t), "image", "rm", "memfork-img")
+	rm.Env = env
+	rm.Run() // left by a run that died midway
+	t.Cleanup(func() {
+		for _, vm := range []string{"memfork-a", "memfork-b", "memfork-src"} {
+			c.call("capsem_delete", map[string]any{"id": vm}, nil)
+		}
+		c.call("capsem_delete", map[string]any{"id": "memfork-img"}, nil)
+	})
+	run := func(vm, command string) string {
+		t.Helper()
+		var r hostmcp.ExecOut
+		c.must("capsem_exec", map[string]any{"id": vm, "command": command}, &r)
+		if r.ExitCode != 0 {
+			t.Fatalf("%s: %q exited %d:\n%s\n%s", vm, command, r.ExitCode, r.Stdout, r.Stderr)
+		}
+		return strings.TrimSpace(r.Stdout)
+	}
+	c.must("capsem_create", map[string]any{"name": "memfork-src", "ramMb": 768}, nil)
+	run("memfork-src", `(i=0; while true; do i=$((i+1)); echo $i > /var/tmp/count; sleep 0.2; done </dev/null >/dev/null 2>&1) &
+echo $! > /var/tmp/counter.pid; echo from-source > /root/file; sleep 1`)
+	srcID := run("memfork-src", "cat /etc/machine-id")
+	counting := func(vm string) (int, int) {
+		t.Helper()
+		out := strings.Fields(run(vm, `kill -0 $(cat /var/tmp/counter.pid) || echo dead; a=$(cat /var/tmp/count); sleep 1; echo $a $(cat /var/tmp/count)`))
+		if len(out) != 2 {
+			t.Fatalf("%s: the counter: %q", vm, out)
+		}
+		a, _ := strconv.Atoi(out[0])
+		b, _ := strconv.Atoi(out[1])
+		if b <= a {
+			t.Errorf("%s: the counter does not count (%d then %d)", vm, a, b)
+		}
+		return a, b
+	}
+	_, atFork := counting("memfork-src")
+
+	var img hostmcp.ImageOut
+	c.must("capsem_fork", map[string]any{"id": "memfork-src", "name": "memfork-img", "memory": true}, &img)
+	if !img.Memory || img.StateBytes <= 0 || img.SourceState != "running" {
+		t.Fatalf("memory fork: %+v", img)
+	}
+	t.Logf("memory fork: %d ms, state %d bytes, image %d bytes", img.ForkMs, img.StateBytes, img.SizeBytes)
+	counting("memfork-src") // the source runs on
+
+	c.refused("capsem_create", map[string]any{"image": "memfork-img", "ramMb": 1024}, "its VMs have its 768 MB")
+	for _, child := range []string{"memfork-a", "memfork-b"} {
+		var v hostmcp.VMOut
+		c.must("capsem_create", map[string]any{"name": child, "image": "memfork-img"}, &v)
+		if v.RAMMb != 768 {
+			t.Errorf("%s: %d MB", child, v.RAMMb)
+		}
+		if first, _ := counting(child); first < atFork {
+			t.Errorf("%s: the counter is at %d, below the source's %d before the fork: it started again", child, first, atFork)
+		}
+		if got := run(child, "hostname; cat /root/file"); got != child+"\nfrom-source" {
+			t.Errorf("%s: %q", child, got)
+		}
+		if id := run(child, "cat /etc/machine-id"); id == srcID || len(id) != 32 {
+			t.Errorf("%s: machine id %q (the source's: %q)", child, id, srcID)
+		}
+		run(child, "echo "+child+" > /root/file")
+	}
+	if got := run("memfork-src", "cat /root/file") + run("memfork-a", "cat /root/file"); got != "from-sourcememfork-a" {
+		t.Errorf("the VMs are not independent: %q", got)
+	}
+	c.must("capsem_stop", map[string]any{"id": "memfork-src"}, nil)
+	c.refused("capsem_fork", map[string]any{"id": "memfork-src", "name": "memfork-x", "memory": true}, "a fork with memory takes a VM that is running or suspended")
 }
