@@ -28,12 +28,18 @@ for i in $(seq 1 50); do head -c 4096 /dev/urandom | base64 > /root/workspace/pr
 echo '{"name":"project"}' > /root/workspace/project/package.json`
 
 // forkOnlyBench runs forkBench against a service of its own.
-func forkOnlyBench(capsem, home string) error {
+func forkOnlyBench(capsem, home string) (err error) {
 	runDir, err := os.MkdirTemp("", "csf-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(runDir)
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w (the VMs' logs are kept in %s)", err, runDir)
+			return
+		}
+		os.RemoveAll(runDir)
+	}()
 	env := append(os.Environ(), "CAPSEM_HOME="+home, "CAPSEM_RUN_DIR="+runDir, "CAPSEM_NO_AUTODETECT=1", "CAPSEM_LOG_LEVEL=warn")
 	cmd := exec.Command(capsem, "service", "start")
 	cmd.Env = env
@@ -147,5 +153,116 @@ func forkBench(ctx context.Context, svc *apiclient.ServiceClient, home string) e
 			return err
 		}
 	}
+	if _, err := svc.Resume(ctx, src.ID, api.ResumeRequest{}); err != nil {
+		return err
+	}
+	if err := suspendBench(ctx, svc, src); err != nil {
+		return err
+	}
+	if err := memoryForkBench(ctx, svc, src, median(fromImage)); err != nil {
+		return err
+	}
 	return svc.Delete(ctx, src.ID)
+}
+
+// suspendBench suspends and resumes a running 1 GiB VM (after the fork
+// workload) forkRuns times: the time of each, and the state's size.
+func suspendBench(ctx context.Context, svc *apiclient.ServiceClient, src api.VM) error {
+	var suspends, resumes []time.Duration
+	var state int64
+	for range forkRuns {
+		t := time.Now()
+		if _, err := svc.Suspend(ctx, src.ID); err != nil {
+			return err
+		}
+		suspends = append(suspends, time.Since(t))
+		st, _ := filepath.Glob(filepath.Join(paths.Session{Dir: src.SessionDir}.Suspend(), "*.state"))
+		if len(st) == 1 {
+			if fi, err := os.Stat(st[0]); err == nil {
+				state = fi.Size()
+			}
+		}
+		t = time.Now()
+		if _, err := svc.Resume(ctx, src.ID, api.ResumeRequest{}); err != nil {
+			return err
+		}
+		if _, err := svc.Exec(ctx, src.ID, api.ExecRequest{Argv: []string{"true"}}); err != nil {
+			return err
+		}
+		resumes = append(resumes, time.Since(t))
+	}
+	fmt.Printf("  suspend of the running VM (1024 MB): %s, state %.1f MB; resume → exec-ready: %s, medians of %d\n",
+		ms(median(suspends)), float64(state)/1e6, ms(median(resumes)), forkRuns)
+	return nil
+}
+
+// memoryChildren is how many VMs the memory fork's figure makes of one
+// image, all running at once.
+const memoryChildren = 10
+
+// memoryForkBench forks the running VM with its memory: the fork's time
+// and the state's size; create from the image → exec-ready beside create
+// from the disk-only image (fromDisk); then memoryChildren VMs of the
+// image at once, each answering, with the host memory each takes beside
+// a VM made from the base.
+func memoryForkBench(ctx context.Context, svc *apiclient.ServiceClient, src api.VM, fromDisk time.Duration) error {
+	const name = "fork-bench-memory"
+	svc.DeleteImage(ctx, name)
+	t := time.Now()
+	img, err := svc.Fork(ctx, src.ID, api.ForkRequest{Name: name, Memory: true})
+	if err != nil {
+		return err
+	}
+	took := time.Since(t)
+	defer svc.DeleteImage(ctx, name)
+	fmt.Printf("  fork with memory of the running VM: %s (the source suspended and resumed: %d ms), state %.1f MB, image %.1f MB\n",
+		ms(took), img.PausedMS, float64(img.StateBytes)/1e6, float64(img.SizeBytes)/1e6)
+	var creates []time.Duration
+	var ids []string
+	defer func() {
+		for _, id := range ids {
+			svc.Delete(ctx, id)
+		}
+	}()
+	for range memoryChildren {
+		t := time.Now()
+		v, err := svc.Create(ctx, api.CreateRequest{Image: name})
+		if err != nil {
+			return err
+		}
+		if _, err := svc.Exec(ctx, v.ID, api.ExecRequest{Argv: []string{"true"}}); err != nil {
+			return err
+		}
+		creates = append(creates, time.Since(t))
+		ids = append(ids, v.ID)
+	}
+	fmt.Printf("  create → exec-ready from the memory image: %s (median of %d)   from the disk-only image: %s\n",
+		ms(median(creates)), memoryChildren, ms(fromDisk))
+	// All at once now: each answers, and what each takes on the host.
+	var perChild []int64
+	for _, id := range ids {
+		r, err := svc.Exec(ctx, id, api.ExecRequest{Command: "test -e /var/tmp/fork-bench-ran || touch /var/tmp/fork-bench-ran; echo ok"})
+		if err != nil || r.Stdout != "ok\n" {
+			return fmt.Errorf("child %s: %v %+v", id, err, r)
+		}
+		info, err := svc.Info(ctx, id)
+		if err != nil || info.Process == nil {
+			return fmt.Errorf("child %s: %v", id, err)
+		}
+		m := vmMemory(info.PID, info.Process.QEMUPID, info.RAMMB)
+		perChild = append(perChild, m.ours+m.qemuOwn+m.guest)
+	}
+	base, err := svc.Create(ctx, api.CreateRequest{VMConfig: api.VMConfig{RAMMB: src.RAMMB, CPUs: src.CPUs}})
+	if err != nil {
+		return err
+	}
+	ids = append(ids, base.ID)
+	info, err := svc.Info(ctx, base.ID)
+	if err != nil || info.Process == nil {
+		return fmt.Errorf("base VM: %v", err)
+	}
+	bm := vmMemory(info.PID, info.Process.QEMUPID, info.RAMMB)
+	fmt.Printf("  %d VMs of the memory image at once, all answering: host memory (PSS) per VM %.0f MB (median); a VM made from the base: %.0f MB\n",
+		memoryChildren, float64(medianInt(perChild))/1024, float64(bm.ours+bm.qemuOwn+bm.guest)/1024)
+	return nil
 }
