@@ -461,3 +461,27 @@ func TestStdioTakesTheLargestWrite(t *testing.T) {
 		t.Fatalf("the largest write's line (%d bytes): %d bytes read, over %v, %v", len(line), len(got), over, err)
 	}
 }
+
+// TestHTTPAllowHost: a name given in AllowHosts reaches the server on a
+// loopback listener through the SDK's handler too (whose own check would
+// refuse any name that is not loopback); others are still refused.
+func TestHTTPAllowHost(t *testing.T) {
+	endpoint, _ := httpServer(t, &fakeService{}, HTTPOptions{AllowHosts: []string{"capsem.internal"}})
+	u, _ := url.Parse(endpoint)
+	_, port, _ := net.SplitHostPort(u.Host)
+	for host, want := range map[string]int{"capsem.internal:" + port: 200, "other.internal:" + port: 403, "localhost:" + port: 200} {
+		req, _ := http.NewRequest(http.MethodPost, endpoint, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`))
+		req.Host = host
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d %q, want %d", host, resp.StatusCode, body, want)
+		}
+	}
+}
