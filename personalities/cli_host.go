@@ -54,7 +54,7 @@ type CLI struct {
 	Timeline      cli.TimelineCmd    `cmd:"" group:"VMs" help:"A VM's ledger as one stream in time order: commands, MCP calls, DNS, connections, model calls, files."`
 	Cp            cli.CpCmd          `cmd:"" group:"VMs" help:"Copy a file into or out of a VM (VM:PATH)."`
 	PortForward   cli.PortForwardCmd `cmd:"" name:"port-forward" group:"VMs" help:"Publish a guest TCP port on the host while the VM runs ([ADDR:]HOST:GUEST, loopback unless ADDR is given)."`
-	MCP           mcphost.Cmd        `cmd:"" name:"mcp" help:"The MCP server AI agents on the host register (stdio): sandboxes as tools, through the service."`
+	MCP           mcphost.Cmd        `cmd:"" name:"mcp" help:"The MCP server AI agents on the host register (stdio, or streamable HTTP with --http): sandboxes as tools, through the service."`
 	Service       service.Cmd        `cmd:"" help:"The service that owns your VMs (capsem service start|stop|status; alone: serve in the foreground)."`
 	Fork          cli.ForkCmd        `cmd:"" group:"VMs" help:"Make an image of a running or stopped VM: a template to create VMs from (capsem create --image NAME)."`
 	Image         ImageCmd           `cmd:"" help:"Build the guest boot assets; list, describe and delete the images forks make."`

@@ -17,9 +17,10 @@ import (
 	"github.com/capsem/capsem/core/rawjson"
 )
 
-// MaxLineBytes bounds one message capsem mcp reads, as the SDK's stdio
-// transport does (mcp.DefaultMaxLineLength).
-const MaxLineBytes = mcp.DefaultMaxLineLength
+// MaxLineBytes bounds one message capsem mcp reads on stdio:
+// MaxMessageBytes, as over HTTP (the SDK's stdio transport stops at
+// mcp.DefaultMaxLineLength, 16 MiB, under a large capsem_write_file).
+const MaxLineBytes = MaxMessageBytes
 
 // StdioTransport is the MCP stdio transport of capsem mcp: one JSON-RPC
 // message per line on In, answers on Out. The SDK's own transport decodes

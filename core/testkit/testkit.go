@@ -144,6 +144,13 @@ func EchoServer(t testing.TB) string {
 	return build(t, "./testdata/mcpecho", "mcpecho")
 }
 
+// ConformanceClient builds testdata/conformance/client, the MCP
+// aggregator's client as the conformance suite's client under test.
+func ConformanceClient(t testing.TB) string {
+	t.Helper()
+	return build(t, "./testdata/conformance/client", "conformance-client")
+}
+
 // EverythingPackage is the npm spec of @modelcontextprotocol/server-everything.
 func EverythingPackage() string {
 	if p := envvars.EverythingPkg.Get(); p != "" {
