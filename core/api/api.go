@@ -121,7 +121,7 @@ const MaxFileBytes = guestwire.MaxFileSize
 // files/read and files/write, capsem_read_file, capsem_write_file), which
 // is held whole in memory: larger files go through files/content
 // (capsem cp).
-const MaxJSONFileBytes = 16 << 20
+const MaxJSONFileBytes = 64 << 20
 
 // Trailers of a file read streamed from GET files/content. A read that
 // fails after its first byte has gone cannot change its status, so it ends

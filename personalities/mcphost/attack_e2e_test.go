@@ -245,7 +245,7 @@ func toolCall(id int, name string, args map[string]any) string {
 }
 
 // TestBadLinesDoNotEndCapsemMCP attacks as the issue found: bad JSON, a
-// batch, or a line over 16 MiB made capsem mcp exit without an answer,
+// batch, or a line over its bound made capsem mcp exit without an answer,
 // killing every call in flight. Sent while a command runs in a VM, each
 // gets its JSON-RPC error (-32700 on id null for bad JSON, -32600 for the
 // batch and the long line), a request after them is served, the command's
@@ -267,13 +267,13 @@ func TestBadLinesDoNotEndCapsemMCP(t *testing.T) {
 	m.send(toolCall(3, "capsem_exec", map[string]any{"id": "busy", "command": "sleep 4; echo survived"}))
 	m.send(`{"jsonrpc":"2.0","id":4,"method":"tools/list"`) // not JSON: cut short
 	m.send(`[{"jsonrpc":"2.0","id":5,"method":"ping"},{"jsonrpc":"2.0","id":6,"method":"ping"}]`)
-	m.send(`{"jsonrpc":"2.0","id":7,"method":"ping","params":{"pad":"` + strings.Repeat("x", 17<<20) + `"}}`)
+	m.send(`{"jsonrpc":"2.0","id":7,"method":"ping","params":{"pad":"` + strings.Repeat("x", hostmcp.MaxLineBytes) + `"}}`)
 	m.send(`{"jsonrpc":"2.0","id":8,"method":"tools/list"}`)
 
 	wantErrors := []struct {
 		code int64
 		text string
-	}{{-32700, "parse error"}, {-32600, "batches are not supported"}, {-32600, "over 16777216 bytes"}}
+	}{{-32700, "parse error"}, {-32600, "batches are not supported"}, {-32600, fmt.Sprintf("over %d bytes", hostmcp.MaxLineBytes)}}
 	var order []string
 	for len(order) < 5 {
 		a := m.next(2 * time.Minute)
