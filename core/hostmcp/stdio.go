@@ -2,6 +2,7 @@ package hostmcp
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -115,14 +116,19 @@ func (c *stdioConn) readLines(br *bufio.Reader, limit int) error {
 // no more than limit of it. err is the reader's (io.EOF once In ends), with
 // the unterminated last line, if any.
 func readLine(br *bufio.Reader, limit int) (line []byte, over bool, err error) {
-	var buf []byte
+	// A long line is kept in the reader's pieces and joined once at its
+	// end: growing one buffer by doubling would hold up to three times
+	// the line (the old array, the new one, and the collector's lag).
+	var pieces [][]byte
+	size := 0
 	for {
 		chunk, err := br.ReadSlice('\n')
 		if !over {
-			if len(buf)+len(chunk) > limit+2 { // room for "\r\n"
-				over, buf = true, nil
+			if size+len(chunk) > limit+2 { // room for "\r\n"
+				over, pieces = true, nil
 			} else {
-				buf = append(buf, chunk...)
+				pieces = append(pieces, bytes.Clone(chunk))
+				size += len(chunk)
 			}
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -130,6 +136,17 @@ func readLine(br *bufio.Reader, limit int) (line []byte, over bool, err error) {
 		}
 		if over {
 			return nil, true, err
+		}
+		var buf []byte
+		switch len(pieces) {
+		case 0:
+		case 1:
+			buf = pieces[0]
+		default:
+			buf = make([]byte, 0, size)
+			for _, p := range pieces {
+				buf = append(buf, p...)
+			}
 		}
 		trimmed := rawjson.TrimSpace(buf)
 		if len(trimmed) > limit {
