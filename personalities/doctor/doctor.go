@@ -132,7 +132,9 @@ func (h *host) groups() []doctor.Group {
 			{Name: "home-writable", Run: h.checkHomeWritable},
 			{Name: "free-disk", Run: h.checkFreeDisk},
 			{Name: "mkfs.ext4", Run: h.checkMkfs},
+			{Name: "qemu-img", Run: h.checkQemuImg},
 			{Name: "sparse-files", Run: h.checkSparse},
+			{Name: "images", Run: h.checkImages},
 		}},
 		{Name: "sandbox", Hint: "capsem's sandboxed children need Linux 5.13+ with Landlock, seccomp filters and no_new_privs", Checks: []doctor.Check{
 			{Name: "landlock", Run: checkLandlock},

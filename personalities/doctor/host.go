@@ -11,8 +11,10 @@ import (
 
 	"github.com/capsem/capsem/core/config"
 	"github.com/capsem/capsem/core/doctor"
+	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/core/policy"
 	"github.com/capsem/capsem/core/privsep"
+	"github.com/capsem/capsem/core/vmimage"
 )
 
 // minFreeDisk is the free space below which the storage check warns: a
@@ -70,6 +72,42 @@ func (h *host) checkMkfs(_ context.Context, r *doctor.Reporter) {
 		return
 	}
 	r.Okf("%s", p)
+}
+
+// checkQemuImg finds qemu-img, which layers the disk of a VM made from an
+// image over the image's disk.
+func (h *host) checkQemuImg(_ context.Context, r *doctor.Reporter) {
+	p, err := vmimage.QemuImg()
+	if err != nil {
+		r.Warnf("install qemu-utils (apt-get install qemu-utils)", "qemu-img not found: VMs cannot be made from images (capsem fork makes them all the same)")
+		return
+	}
+	r.Okf("%s", p)
+}
+
+// checkImages reads the images forks made and names those no VM can be
+// made from, and why.
+func (h *host) checkImages(_ context.Context, r *doctor.Reporter) {
+	dir, err := paths.ImagesDir()
+	if err != nil {
+		r.Failf("set CAPSEM_HOME", "%v", err)
+		return
+	}
+	imgs, errs := vmimage.Store{Dir: dir}.List()
+	var bad []string
+	for _, img := range imgs {
+		if img.Problem != "" {
+			bad = append(bad, img.Name+": "+img.Problem)
+		}
+	}
+	for _, err := range errs {
+		bad = append(bad, err.Error())
+	}
+	if len(bad) > 0 {
+		r.Warnf("capsem image rm the images that cannot be used", "%d of %d images unusable: %s", len(bad), len(imgs)+len(errs), strings.Join(bad, "; "))
+		return
+	}
+	r.Okf("%d images", len(imgs))
 }
 
 // checkSparse makes a 1 GiB file by truncation and checks it takes no
