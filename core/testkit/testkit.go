@@ -361,7 +361,14 @@ func ServiceEnv(t testing.TB) (env []string, runDir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(runDir) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			// The VMs' consoles and logs, for the failure's cause.
+			t.Logf("kept the run directory %s", runDir)
+			return
+		}
+		os.RemoveAll(runDir)
+	})
 	env = append(os.Environ(), envvars.Home.Pair(CapsemHome(t)), envvars.CacheDir.Pair(CacheDir(t)), NoCorpConfig(t),
 		envvars.RunDir.Pair(runDir), envvars.NoAutodetect.Pair("1"))
 	capsem := CapsemBinary(t)

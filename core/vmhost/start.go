@@ -226,7 +226,8 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, bootStates 
 		case err == nil:
 			return plan.mode, nil
 		case plan.suspended:
-			return plan.mode, fmt.Errorf("the VM's suspended state could not be restored (%w); resuming with boot discards it and boots the VM's disk", err)
+			return plan.mode, fmt.Errorf("the VM's suspended state could not be restored (%w; the console's last lines: %s); resuming with boot discards it and boots the VM's disk",
+				err, LogTail(spec.ConsoleLog, 4))
 		case plan.mode != ModeResume || v.ctl.client != nil:
 			return plan.mode, err
 		}

@@ -133,19 +133,35 @@ func (p *parkablePort) Close() error {
 }
 
 // release returns the port for the wake, with what was read of it from
-// the marker on, its deadlines cleared. The session must have ended.
-func (p *parkablePort) release() (io.Reader, *os.File, error) {
+// the marker on (held), its deadlines cleared. The session must have
+// ended.
+func (p *parkablePort) release() (held []byte, f *os.File, err error) {
 	p.Close()
 	if err := p.f.SetDeadline(time.Time{}); err != nil {
 		return nil, nil, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	held := append(p.held, p.leftover...)
-	if len(held) == 0 {
-		return p.f, p.f, nil
+	return append(p.held, p.leftover...), p.f, nil
+}
+
+// detachWorkspace ends the workspace's mount and its relay before the
+// agent acknowledges a suspend, while the host still runs: a request of
+// the guest's 9P client (the detach's own clunks) must not sit in the
+// port's queue when the VM is saved, to reach the restored VM's new server
+// as the start of its stream. A process whose working directory or open
+// files are in the workspace keeps the detached mount, which answers no
+// more.
+func detachWorkspace(log *slog.Logger, storage *storageStage) {
+	if storage == nil || storage.workspacePort == nil {
+		return
 	}
-	return io.MultiReader(bytes.NewReader(held), p.f), p.f, nil
+	if err := unix.Unmount(guestwire.GuestWorkspace, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		log.Warn("detaching the workspace to park", "err", err)
+	}
+	// Ends its relay, and frees the port for the next mount.
+	storage.workspacePort.Close()
+	storage.workspacePort, storage.workspaceDetached = nil, true
 }
 
 // parkablePortOf is the parkablePort under ch's session, or nil when ch
@@ -160,27 +176,23 @@ func parkablePortOf(ch guestchan.Channel) *parkablePort {
 }
 
 // park is the guest's side of a suspend, after the multiplexer session on
-// port has ended: the workspace is detached (its server is the host
-// process's, which the suspend ends), the agent waits on the raw port for
-// the wake of a restored VM, applies it (entropy, clock), mounts the
-// workspace again from the new server, and starts a new session. The
-// guest's processes run on throughout; one whose files or working
-// directory were in the detached workspace keeps the old mount, which no
-// longer answers.
+// port has ended (and the workspace was detached, detachWorkspace): the
+// agent waits on the raw port for the wake of a restored VM, applies it
+// (entropy, clock), mounts the workspace again from the new server, and
+// starts a new session. The guest's processes run on throughout.
 func park(ctx context.Context, log *slog.Logger, port *parkablePort, storage *storageStage) (*guestchan.Session, *parkablePort, error) {
-	r, f, err := port.release()
+	held, f, err := port.release()
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent: taking the port back to park: %w", err)
 	}
+	var r io.Reader = f
+	rest := bytes.NewReader(held)
+	if len(held) > 0 {
+		r = io.MultiReader(rest, f)
+	}
 	workspaceTag := ""
-	if storage != nil && storage.workspacePort != nil {
+	if storage != nil && storage.workspaceDetached {
 		workspaceTag = storage.plan.workspaceTag
-		if err := unix.Unmount(guestwire.GuestWorkspace, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			log.Warn("detaching the workspace to park", "err", err)
-		}
-		// Ends its relay, and frees the port for the next mount.
-		storage.workspacePort.Close()
-		storage.workspacePort = nil
 	}
 	log.Info("parked: waiting for the wake")
 	w, err := awaitWake(ctx, r, systemWake)
@@ -196,9 +208,11 @@ func park(ctx context.Context, log *slog.Logger, port *parkablePort, storage *st
 			// The VM serves on without it; commands that need it say so.
 			log.Error("mounting the workspace again after the park", "err", err)
 		}
-		storage.workspacePort = wport
+		storage.workspacePort, storage.workspaceDetached = wport, false
 	}
 	next := newParkablePort(f)
+	// What was read past the wake is the new session's.
+	next.pending, _ = io.ReadAll(rest)
 	s, err := guestchan.Client(next, log)
 	if err != nil {
 		return nil, nil, err

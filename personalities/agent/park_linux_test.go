@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -54,10 +55,11 @@ func TestParkablePortKeepsTheWake(t *testing.T) {
 			if string(session) != want {
 				t.Errorf("the session got %q, want %q", session, want)
 			}
-			wake, _, err := p.release()
+			held, f, err := p.release()
 			if err != nil {
 				t.Fatal(err)
 			}
+			wake := io.MultiReader(bytes.NewReader(held), f)
 			got := make([]byte, len(m)+4)
 			if _, err := io.ReadFull(wake, got); err != nil || string(got) != m+"WAKE" {
 				t.Errorf("the wake got %q, %v", got, err)
@@ -91,10 +93,11 @@ func TestParkablePortClose(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not end the read")
 	}
-	wake, f, err := p.release()
-	if err != nil || f != r {
-		t.Fatal(err)
+	held, f, err := p.release()
+	if err != nil || f != r || len(held) != 0 {
+		t.Fatal(err, len(held))
 	}
+	wake := io.Reader(f)
 	w.WriteString("next")
 	got := make([]byte, 4)
 	if _, err := io.ReadFull(wake, got); err != nil || string(got) != "next" {

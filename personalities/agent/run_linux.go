@@ -239,7 +239,10 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	serveTerminals(ch)
 	armPark := func() {
 		if port := parkablePortOf(ch); port != nil {
-			srv.BeforePark = port.arm
+			srv.BeforePark = func() {
+				port.arm()
+				detachWorkspace(log, storage)
+			}
 		} else {
 			srv.BeforePark = nil
 		}

@@ -91,6 +91,9 @@ type storageStage struct {
 	// workspacePort is the mounted workspace's port, which its relay
 	// reads: closed to let a park's new mount open it again.
 	workspacePort *os.File
+	// workspaceDetached: a park detached the workspace, to mount again
+	// after the wake.
+	workspaceDetached bool
 }
 
 func prepareStorage(ctx context.Context, p storagePlan, wait func(...string)) (*storageStage, error) {

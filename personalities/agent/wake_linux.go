@@ -50,9 +50,7 @@ func awaitWake(ctx context.Context, port io.Reader, h wakeHooks) (*guestwire.Wak
 	var m guestwire.Message
 	err := skipToMarker(port, guestwire.WakeMarker)
 	if err == nil {
-		// Unbuffered: nothing past the wake frame may be consumed here
-		// (the multiplexer's first bytes follow it).
-		err = guestwire.NewReader(port).Read(&m)
+		err = readFrameExactly(port, &m)
 	}
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -75,6 +73,25 @@ func awaitWake(ctx context.Context, port io.Reader, h wakeHooks) (*guestwire.Wak
 		}
 	}
 	return m.Wake, nil
+}
+
+// readFrameExactly reads one control frame ([u32 BE length][msgp]) from r
+// and not a byte more: what follows the wake is the multiplexer's, and a
+// buffered reader would take some of it.
+func readFrameExactly(r io.Reader, m *guestwire.Message) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > guestwire.MaxFrame {
+		return fmt.Errorf("a frame of %d bytes, more than %d", n, guestwire.MaxFrame)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return err
+	}
+	return guestwire.Unmarshal(body, m)
 }
 
 // skipToMarker reads r one byte at a time up to and including marker, so
