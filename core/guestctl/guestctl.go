@@ -489,9 +489,13 @@ func (c *Client) Sync(ctx context.Context) error {
 
 // Suspend asks the guest to park (guestwire.TypeSuspend). It returns once
 // the guest has acknowledged; the guest then ends the session, and waits
-// on the raw channel for the wake of a restored VM.
-func (c *Client) Suspend(ctx context.Context) error {
-	resp, err := c.call(ctx, &guestwire.Message{Type: guestwire.TypeSuspend})
+// on the raw channel for wakeMarker and the wake of a restored VM.
+func (c *Client) Suspend(ctx context.Context, wakeMarker []byte) error {
+	req := &guestwire.Suspend{WakeMarker: wakeMarker}
+	if err := guestwire.ValidateSuspend(req); err != nil {
+		return err
+	}
+	resp, err := c.call(ctx, &guestwire.Message{Type: guestwire.TypeSuspend, Suspend: req})
 	if err != nil {
 		return err
 	}

@@ -151,6 +151,7 @@ type Message struct {
 	Wake       *Wake        `msg:"wake,omitempty"`
 	Socket     *SocketQuery `msg:"socket,omitempty"`
 	Owner      *SocketOwner `msg:"owner,omitempty"`
+	Suspend    *Suspend     `msg:"suspend,omitempty"`
 	// Target is the exec ID (Exec.StreamID) a Cancel applies to.
 	Target uint64 `msg:"target,omitempty"`
 }
@@ -199,10 +200,37 @@ type Wake struct {
 	Seed []byte `msg:"seed"`
 }
 
-// WakeMarker precedes the wake frame on the raw channel. A parked guest
-// skips whatever is before it: bytes of the session that ended at the
-// park may still sit in its buffers when the VM is restored.
+// WakeMarker precedes the wake frame on the raw channel of a VM resumed
+// from a saved boot. A parked guest (a suspend's) waits for its own marker
+// (Suspend.WakeMarker) instead, and skips whatever comes before it: bytes
+// of the session that ended at the park may still sit in its buffers when
+// the VM is restored.
 const WakeMarker = "\x00\xffcapsem-wake-7f3a9c\xff\x00"
+
+// Suspend is the request of a TypeSuspend. WakeMarker is fresh for each
+// suspend and known only to the host and this guest: the host's data that
+// reaches the guest while it parks (an MCP server's answer, a file) cannot
+// hold it, so nothing but the restored VM's wake can end the wait.
+type Suspend struct {
+	WakeMarker []byte `msg:"wake_marker"`
+}
+
+// Bounds of Suspend.WakeMarker.
+const (
+	MinWakeMarker = 16
+	MaxWakeMarker = 64
+)
+
+// ValidateSuspend reports what is wrong with a suspend request.
+func ValidateSuspend(s *Suspend) error {
+	if s == nil {
+		return Errorf(CodeInvalid, "suspend message has no suspend payload")
+	}
+	if len(s.WakeMarker) < MinWakeMarker || len(s.WakeMarker) > MaxWakeMarker {
+		return Errorf(CodeInvalid, "suspend wake marker of %d bytes: want %d to %d", len(s.WakeMarker), MinWakeMarker, MaxWakeMarker)
+	}
+	return nil
+}
 
 // Wake seed bounds: at least a full reseed's worth (256 bits).
 const (

@@ -3488,6 +3488,47 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 					}
 				}
 			}
+		case "suspend":
+			if dc.IsNil() {
+				err = dc.ReadNil()
+				if err != nil {
+					err = msgp.WrapError(err, "Suspend")
+					return
+				}
+				z.Suspend = nil
+			} else {
+				if z.Suspend == nil {
+					z.Suspend = new(Suspend)
+				}
+				var zb0007 uint32
+				zb0007, err = dc.ReadMapHeader()
+				if err != nil {
+					err = msgp.WrapError(err, "Suspend")
+					return
+				}
+				for zb0007 > 0 {
+					zb0007--
+					field, err = dc.ReadMapKeyPtr()
+					if err != nil {
+						err = msgp.WrapError(err, "Suspend")
+						return
+					}
+					switch msgp.UnsafeString(field) {
+					case "wake_marker":
+						z.Suspend.WakeMarker, err = dc.ReadBytes(z.Suspend.WakeMarker)
+						if err != nil {
+							err = msgp.WrapError(err, "Suspend", "WakeMarker")
+							return
+						}
+					default:
+						err = dc.Skip()
+						if err != nil {
+							err = msgp.WrapError(err, "Suspend")
+							return
+						}
+					}
+				}
+			}
 		case "target":
 			z.Target, err = dc.ReadUint64()
 			if err != nil {
@@ -3508,8 +3549,8 @@ func (z *Message) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(13)
-	var zb0001Mask uint16 /* 13 bits */
+	zb0001Len := uint32(14)
+	var zb0001Mask uint16 /* 14 bits */
 	_ = zb0001Mask
 	if z.Hello == nil {
 		zb0001Len--
@@ -3551,9 +3592,13 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 		zb0001Len--
 		zb0001Mask |= 0x800
 	}
-	if z.Target == 0 {
+	if z.Suspend == nil {
 		zb0001Len--
 		zb0001Mask |= 0x1000
+	}
+	if z.Target == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x2000
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -3929,6 +3974,31 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 			}
 		}
 		if (zb0001Mask & 0x1000) == 0 { // if not omitted
+			// write "suspend"
+			err = en.Append(0xa7, 0x73, 0x75, 0x73, 0x70, 0x65, 0x6e, 0x64)
+			if err != nil {
+				return
+			}
+			if z.Suspend == nil {
+				err = en.WriteNil()
+				if err != nil {
+					return
+				}
+			} else {
+				// map header, size 1
+				// write "wake_marker"
+				err = en.Append(0x81, 0xab, 0x77, 0x61, 0x6b, 0x65, 0x5f, 0x6d, 0x61, 0x72, 0x6b, 0x65, 0x72)
+				if err != nil {
+					return
+				}
+				err = en.WriteBytes(z.Suspend.WakeMarker)
+				if err != nil {
+					err = msgp.WrapError(err, "Suspend", "WakeMarker")
+					return
+				}
+			}
+		}
+		if (zb0001Mask & 0x2000) == 0 { // if not omitted
 			// write "target"
 			err = en.Append(0xa6, 0x74, 0x61, 0x72, 0x67, 0x65, 0x74)
 			if err != nil {
@@ -3948,8 +4018,8 @@ func (z *Message) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(13)
-	var zb0001Mask uint16 /* 13 bits */
+	zb0001Len := uint32(14)
+	var zb0001Mask uint16 /* 14 bits */
 	_ = zb0001Mask
 	if z.Hello == nil {
 		zb0001Len--
@@ -3991,9 +4061,13 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 		zb0001Len--
 		zb0001Mask |= 0x800
 	}
-	if z.Target == 0 {
+	if z.Suspend == nil {
 		zb0001Len--
 		zb0001Mask |= 0x1000
+	}
+	if z.Target == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x2000
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -4203,6 +4277,18 @@ func (z *Message) MarshalMsg(b []byte) (o []byte, err error) {
 			}
 		}
 		if (zb0001Mask & 0x1000) == 0 { // if not omitted
+			// string "suspend"
+			o = append(o, 0xa7, 0x73, 0x75, 0x73, 0x70, 0x65, 0x6e, 0x64)
+			if z.Suspend == nil {
+				o = msgp.AppendNil(o)
+			} else {
+				// map header, size 1
+				// string "wake_marker"
+				o = append(o, 0x81, 0xab, 0x77, 0x61, 0x6b, 0x65, 0x5f, 0x6d, 0x61, 0x72, 0x6b, 0x65, 0x72)
+				o = msgp.AppendBytes(o, z.Suspend.WakeMarker)
+			}
+		}
+		if (zb0001Mask & 0x2000) == 0 { // if not omitted
 			// string "target"
 			o = append(o, 0xa6, 0x74, 0x61, 0x72, 0x67, 0x65, 0x74)
 			o = msgp.AppendUint64(o, z.Target)
@@ -4579,6 +4665,46 @@ func (z *Message) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					}
 				}
 			}
+		case "suspend":
+			if msgp.IsNil(bts) {
+				bts, err = msgp.ReadNilBytes(bts)
+				if err != nil {
+					return
+				}
+				z.Suspend = nil
+			} else {
+				if z.Suspend == nil {
+					z.Suspend = new(Suspend)
+				}
+				var zb0007 uint32
+				zb0007, bts, err = msgp.ReadMapHeaderBytes(bts)
+				if err != nil {
+					err = msgp.WrapError(err, "Suspend")
+					return
+				}
+				for zb0007 > 0 {
+					zb0007--
+					field, bts, err = msgp.ReadMapKeyZC(bts)
+					if err != nil {
+						err = msgp.WrapError(err, "Suspend")
+						return
+					}
+					switch msgp.UnsafeString(field) {
+					case "wake_marker":
+						z.Suspend.WakeMarker, bts, err = msgp.ReadBytesBytes(bts, z.Suspend.WakeMarker)
+						if err != nil {
+							err = msgp.WrapError(err, "Suspend", "WakeMarker")
+							return
+						}
+					default:
+						bts, err = msgp.Skip(bts)
+						if err != nil {
+							err = msgp.WrapError(err, "Suspend")
+							return
+						}
+					}
+				}
+			}
 		case "target":
 			z.Target, bts, err = msgp.ReadUint64Bytes(bts)
 			if err != nil {
@@ -4664,6 +4790,12 @@ func (z *Message) Msgsize() (s int) {
 		s += msgp.NilSize
 	} else {
 		s += 1 + 4 + msgp.IntSize + 8 + msgp.StringPrefixSize + len(z.Owner.Process) + 9 + msgp.StringPrefixSize + len(z.Owner.TraceID)
+	}
+	s += 8
+	if z.Suspend == nil {
+		s += msgp.NilSize
+	} else {
+		s += 1 + 12 + msgp.BytesPrefixSize + len(z.Suspend.WakeMarker)
 	}
 	s += 7 + msgp.Uint64Size
 	return
@@ -5145,6 +5277,109 @@ func (z *StreamHeader) UnmarshalMsg(bts []byte) (o []byte, err error) {
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z StreamHeader) Msgsize() (s int) {
 	s = 1 + 3 + msgp.Uint64Size + 6 + msgp.StringPrefixSize + len(z.Which)
+	return
+}
+
+// DecodeMsg implements msgp.Decodable
+func (z *Suspend) DecodeMsg(dc *msgp.Reader) (err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, err = dc.ReadMapHeader()
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	for zb0001 > 0 {
+		zb0001--
+		field, err = dc.ReadMapKeyPtr()
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "wake_marker":
+			z.WakeMarker, err = dc.ReadBytes(z.WakeMarker)
+			if err != nil {
+				err = msgp.WrapError(err, "WakeMarker")
+				return
+			}
+		default:
+			err = dc.Skip()
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	return
+}
+
+// EncodeMsg implements msgp.Encodable
+func (z *Suspend) EncodeMsg(en *msgp.Writer) (err error) {
+	// map header, size 1
+	// write "wake_marker"
+	err = en.Append(0x81, 0xab, 0x77, 0x61, 0x6b, 0x65, 0x5f, 0x6d, 0x61, 0x72, 0x6b, 0x65, 0x72)
+	if err != nil {
+		return
+	}
+	err = en.WriteBytes(z.WakeMarker)
+	if err != nil {
+		err = msgp.WrapError(err, "WakeMarker")
+		return
+	}
+	return
+}
+
+// MarshalMsg implements msgp.Marshaler
+func (z *Suspend) MarshalMsg(b []byte) (o []byte, err error) {
+	o = msgp.Require(b, z.Msgsize())
+	// map header, size 1
+	// string "wake_marker"
+	o = append(o, 0x81, 0xab, 0x77, 0x61, 0x6b, 0x65, 0x5f, 0x6d, 0x61, 0x72, 0x6b, 0x65, 0x72)
+	o = msgp.AppendBytes(o, z.WakeMarker)
+	return
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler
+func (z *Suspend) UnmarshalMsg(bts []byte) (o []byte, err error) {
+	var field []byte
+	_ = field
+	var zb0001 uint32
+	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
+	if err != nil {
+		err = msgp.WrapError(err)
+		return
+	}
+	for zb0001 > 0 {
+		zb0001--
+		field, bts, err = msgp.ReadMapKeyZC(bts)
+		if err != nil {
+			err = msgp.WrapError(err)
+			return
+		}
+		switch msgp.UnsafeString(field) {
+		case "wake_marker":
+			z.WakeMarker, bts, err = msgp.ReadBytesBytes(bts, z.WakeMarker)
+			if err != nil {
+				err = msgp.WrapError(err, "WakeMarker")
+				return
+			}
+		default:
+			bts, err = msgp.Skip(bts)
+			if err != nil {
+				err = msgp.WrapError(err)
+				return
+			}
+		}
+	}
+	o = bts
+	return
+}
+
+// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
+func (z *Suspend) Msgsize() (s int) {
+	s = 1 + 12 + msgp.BytesPrefixSize + len(z.WakeMarker)
 	return
 }
 

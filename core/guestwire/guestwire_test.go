@@ -39,6 +39,9 @@ func samples() map[string]*Message {
 		"save_point": {Type: TypeSavePoint},
 		"wake": {Type: TypeWake, Wake: &Wake{ClockUnixNano: 1796000000000000000,
 			Seed: []byte("0123456789abcdef0123456789abcdef")}},
+		"suspend":           {Type: TypeSuspend, ID: 8, Suspend: &Suspend{WakeMarker: []byte("0123456789abcdef")}},
+		"sync":              {Type: TypeSync, ID: 9},
+		"boot_config_vm_id": {Type: TypeBootConfig, ID: 10, BootConfig: &BootConfig{Hostname: "child", VMID: "vm-0123456789ab"}},
 		"hello_woken": {Type: TypeHello, Hello: &Hello{ProtocolVersion: ProtocolVersion, AgentVersion: "0.1.0",
 			Boot: BootTimings{KernelToInitMS: 812, ModulesMS: 41, StorageMS: 90, ChannelMS: 7, AfterWakeMS: 120}}},
 	}
@@ -491,4 +494,33 @@ func FuzzStreamHeader(f *testing.F) {
 			t.Fatalf("accepted output %q", h.Which)
 		}
 	})
+}
+
+// TestValidateSuspend: a wake marker of a suspend is refused outside its
+// bounds, and without a payload.
+func TestValidateSuspend(t *testing.T) {
+	for _, tc := range []struct {
+		s  *Suspend
+		ok bool
+	}{
+		{nil, false},
+		{&Suspend{}, false},
+		{&Suspend{WakeMarker: make([]byte, MinWakeMarker-1)}, false},
+		{&Suspend{WakeMarker: make([]byte, MinWakeMarker)}, true},
+		{&Suspend{WakeMarker: make([]byte, MaxWakeMarker)}, true},
+		{&Suspend{WakeMarker: make([]byte, MaxWakeMarker+1)}, false},
+	} {
+		if err := ValidateSuspend(tc.s); (err == nil) != tc.ok {
+			t.Errorf("%+v: %v", tc.s, err)
+		}
+	}
+}
+
+// TestBootConfigVMID: a VM id outside its form is refused.
+func TestBootConfigVMID(t *testing.T) {
+	for id, ok := range map[string]bool{"": true, "vm-0123456789ab": true, "../etc": false, "VM": false, strings.Repeat("a", MaxVMID+1): false} {
+		if err := ValidateBootConfig(&BootConfig{VMID: id}); (err == nil) != ok {
+			t.Errorf("vm_id %q: %v", id, err)
+		}
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"time"
@@ -98,7 +97,10 @@ type bootPlan struct {
 	// suspended: the state is the VM's own, saved by its suspend: it
 	// resumes from it or not at all (err says why not).
 	suspended bool
-	err       error
+	// wakeMarker is the marker the suspended guest waits for (nil: the
+	// saved boots', guestwire.WakeMarker).
+	wakeMarker []byte
+	err        error
 }
 
 // planBoot picks the first plan for spec: resume its saved boot when there
@@ -359,7 +361,7 @@ func (h *wakeHook) run(ctx context.Context, raw net.Conn) error {
 			h.saved = true
 			return nil // no wake: this machine is stopped, and the VM resumes
 		}
-		return sendWake(raw)
+		return sendWake(raw, nil)
 	}
 	select {
 	case r := <-h.checked:
@@ -370,7 +372,7 @@ func (h *wakeHook) run(ctx context.Context, raw net.Conn) error {
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	return sendWake(raw)
+	return sendWake(raw, h.plan.wakeMarker)
 }
 
 // save saves and publishes the state of the VM waiting at its save point
@@ -445,13 +447,17 @@ func readSavePoint(ctx context.Context, raw net.Conn) error {
 	return nil
 }
 
-// sendWake wakes the guest, with fresh entropy and the time. A resumed
-// guest said save_point before it was saved: it only gets the wake.
-func sendWake(raw net.Conn) error {
+// sendWake wakes the guest, with fresh entropy and the time, after marker
+// (nil: guestwire.WakeMarker). A resumed guest said save_point before it
+// was saved: it only gets the wake.
+func sendWake(raw net.Conn, marker []byte) error {
+	if marker == nil {
+		marker = []byte(guestwire.WakeMarker)
+	}
 	seed := make([]byte, guestwire.MinWakeSeed)
 	rand.Read(seed)
 	w := &guestwire.Message{Type: guestwire.TypeWake, Wake: &guestwire.Wake{ClockUnixNano: time.Now().UnixNano(), Seed: seed}}
-	if _, err := io.WriteString(raw, guestwire.WakeMarker); err != nil {
+	if _, err := raw.Write(marker); err != nil {
 		return fmt.Errorf("waking the guest: %w", err)
 	}
 	if err := guestwire.NewWriter(raw).Write(w); err != nil {

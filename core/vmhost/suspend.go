@@ -2,6 +2,7 @@ package vmhost
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/api"
+	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/netstack"
 	"github.com/capsem/capsem/core/paths"
 	"github.com/capsem/capsem/vmm"
@@ -27,8 +29,12 @@ import (
 // suspendTimeout bounds a suspend's save (the guest's RAM into a file).
 const suspendTimeout = 5 * time.Minute
 
-// pinsFile is where a suspend keeps the DNS pins, in the suspend directory.
-const pinsFile = "dns-pins.json"
+// Files of a suspend's state store besides the state: the DNS pins, and
+// the marker the parked guest waits for before its wake.
+const (
+	pinsFile   = "dns-pins.json"
+	markerFile = "wake-marker"
+)
 
 // suspendState is the suspend's state store of the VM's session.
 func (v *VM) suspendState() (*bootState, error) {
@@ -50,7 +56,11 @@ func (v *VM) planSuspended(key []string) bootPlan {
 		return bootPlan{err: err}
 	}
 	if m, ok := st.lookup(); ok {
-		return bootPlan{mode: ModeResume, saved: st, meta: m, suspended: true}
+		marker, err := os.ReadFile(filepath.Join(dir, markerFile))
+		if err != nil {
+			return bootPlan{err: fmt.Errorf("the VM's suspended state has no wake marker (%w); resuming with boot discards it and boots the VM's disk", err)}
+		}
+		return bootPlan{mode: ModeResume, saved: st, meta: m, suspended: true, wakeMarker: marker}
 	}
 	metas, _ := filepath.Glob(filepath.Join(dir, "*.json"))
 	if len(metas) > 0 {
@@ -92,10 +102,14 @@ func (v *VM) Suspend(ctx context.Context) (api.SuspendResult, error) {
 	// From here the guest ending its session is expected.
 	v.suspended.Store(true)
 	v.stopping.Store(true)
-	if err := ctl.Suspend(ctx); err != nil {
+	marker := make([]byte, guestwire.MinWakeMarker)
+	rand.Read(marker)
+	if err := ctl.Suspend(ctx, marker); err != nil {
+		// Refused (an agent that cannot park) or not answered: the VM
+		// runs on as it was.
 		v.suspended.Store(false)
 		v.stopping.Store(false)
-		return out, fmt.Errorf("asking the guest to park: %w", err)
+		return out, &refusal{status: http.StatusConflict, err: fmt.Errorf("the guest did not park for the suspend: %w", err)}
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), suspendTimeout)
 	defer cancel()
@@ -113,6 +127,10 @@ func (v *VM) Suspend(ctx context.Context) (api.SuspendResult, error) {
 	if err != nil {
 		os.RemoveAll(st.dir)
 		return out, fmt.Errorf("saving the VM's state (the VM is stopped; its disk is intact): %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(st.dir, markerFile), marker, 0o600); err != nil {
+		os.RemoveAll(st.dir)
+		return out, fmt.Errorf("keeping the wake marker (the VM is stopped; its disk is intact): %w", err)
 	}
 	if v.net != nil {
 		if b, err := json.Marshal(v.net.stack.Pins()); err == nil {

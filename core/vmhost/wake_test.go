@@ -50,16 +50,32 @@ func fakeGuest(t *testing.T, first *guestwire.Message) (net.Conn, <-chan *guestw
 func TestSavePointAndWake(t *testing.T) {
 	t.Run("resumed guest: the wake only", func(t *testing.T) {
 		raw, got := fakeGuest(t, nil)
-		if err := sendWake(raw); err != nil {
+		if err := sendWake(raw, nil); err != nil {
 			t.Fatal(err)
 		}
 		checkWake(t, <-got)
+	})
+	t.Run("a suspend's own marker", func(t *testing.T) {
+		host, guest := net.Pipe()
+		defer host.Close()
+		defer guest.Close()
+		marker := []byte("a suspend's marker, 16+")
+		go sendWake(host, marker)
+		got := make([]byte, len(marker))
+		if _, err := io.ReadFull(guest, got); err != nil || !bytes.Equal(got, marker) {
+			t.Fatalf("the guest read %q first, want the marker %q (%v)", got, marker, err)
+		}
+		var m guestwire.Message
+		if err := guestwire.NewReader(guest).Read(&m); err != nil {
+			t.Fatal(err)
+		}
+		checkWake(t, &m)
 	})
 	t.Run("each wake has its own seed", func(t *testing.T) {
 		var seeds [][]byte
 		for range 2 {
 			raw, got := fakeGuest(t, nil)
-			if err := sendWake(raw); err != nil {
+			if err := sendWake(raw, nil); err != nil {
 				t.Fatal(err)
 			}
 			seeds = append(seeds, (<-got).Wake.Seed)

@@ -702,6 +702,42 @@ func TestPingAndShutdown(t *testing.T) {
 	}
 }
 
+// TestSuspendParks: a suspend with a bad marker is refused and the
+// session goes on; one with a good marker is answered after the channel
+// was readied with that marker, and Serve returns ErrPark. An agent that
+// cannot park refuses.
+func TestSuspendParks(t *testing.T) {
+	ctx := context.Background()
+	cannot := start(t, nil)
+	if err := cannot.client.Suspend(ctx, make([]byte, guestwire.MinWakeMarker)); err == nil || !strings.Contains(err.Error(), "cannot park") {
+		t.Errorf("suspend of an agent that cannot park: %v", err)
+	}
+	var readied []byte
+	h := start(t, func(s *Server) { s.BeforePark = func(m []byte) { readied = m } })
+	if err := h.client.Suspend(ctx, []byte("short")); err == nil {
+		t.Error("a marker of 5 bytes was taken")
+	}
+	if _, err := h.client.Ping(ctx); err != nil {
+		t.Fatalf("the session after a refused suspend: %v", err)
+	}
+	marker := []byte("0123456789abcdef-marker")
+	if err := h.client.Suspend(ctx, marker); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-h.served:
+		if !errors.Is(err, ErrPark) {
+			t.Fatalf("Serve returned %v", err)
+		}
+		h.served <- err // for the cleanup
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return after the suspend")
+	}
+	if !bytes.Equal(readied, marker) {
+		t.Errorf("the channel was readied with %q, want %q", readied, marker)
+	}
+}
+
 func TestBootConfigFilesAndHooks(t *testing.T) {
 	var gotClock time.Time
 	var gotHost string

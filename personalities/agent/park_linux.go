@@ -38,6 +38,7 @@ type parkablePort struct {
 	f      *os.File
 	closed atomic.Bool
 	armed  atomic.Bool
+	marker string // the wake's, set before armed
 
 	mu       sync.Mutex
 	pending  []byte // read, not yet returned to the session
@@ -48,7 +49,10 @@ type parkablePort struct {
 func newParkablePort(f *os.File) *parkablePort { return &parkablePort{f: f} }
 
 // arm makes the port watch for the wake's marker.
-func (p *parkablePort) arm() { p.armed.Store(true) }
+func (p *parkablePort) arm(marker []byte) {
+	p.marker = string(marker)
+	p.armed.Store(true)
+}
 
 func (p *parkablePort) Read(b []byte) (int, error) {
 	p.mu.Lock()
@@ -75,7 +79,7 @@ func (p *parkablePort) Read(b []byte) (int, error) {
 		p.mu.Lock()
 		data := append(p.held, buf[:n]...)
 		p.held = nil
-		if i := bytes.Index(data, []byte(guestwire.WakeMarker)); i >= 0 {
+		if i := bytes.Index(data, []byte(p.marker)); i >= 0 {
 			p.leftover = data[i:]
 			p.pending = data[:i]
 			p.closed.Store(true)
@@ -85,7 +89,7 @@ func (p *parkablePort) Read(b []byte) (int, error) {
 			}
 			return p.Read(b)
 		}
-		k := markerPrefixAtEnd(data, guestwire.WakeMarker)
+		k := markerPrefixAtEnd(data, p.marker)
 		p.held = bytes.Clone(data[len(data)-k:])
 		p.pending = data[:len(data)-k]
 		p.mu.Unlock()
@@ -195,7 +199,7 @@ func park(ctx context.Context, log *slog.Logger, port *parkablePort, storage *st
 		workspaceTag = storage.plan.workspaceTag
 	}
 	log.Info("parked: waiting for the wake")
-	w, err := awaitWake(ctx, r, systemWake)
+	w, err := awaitWake(ctx, r, port.marker, systemWake)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -17,12 +17,14 @@ import (
 // before the wake's marker, however the marker is split across reads, then
 // ends the session; the marker and what follows are the wake's.
 func TestParkablePortKeepsTheWake(t *testing.T) {
-	m := guestwire.WakeMarker
+	m := "\x00\x01this suspend's marker\x02"
 	for name, writes := range map[string][]string{
 		"whole":          {"session bytes", m + "WAKE"},
 		"split marker":   {"session bytes" + m[:4], m[4:9], m[9:] + "WAKE"},
 		"marker at once": {m + "WAKE"},
 		"false start":    {"session " + m[:3], "bytes", m + "WAKE"},
+		// Another marker (a saved boot's, or another suspend's) is data.
+		"another marker": {"session " + guestwire.WakeMarker, m + "WAKE"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r, w, err := os.Pipe()
@@ -32,7 +34,7 @@ func TestParkablePortKeepsTheWake(t *testing.T) {
 			defer r.Close()
 			defer w.Close()
 			p := newParkablePort(r)
-			p.arm()
+			p.arm([]byte(m))
 			go func() {
 				for _, s := range writes {
 					w.WriteString(s)

@@ -239,8 +239,8 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 	serveTerminals(ch)
 	armPark := func() {
 		if port := parkablePortOf(ch); port != nil {
-			srv.BeforePark = func() {
-				port.arm()
+			srv.BeforePark = func(wakeMarker []byte) {
+				port.arm(wakeMarker)
 				detachWorkspace(log, storage)
 			}
 		} else {

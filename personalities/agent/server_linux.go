@@ -60,9 +60,9 @@ type Server struct {
 	// ClaimIdentity makes the root this VM's (BootConfig.VMID); nil
 	// leaves the system alone.
 	ClaimIdentity func(vmID string) error
-	// BeforePark readies the channel for a park (a suspend); nil: this
-	// agent cannot park.
-	BeforePark func()
+	// BeforePark readies the channel for a park (a suspend) that ends at
+	// wakeMarker; nil: this agent cannot park.
+	BeforePark func(wakeMarker []byte)
 	// FactsPath, when set, is where the boot config's facts are recorded
 	// (guestwire.GuestBootFacts in the VM).
 	FactsPath string
@@ -172,9 +172,13 @@ func (s *Server) Serve(ctx context.Context, conn net.Conn) error {
 				reply(errorMessage(m.ID, guestwire.Errorf(guestwire.CodeUnknown, "this agent cannot park (its channel is not a serial port)")))
 				continue
 			}
+			if err := guestwire.ValidateSuspend(m.Suspend); err != nil {
+				reply(errorMessage(m.ID, err))
+				continue
+			}
 			// Before the answer: the host may save the VM as soon as it
 			// has it.
-			s.BeforePark()
+			s.BeforePark(m.Suspend.WakeMarker)
 			reply(&guestwire.Message{Type: guestwire.TypeOK, ID: m.ID})
 			return ErrPark
 		}

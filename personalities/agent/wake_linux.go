@@ -33,14 +33,14 @@ func wakeHandshake(ctx context.Context, port io.ReadWriter, h wakeHooks) (*guest
 	if err := guestwire.NewWriter(port).Write(&guestwire.Message{Type: guestwire.TypeSavePoint}); err != nil {
 		return nil, fmt.Errorf("agent: writing the save point to the host: %w", err)
 	}
-	return awaitWake(ctx, port, h)
+	return awaitWake(ctx, port, guestwire.WakeMarker, h)
 }
 
-// awaitWake reads the host's wake (past WakeMarker, skipping whatever
-// comes before it) and applies it: the seed first, so nothing random is
+// awaitWake reads the host's wake (past marker, skipping whatever comes
+// before it) and applies it: the seed first, so nothing random is
 // drawn from the saved state after a restore, then the clock. The wait is
 // bounded by ctx.
-func awaitWake(ctx context.Context, port io.Reader, h wakeHooks) (*guestwire.Wake, error) {
+func awaitWake(ctx context.Context, port io.Reader, marker string, h wakeHooks) (*guestwire.Wake, error) {
 	if d, ok := port.(interface{ SetReadDeadline(time.Time) error }); ok {
 		if dl, ok := ctx.Deadline(); ok {
 			d.SetReadDeadline(dl)
@@ -48,7 +48,7 @@ func awaitWake(ctx context.Context, port io.Reader, h wakeHooks) (*guestwire.Wak
 		}
 	}
 	var m guestwire.Message
-	err := skipToMarker(port, guestwire.WakeMarker)
+	err := skipToMarker(port, marker)
 	if err == nil {
 		err = readFrameExactly(port, &m)
 	}
