@@ -22,6 +22,17 @@ import (
 // disk and workspace as they were, to create VMs from. Image names and VM
 // names are one namespace, so a name given to capsem_create, capsem_info
 // or capsem_delete means one thing.
+//
+// What a VM made from an image keeps of its source, and what it gets anew:
+//   - keeps: everything on its disk (files anywhere in the guest, installed
+//     packages), its workspace (a copy), the source's settings as defaults;
+//     with memory, its RAM and CPU state (the processes running) and the
+//     DNS pins of its network;
+//   - anew: its id, name and host name (boot config), its machine id (the
+//     agent's claimIdentity, as its root records another VM's id), its
+//     ledger (a new session), its entropy and clock (the boot, or a memory
+//     image's wake), its disk as a layer of its own, its network stack
+//     (same guest address and MAC: each VM's stack is its own), its ports.
 
 // imageNamedLocked refuses name when an image has it or a fork is making
 // one of it. s.mu is held.
