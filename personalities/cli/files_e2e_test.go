@@ -43,8 +43,8 @@ func TestFilesAndCommandsUnderAttack(t *testing.T) {
 	svc := apiclient.NewServiceClient(filepath.Join(runDir, "service.sock"), nil)
 	agent := startMCP(t, env)
 
-	// A 60 MB file of random bytes in the guest, and its digest there.
-	c.must("exec", "dev", "--", "sh", "-c", "head -c 62914560 /dev/urandom > /root/big")
+	// A 70 MB file of random bytes in the guest (more than a read as JSON takes), and its digest there.
+	c.must("exec", "dev", "--", "sh", "-c", "head -c 73400320 /dev/urandom > /root/big")
 	guestSum := func(path string) string {
 		t.Helper()
 		f := strings.Fields(c.must("exec", "dev", "--", "sha256sum", path))
@@ -55,7 +55,7 @@ func TestFilesAndCommandsUnderAttack(t *testing.T) {
 	}
 	bigSum := guestSum("/root/big")
 
-	t.Run("six parallel 60 MB reads", func(t *testing.T) {
+	t.Run("six parallel 70 MB reads", func(t *testing.T) {
 		dir := t.TempDir()
 		var wg sync.WaitGroup
 		errs := make([]error, 6)
@@ -90,12 +90,12 @@ func TestFilesAndCommandsUnderAttack(t *testing.T) {
 		var se *apiclient.StatusError
 		if _, err := svc.ReadFile(ctx, "dev", api.ReadFileRequest{Path: "/root/big", Encoding: "base64"}); !errors.As(err, &se) ||
 			se.Status != http.StatusRequestEntityTooLarge || !strings.Contains(se.Message, "capsem cp") {
-			t.Fatalf("a 60 MB read as JSON: %v", err)
+			t.Fatalf("a 70 MB read as JSON: %v", err)
 		}
 		// PID 1 never held a file: its peak stays far below one.
 		hwm := guestPeakKiB(t, c, 1)
 		if hwm > 40<<10 {
-			t.Fatalf("the guest's PID 1 peaked at %d KiB after six 60 MB reads", hwm)
+			t.Fatalf("the guest's PID 1 peaked at %d KiB after six 70 MB reads", hwm)
 		}
 	})
 
