@@ -47,7 +47,7 @@ func TestSuspendResume(t *testing.T) {
 	exec("sus", `set -e
 echo kept > /root/on-disk
 echo hello > /root/workspace/hello.txt
-(i=0; exec 3>>/var/tmp/held; while true; do i=$((i+1)); echo $i > /var/tmp/count; echo $i >&3; sleep 0.2; done </dev/null >/dev/null 2>&1) &
+(i=0; exec 3>>/var/tmp/held; while true; do i=$((i+1)); echo $i > /var/tmp/count.new; mv /var/tmp/count.new /var/tmp/count; echo $i >&3; sleep 0.2; done </dev/null >/dev/null 2>&1) &
 echo $! > /var/tmp/counter.pid
 cd /root/workspace && sleep 100000 </dev/null >/dev/null 2>&1 &
 echo $! > /var/tmp/sleeper.pid
@@ -158,7 +158,7 @@ func TestMemoryFork(t *testing.T) {
 		return strings.TrimSpace(r.Stdout)
 	}
 	c.must("capsem_create", map[string]any{"name": "memfork-src", "ramMb": 768}, nil)
-	run("memfork-src", `(i=0; while true; do i=$((i+1)); echo $i > /var/tmp/count; sleep 0.2; done </dev/null >/dev/null 2>&1) &
+	run("memfork-src", `(i=0; while true; do i=$((i+1)); echo $i > /var/tmp/count.new; mv /var/tmp/count.new /var/tmp/count; sleep 0.2; done </dev/null >/dev/null 2>&1) &
 echo $! > /var/tmp/counter.pid; echo from-source > /root/file; sleep 1`)
 	srcID := run("memfork-src", "cat /etc/machine-id")
 	counting := func(vm string) (int, int) {
