@@ -124,8 +124,16 @@ func ramApartRound(a *guestfs.Assets, dir string, apart bool) (save time.Duratio
 		if err != nil {
 			return 0, 0, 0, err
 		}
-		if strings.Contains(string(out), `"running"`) {
+		var status struct{ Status string }
+		json.Unmarshal(out, &status)
+		if status.Status == "running" {
 			break
+		}
+		// The source was paused when saved, and its state says so.
+		if status.Status == "paused" {
+			if _, err := c.do("cont", nil); err != nil {
+				return 0, 0, 0, err
+			}
 		}
 		if ctx.Err() != nil {
 			return 0, 0, 0, ctx.Err()
@@ -154,7 +162,8 @@ func lastTick(console string) int {
 // waitFor waits until console holds want.
 func waitFor(ctx context.Context, console, want string) error {
 	for {
-		if b, _ := os.ReadFile(console); strings.Contains(string(b), want+"\n") {
+		// The serial console ends lines with "\r\n".
+		if b, _ := os.ReadFile(console); strings.Contains(string(b), want+"\r") || strings.Contains(string(b), want+"\n") {
 			return nil
 		}
 		select {
