@@ -81,6 +81,12 @@ func (v *VM) handleFork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := v.ForkCopy(r.Context(), req.Dir)
+	writeOutcome(w, out, err)
+}
+
+// writeOutcome answers a verb's result: out, or its refusal's status, or
+// 500 for any other failure.
+func writeOutcome(w http.ResponseWriter, out any, err error) {
 	var ref *refusal
 	switch {
 	case errors.As(err, &ref):

@@ -17,26 +17,12 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/guestwire"
 	"github.com/capsem/capsem/core/paths"
+	"github.com/capsem/capsem/core/vmimage"
 	"github.com/capsem/capsem/vmm"
 )
 
 // diskLabel is the filesystem label of the per-VM disk (e2label/blkid).
 const diskLabel = "capsem-upper"
-
-// DiskUsage is a disk image's apparent and allocated size.
-type DiskUsage struct {
-	Size, Allocated int64
-}
-
-// diskUsage stats path: Allocated counts the blocks really taken (st_blocks
-// is in 512-byte units whatever the filesystem's block size).
-func diskUsage(path string) (DiskUsage, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return DiskUsage{}, fmt.Errorf("stat of the per-VM disk %s: %w", path, err)
-	}
-	return DiskUsage{Size: st.Size, Allocated: st.Blocks * 512}, nil
-}
 
 // ensureDisk returns the per-VM disk at path, creating it when missing: a
 // sparse file of sizeGiB formatted ext4 on the host. An existing disk is
@@ -152,7 +138,7 @@ func prepareStorage(ctx context.Context, log *slog.Logger, req storageRequest) (
 		if err != nil {
 			return nil, "", "", false, err
 		}
-		u, err := diskUsage(path)
+		u, err := vmimage.Usage(path)
 		if err != nil {
 			return nil, "", "", false, err
 		}

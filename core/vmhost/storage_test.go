@@ -3,6 +3,7 @@ package vmhost
 import (
 	"context"
 	"encoding/binary"
+	"github.com/capsem/capsem/core/vmimage"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -37,7 +38,7 @@ func TestEnsureDiskIsSparseExt4AndReused(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("first ensureDisk: created=%v %v", created, err)
 	}
-	u, err := diskUsage(path)
+	u, err := vmimage.Usage(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -173,13 +173,5 @@ func (v *VM) finishResume() {
 // handleSuspend is Suspend for the service; the VM stops after the answer.
 func (v *VM) handleSuspend(w http.ResponseWriter, r *http.Request) {
 	out, err := v.Suspend(r.Context())
-	var ref *refusal
-	switch {
-	case errors.As(err, &ref):
-		writeError(w, ref.status, ref.err)
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, err)
-	default:
-		writeJSON(w, http.StatusOK, out)
-	}
+	writeOutcome(w, out, err)
 }

@@ -34,15 +34,7 @@ func TestForkImages(t *testing.T) {
 		}
 		rmImages()
 	})
-	exec := func(vm, command string) string {
-		t.Helper()
-		var r hostmcp.ExecOut
-		c.must("capsem_exec", map[string]any{"id": vm, "command": command}, &r)
-		if r.ExitCode != 0 {
-			t.Fatalf("%s: %q exited %d:\n%s\n%s", vm, command, r.ExitCode, r.Stdout, r.Stderr)
-		}
-		return r.Stdout
-	}
+	exec := c.shell
 
 	var src hostmcp.VMOut
 	c.must("capsem_create", map[string]any{"name": "fork-src", "ramMb": 1024}, &src)

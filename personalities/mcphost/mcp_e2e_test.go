@@ -82,6 +82,18 @@ func (c *capsemMCP) must(name string, args map[string]any, out any) {
 	}
 }
 
+// shell runs command in vm through capsem_exec; it must exit 0. It
+// returns the command's stdout.
+func (c *capsemMCP) shell(vm, command string) string {
+	c.t.Helper()
+	var r hostmcp.ExecOut
+	c.must("capsem_exec", map[string]any{"id": vm, "command": command}, &r)
+	if r.ExitCode != 0 {
+		c.t.Fatalf("%s: %q exited %d:\n%s\n%s", vm, command, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	return r.Stdout
+}
+
 // refused calls a tool that must fail with a message containing want.
 func (c *capsemMCP) refused(name string, args map[string]any, want string) {
 	c.t.Helper()

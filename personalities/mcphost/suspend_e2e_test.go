@@ -23,15 +23,7 @@ import (
 func TestSuspendResume(t *testing.T) {
 	env, runDir := testkit.ServiceEnv(t)
 	c := startMCP(t, env, runDir)
-	exec := func(vm, command string) string {
-		t.Helper()
-		var r hostmcp.ExecOut
-		c.must("capsem_exec", map[string]any{"id": vm, "command": command}, &r)
-		if r.ExitCode != 0 {
-			t.Fatalf("%s: %q exited %d:\n%s\n%s", vm, command, r.ExitCode, r.Stdout, r.Stderr)
-		}
-		return strings.TrimSpace(r.Stdout)
-	}
+	exec := func(vm, command string) string { return strings.TrimSpace(c.shell(vm, command)) }
 	number := func(s string) int {
 		t.Helper()
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -148,15 +140,7 @@ func TestMemoryFork(t *testing.T) {
 		}
 		c.call("capsem_delete", map[string]any{"id": "memfork-img"}, nil)
 	})
-	run := func(vm, command string) string {
-		t.Helper()
-		var r hostmcp.ExecOut
-		c.must("capsem_exec", map[string]any{"id": vm, "command": command}, &r)
-		if r.ExitCode != 0 {
-			t.Fatalf("%s: %q exited %d:\n%s\n%s", vm, command, r.ExitCode, r.Stdout, r.Stderr)
-		}
-		return strings.TrimSpace(r.Stdout)
-	}
+	run := func(vm, command string) string { return strings.TrimSpace(c.shell(vm, command)) }
 	c.must("capsem_create", map[string]any{"name": "memfork-src", "ramMb": 768}, nil)
 	run("memfork-src", `(i=0; while true; do i=$((i+1)); echo $i > /var/tmp/count.new; mv /var/tmp/count.new /var/tmp/count; sleep 0.2; done </dev/null >/dev/null 2>&1) &
 echo $! > /var/tmp/counter.pid; echo from-source > /root/file; sleep 1`)

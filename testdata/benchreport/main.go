@@ -30,6 +30,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capsem/capsem/guestfs"
+	"github.com/capsem/capsem/vmm/qemu"
 )
 
 type result struct {
@@ -80,8 +81,13 @@ func main() {
 		capsem := os.Getenv("CAPSEM_TEST_BIN")
 		assets, err := guestfs.Ensure(context.Background(), guestfs.Options{Dir: filepath.Join(benchHome(), "assets"),
 			GuestBinary: filepath.Join(filepath.Dir(capsem), "capsem-guest"), Progress: os.Stderr})
+		var accel qemu.Accel
 		if err == nil {
-			err = ramApartBench(assets)
+			files := qemu.BootFiles{Kernel: assets.Kernel, Initramfs: assets.Initramfs, Firmware: qemu.PreferredFirmware()}
+			accel, err = (&qemu.Backend{VerdictPath: filepath.Join(benchHome(), "run", "accel.json")}).ChooseAccelFor(context.Background(), "", files)
+		}
+		if err == nil {
+			err = ramApartBench(assets, accel)
 		}
 		if err == nil {
 			err = forkOnlyBench(capsem, benchHome())

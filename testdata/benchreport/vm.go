@@ -149,7 +149,7 @@ func vmBench(capsem string, runs int) error {
 	if err := netBench(capsem, home, guest, runs); err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
-	if err := ramApartBench(assets); err != nil {
+	if err := ramApartBench(assets, accel); err != nil {
 		return fmt.Errorf("RAM apart: %w", err)
 	}
 	return serviceBench(capsem, home, guest, assets.BootStateDir, runs)

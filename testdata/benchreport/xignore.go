@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/guestfs"
+	"github.com/capsem/capsem/vmm/qemu"
 )
 
 // ramApartBench measures what keeping a VM's RAM apart from its device
@@ -22,15 +23,15 @@ import (
 // only the devices' state is saved), beside today's whole-state save, on
 // the same busybox guest (a shell that counts on the console): the save's
 // time and size, and restore → running, which must carry the count on.
-func ramApartBench(a *guestfs.Assets) error {
+func ramApartBench(a *guestfs.Assets, accel qemu.Accel) error {
 	dir, err := os.MkdirTemp("", "capsem-ram-apart-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	fmt.Printf("\nRAM apart from device state (QEMU memory-backend-file share=on + x-ignore-shared; a busybox guest, 1024 MB), beside a whole-state save\n")
+	fmt.Printf("\nRAM apart from device state (QEMU memory-backend-file share=on + x-ignore-shared; a busybox guest, 1024 MB, under %s), beside a whole-state save\n", accel.Name)
 	for _, apart := range []bool{false, true} {
-		save, size, restore, err := ramApartRound(a, dir, apart)
+		save, size, restore, err := ramApartRound(a, accel, dir, apart)
 		if err != nil {
 			return err
 		}
@@ -43,17 +44,17 @@ func ramApartBench(a *guestfs.Assets) error {
 	return nil
 }
 
-func ramApartRound(a *guestfs.Assets, dir string, apart bool) (save time.Duration, size int64, restore time.Duration, err error) {
+func ramApartRound(a *guestfs.Assets, accel qemu.Accel, dir string, apart bool) (save time.Duration, size int64, restore time.Duration, err error) {
 	mem, state := filepath.Join(dir, "mem.img"), filepath.Join(dir, "dev.state")
 	os.Remove(mem)
 	os.Remove(state)
 	start := func(tag string, extra ...string) (*exec.Cmd, string, error) {
 		sock := filepath.Join(dir, tag+".qmp")
 		console := filepath.Join(dir, tag+".console")
-		args := []string{"-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1024M", "-nodefaults", "-no-user-config", "-nographic",
+		args := append(qemu.AccelArgs(accel), "-smp", "2", "-m", "1024M", "-nodefaults", "-no-user-config", "-nographic",
 			"-kernel", a.Kernel, "-initrd", a.Initramfs,
 			"-append", `console=ttyS0 panic=-1 rdinit=/bin/sh -- -c "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done"`,
-			"-serial", "file:" + console, "-qmp", "unix:" + sock + ",server=on,wait=off"}
+			"-serial", "file:"+console, "-qmp", "unix:"+sock+",server=on,wait=off")
 		if apart {
 			args = append([]string{"-M", "q35,memory-backend=mem", "-object", "memory-backend-file,id=mem,size=1024M,mem-path=" + mem + ",share=on"}, args...)
 		} else {
