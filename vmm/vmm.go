@@ -79,8 +79,16 @@ type Spec struct {
 	Monitor bool
 	// RestoreFrom is a state file saved from a VM of the same spec (all
 	// but its per-VM paths): the VM resumes from it instead of booting.
+	// Its RAM, where the backend keeps it apart, is at
+	// MemoryPath(RestoreFrom).
 	RestoreFrom string
 }
+
+// MemoryPath is where a saved state whose devices' state is the file at
+// state keeps the guest's RAM, for a backend that keeps it apart (QEMU
+// does: a sparse file of the RAM, see vmm/ramfile). A state is then both
+// files: whoever moves, copies, hashes or removes one does the other.
+func MemoryPath(state string) string { return state + ".ram" }
 
 // Disk is a disk image.
 type Disk struct {
@@ -242,7 +250,8 @@ var ErrNotResumed = errors.New("the VM could not be resumed after saving it")
 // type assertion (a backend without one simply lacks the feature).
 type (
 	// StateSaver saves the running VM's whole state to a file that a
-	// Spec's RestoreFrom resumes, and lets the VM run on.
+	// Spec's RestoreFrom resumes (and its RAM to MemoryPath of it, where
+	// the backend keeps RAM apart), and lets the VM run on.
 	StateSaver interface {
 		SaveState(ctx context.Context, path string) error
 	}
@@ -268,7 +277,7 @@ type (
 	StateKeyer interface {
 		StateKey() []string
 	}
-	// Suspender saves the VM's whole state to a file (as StateSaver) and
+	// Suspender saves the VM's whole state (as StateSaver) and
 	// leaves it paused, for its caller to stop: a VM of the same spec
 	// resumes from the file (Spec.RestoreFrom) where this one was.
 	Suspender interface {

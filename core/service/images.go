@@ -172,8 +172,11 @@ func (s *Service) copyWithMemory(ctx context.Context, v *vm, r *vmrecord.Record,
 		return cp, resume, err
 	}
 	suspend := paths.Session{Dir: r.SessionDir}.Suspend()
-	if cp.StateBytes, err = vmimage.CopyTree(ctx, suspend, vmimage.StagedState(staging)); err != nil {
+	if _, err = vmimage.CopyTree(ctx, suspend, vmimage.StagedState(staging)); err != nil {
 		return cp, resume, fmt.Errorf("copying the VM's saved state: %w", err)
+	}
+	if cp.StateBytes, err = vmimage.DirAllocated(vmimage.StagedState(staging)); err != nil {
+		return cp, resume, fmt.Errorf("the VM's saved state: %w", err)
 	}
 	return cp, resume, nil
 }

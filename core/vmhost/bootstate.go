@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/capsem/capsem/core/filelock"
+	"github.com/capsem/capsem/vmm"
+	"github.com/capsem/capsem/vmm/ramfile"
 )
 
 // A VM normally starts by resuming a saved one instead of booting. For the
@@ -29,7 +31,7 @@ var replacedStateGrace = time.Minute
 
 // bootStateFormat is bumped whenever what a saved state means changes, so
 // old ones are no longer used.
-const bootStateFormat = 1
+const bootStateFormat = 2
 
 // bootState is where the saved state of one configuration lives: in dir
 // (normally beside the assets it boots from), named by a key over QEMU's
@@ -43,10 +45,16 @@ type bootState struct {
 
 // bootStateMeta is <key>.json, written once the state file is complete.
 type bootStateMeta struct {
-	Format  int       `json:"format"`
-	Key     string    `json:"key"`
-	State   string    `json:"state"` // file name in the boot-states directory
-	Size    int64     `json:"size"`
+	Format int    `json:"format"`
+	Key    string `json:"key"`
+	State  string `json:"state"` // file name in the boot-states directory
+	Size   int64  `json:"size"`
+	// Memory is the file of the guest's RAM beside State
+	// (vmm.MemoryPath), "" for a backend that keeps RAM in State;
+	// MemoryBytes is its data.
+	Memory      string `json:"memory,omitempty"`
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+	// SHA256 covers the state and its RAM's data (hashState).
 	SHA256  string    `json:"sha256"`
 	Created time.Time `json:"created"`
 	Argv    []string  `json:"argv"`
@@ -113,20 +121,40 @@ func (s *bootState) lookup() (*bootStateMeta, bool) {
 	if err != nil || !st.Mode().IsRegular() || st.Size() != m.Size {
 		return nil, false
 	}
+	if m.Memory != "" {
+		if m.Memory != filepath.Base(vmm.MemoryPath(m.State)) {
+			return nil, false
+		}
+		if st, err := os.Stat(s.memoryPath(&m)); err != nil || !st.Mode().IsRegular() {
+			return nil, false
+		}
+	}
 	return &m, true
 }
 
+// memoryPath is the file of the state's RAM, "" when it has none apart.
+func (s *bootState) memoryPath(m *bootStateMeta) string {
+	if m.Memory == "" {
+		return ""
+	}
+	return filepath.Join(s.dir, m.Memory)
+}
+
+// Bytes is what the state takes: its file and its RAM's data.
+func (m *bootStateMeta) Bytes() int64 { return m.Size + m.MemoryBytes }
+
 func (s *bootState) statePath(m *bootStateMeta) string { return filepath.Join(s.dir, m.State) }
 
-// verify hashes the state file and compares it with the metadata.
+// verify hashes the state and its RAM and compares them with the
+// metadata.
 func (s *bootState) verify(m *bootStateMeta) error {
-	sum, size, err := hashFile(s.statePath(m))
+	sum, size, memBytes, err := hashState(s.statePath(m), s.memoryPath(m))
 	if err != nil {
 		return err
 	}
-	if size != m.Size || sum != m.SHA256 {
-		return fmt.Errorf("saved VM state %s: sha256 %s (%d bytes), its metadata says %s (%d bytes)",
-			s.statePath(m), sum, size, m.SHA256, m.Size)
+	if size != m.Size || memBytes != m.MemoryBytes || sum != m.SHA256 {
+		return fmt.Errorf("saved VM state %s: sha256 %s (%d bytes, RAM %d), its metadata says %s (%d bytes, RAM %d)",
+			s.statePath(m), sum, size, memBytes, m.SHA256, m.Size, m.MemoryBytes)
 	}
 	return nil
 }
@@ -139,19 +167,37 @@ func (s *bootState) newStatePath() (string, error) {
 	return filepath.Join(s.dir, fmt.Sprintf("%s.%d.saving", s.key, os.Getpid())), nil
 }
 
-// publish hashes the state SaveState wrote to path, names the file by its
-// hash, and writes the metadata that makes it the configuration's
-// saved state.
+// publish hashes the state SaveState wrote to path (and its RAM beside
+// it, when the backend keeps RAM apart), names the files by their hash,
+// and writes the metadata that makes it the configuration's saved state.
 func (s *bootState) publish(path string) (*bootStateMeta, error) {
-	sum, size, err := hashFile(path)
-	if err != nil {
+	memory := vmm.MemoryPath(path)
+	if _, err := os.Stat(memory); err != nil {
+		memory = ""
+	}
+	drop := func() {
 		os.Remove(path)
+		if memory != "" {
+			os.Remove(memory)
+		}
+	}
+	sum, size, memBytes, err := hashState(path, memory)
+	if err != nil {
+		drop()
 		return nil, err
 	}
 	m := &bootStateMeta{Format: bootStateFormat, Key: s.key, State: s.key + "-" + sum[:16] + ".state",
-		Size: size, SHA256: sum, Created: time.Now().UTC(), Argv: s.argv}
+		Size: size, MemoryBytes: memBytes, SHA256: sum, Created: time.Now().UTC(), Argv: s.argv}
+	if memory != "" {
+		m.Memory = filepath.Base(vmm.MemoryPath(m.State))
+		if err := os.Rename(memory, s.memoryPath(m)); err != nil {
+			drop()
+			return nil, fmt.Errorf("boot state: naming the state's RAM: %w", err)
+		}
+	}
 	if err := os.Rename(path, s.statePath(m)); err != nil {
-		os.Remove(path)
+		drop()
+		os.Remove(s.memoryPath(m))
 		return nil, fmt.Errorf("boot state: naming the state: %w", err)
 	}
 	b, err := json.MarshalIndent(m, "", "  ")
@@ -174,6 +220,7 @@ func (s *bootState) publish(path string) (*bootStateMeta, error) {
 	for _, p := range old {
 		if st, err := os.Stat(p); err == nil && filepath.Base(p) != m.State && time.Since(st.ModTime()) > replacedStateGrace {
 			os.Remove(p)
+			os.Remove(vmm.MemoryPath(p))
 		}
 	}
 	return m, nil
@@ -185,19 +232,35 @@ func (s *bootState) remove(m *bootStateMeta) {
 	os.Remove(s.metaPath())
 	if m != nil {
 		os.Remove(s.statePath(m))
+		if m.Memory != "" {
+			os.Remove(s.memoryPath(m))
+		}
 	}
 }
 
-func hashFile(path string) (sum string, size int64, err error) {
+// hashState hashes the state file at path and, when memory is not "", the
+// data of its RAM file (vmm/ramfile.Hash: the RAM's pages, not the file's
+// holes, so a copy hashes alike). It returns the hash, the state's size and
+// the RAM's bytes of data.
+func hashState(path, memory string) (sum string, size, memBytes int64, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", 0, fmt.Errorf("boot state: %w", err)
+		return "", 0, 0, fmt.Errorf("boot state: %w", err)
 	}
 	defer f.Close()
 	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, fmt.Errorf("boot state: reading %s: %w", path, err)
+	if size, err = io.Copy(h, f); err != nil {
+		return "", 0, 0, fmt.Errorf("boot state: reading %s: %w", path, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
+	if memory != "" {
+		mf, err := os.Open(memory)
+		if err != nil {
+			return "", 0, 0, fmt.Errorf("boot state: %w", err)
+		}
+		defer mf.Close()
+		if memBytes, err = ramfile.Hash(h, mf); err != nil {
+			return "", 0, 0, fmt.Errorf("boot state: %s: %w", memory, err)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), size, memBytes, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/capsem/capsem/core/api"
 	"github.com/capsem/capsem/core/envvars"
 	"github.com/capsem/capsem/core/vmhost"
+	"github.com/capsem/capsem/vmm"
 )
 
 // bootStateDir is a directory of saved boots of the test's own, so what a
@@ -79,13 +80,20 @@ func TestBootStateResumesVMs(t *testing.T) {
 	if rss := qemuRSS(t, first.info.QEMUPID); rss > 600<<20 {
 		t.Errorf("the first VM's QEMU holds %d MiB: the saved VM's RAM stayed in use", rss>>20)
 	}
+	// The devices' state, and the guest's RAM apart beside it.
 	var meta struct {
-		SHA256 string `json:"sha256"`
-		Size   int64  `json:"size"`
+		SHA256      string `json:"sha256"`
+		Size        int64  `json:"size"`
+		Memory      string `json:"memory"`
+		MemoryBytes int64  `json:"memory_bytes"`
 	}
 	b, _ := os.ReadFile(metas[0])
-	if err := json.Unmarshal(b, &meta); err != nil || meta.Size < 1<<20 || len(meta.SHA256) != 64 {
+	if err := json.Unmarshal(b, &meta); err != nil || meta.Size == 0 || meta.MemoryBytes < 1<<20 || len(meta.SHA256) != 64 ||
+		meta.Memory != filepath.Base(vmm.MemoryPath(saved[0])) {
 		t.Fatalf("metadata %s: %v", b, err)
+	}
+	if _, err := os.Stat(vmm.MemoryPath(saved[0])); err != nil {
+		t.Fatalf("the saved boot's RAM: %v", err)
 	}
 
 	vms := []*vmProc{first}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/capsem/capsem/vmm"
 	"github.com/capsem/capsem/vmm/qemu"
+	"github.com/capsem/capsem/vmm/ramfile"
 )
 
 // fakeQEMU is a stand-in binary whose identity keys the saved boots.
@@ -154,6 +155,98 @@ func TestBootStatePublishLookupVerify(t *testing.T) {
 	}
 	if _, err := os.Stat(s.statePath(m2)); !os.IsNotExist(err) {
 		t.Fatalf("remove left the state file: %v", err)
+	}
+}
+
+// savedStateWithRAM publishes a state whose RAM is apart, as QEMU saves
+// one: 4 MiB, sparse, with a page of data at 1 MiB.
+func savedStateWithRAM(t *testing.T, s *bootState, content, ram string) *bootStateMeta {
+	t.Helper()
+	p, err := s.newStatePath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(p, []byte(content), 0o600)
+	f, err := os.OpenFile(vmm.MemoryPath(p), os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(4 << 20)
+	f.WriteAt([]byte(ram), 1<<20)
+	f.Close()
+	m, err := s.publish(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestBootStateWithRAM: a state's RAM file is published, looked up,
+// verified, replaced and removed with it, and its hash covers the RAM's
+// data, not its holes.
+func TestBootStateWithRAM(t *testing.T) {
+	s, err := newBootState(filepath.Join(t.TempDir(), "boot-states"), argvFor(fakeQEMU(t), "a", "/s/one", "1024M"), "/s/one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := savedStateWithRAM(t, s, "devices", "guest data")
+	if m.Memory != filepath.Base(vmm.MemoryPath(m.State)) || m.MemoryBytes != ramfile.PageSize || m.Bytes() != 7+ramfile.PageSize {
+		t.Fatalf("metadata %+v", m)
+	}
+	if left, _ := filepath.Glob(filepath.Join(s.dir, "*.saving*")); len(left) != 0 {
+		t.Fatalf("the unpublished names stayed: %v", left)
+	}
+	got, ok := s.lookup()
+	if !ok || got.Memory != m.Memory {
+		t.Fatalf("lookup: %+v %v", got, ok)
+	}
+	if err := s.verify(got); err != nil {
+		t.Fatal(err)
+	}
+	// Zeros written over a hole change nothing the guest would see.
+	f, _ := os.OpenFile(s.memoryPath(m), os.O_WRONLY, 0)
+	f.WriteAt(make([]byte, 8192), 2<<20)
+	f.Close()
+	if err := s.verify(got); err != nil {
+		t.Fatalf("zeros over a hole failed verification: %v", err)
+	}
+	// Another byte in the RAM does.
+	f, _ = os.OpenFile(s.memoryPath(m), os.O_WRONLY, 0)
+	f.WriteAt([]byte("G"), 1<<20)
+	f.Close()
+	if err := s.verify(got); err == nil || !strings.Contains(err.Error(), m.SHA256) {
+		t.Fatalf("changed RAM verified: %v", err)
+	}
+	// An old replaced state goes with its RAM.
+	old := time.Now().Add(-2 * replacedStateGrace)
+	os.Chtimes(s.statePath(m), old, old)
+	m2 := savedStateWithRAM(t, s, "devices 2", "other data")
+	for _, p := range []string{s.statePath(m), s.memoryPath(m)} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s of a replaced state is still there: %v", p, err)
+		}
+	}
+	s.remove(m2)
+	if ents, _ := os.ReadDir(s.dir); len(ents) != 0 {
+		t.Errorf("remove left %v", ents)
+	}
+
+	for name, spoil := range map[string]func(m *bootStateMeta){
+		"missing RAM":       func(m *bootStateMeta) { os.Remove(s.memoryPath(m)) },
+		"RAM elsewhere":     func(m *bootStateMeta) { m.Memory = "../x.state.ram"; writeMeta(t, s, m) },
+		"RAM of another":    func(m *bootStateMeta) { m.Memory = "other.state.ram"; writeMeta(t, s, m) },
+		"RAM a directory":   func(m *bootStateMeta) { os.Remove(s.memoryPath(m)); os.Mkdir(s.memoryPath(m), 0o700) },
+		"metadata drops it": func(m *bootStateMeta) { m.Memory = ""; writeMeta(t, s, m) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := savedStateWithRAM(t, s, "devices", "guest data")
+			defer s.remove(m)
+			spoil(m)
+			got, ok := s.lookup()
+			if ok && s.verify(got) == nil {
+				t.Fatalf("a state with %s was taken: %+v", name, got)
+			}
+		})
 	}
 }
 

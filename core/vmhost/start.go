@@ -399,7 +399,7 @@ func (h *wakeHook) save(ctx context.Context) (bool, error) {
 		h.v.log.Warn("saving the VM state failed; booting on", "err", err)
 		return false, nil
 	}
-	h.v.log.Info("saved the VM at its save point", "state", h.plan.saved.statePath(m), "bytes", m.Size)
+	h.v.log.Info("saved the VM at its save point", "state", h.plan.saved.statePath(m), "bytes", m.Bytes())
 	return true, nil
 }
 

@@ -139,8 +139,8 @@ func (v *VM) Suspend(ctx context.Context) (api.SuspendResult, error) {
 			}
 		}
 	}
-	out.StateBytes, out.SuspendMS = meta.Size, time.Since(t).Milliseconds()
-	v.log.Info("suspended", "state", st.statePath(meta), "bytes", meta.Size, "ms", out.SuspendMS)
+	out.StateBytes, out.SuspendMS = meta.Bytes(), time.Since(t).Milliseconds()
+	v.log.Info("suspended", "state", st.statePath(meta), "bytes", meta.Bytes(), "ms", out.SuspendMS)
 	return out, nil
 }
 

@@ -34,6 +34,27 @@ func Usage(path string) (DiskUsage, error) {
 	return DiskUsage{Size: st.Size, Allocated: st.Blocks * 512}, nil
 }
 
+// DirAllocated is what the regular files directly in dir take on the host
+// (a saved state's files: its RAM file is sparse, its size says little).
+func DirAllocated(dir string) (int64, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		u, err := Usage(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return 0, err
+		}
+		total += u.Allocated
+	}
+	return total, nil
+}
+
 // CopyDisk copies the disk src into dst as one raw, sparse file: a raw
 // src by reflink where the filesystem shares blocks, else by its data
 // extents only (holes stay holes); a qcow2 src (a layer over an image)

@@ -3,6 +3,7 @@ package qemu
 import (
 	"errors"
 	"flag"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -106,7 +107,6 @@ func goldenSpecs() map[string]struct {
 		"qboot":              {fw, tcgMax},
 		// fd 3 is the monitor when there is one, the state file after it.
 		"monitor":         {saving, tcgMax},
-		"restore":         {restoring, tcgMax},
 		"monitor-restore": {both, tcgMax},
 		// Then one socket per port.
 		"ports": {ports, tcgMax},
@@ -174,10 +174,15 @@ func TestArgsInvariants(t *testing.T) {
 			strings.Contains(joined, " -nic ") || !strings.Contains(joined, ",romfile= ")) {
 			t.Errorf("%s: spec.Network but argv %q", name, joined)
 		}
-		// Every inherited descriptor is named in the argv by its number,
-		// each number once, and no other number is named.
+		// Every inherited descriptor is named in the argv by its number
+		// (the state file's in the URI the monitor passes), each number
+		// once, and no other number is named.
 		inherited := inheritedFDs(g.spec)
 		named := fdNumbersIn(args)
+		if g.spec.RestoreFrom != "" {
+			uri, _ := incomingURI(g.spec)
+			maps.Copy(named, fdNumbersIn([]string{uri}))
+		}
 		if len(named) != len(inherited) {
 			t.Errorf("%s: argv names descriptors %v; the spec makes QEMU inherit %d", name, named, len(inherited))
 		}
@@ -215,7 +220,7 @@ func TestArgsInvariants(t *testing.T) {
 // number.
 func fdNumbersIn(args []string) map[int]int {
 	named := map[int]int{}
-	re := regexp.MustCompile(`(?:^|,)(?:fd=|addr\.str=)(\d+)(?:,|$)|^fd:(\d+)$`)
+	re := regexp.MustCompile(`(?:^|,)(?:fd=|addr\.str=|mem-path=/proc/self/fd/)(\d+)(?:,|$)|^fd:(\d+)$`)
 	for _, a := range args {
 		for _, m := range re.FindAllStringSubmatch(a, -1) {
 			n, _ := strconv.Atoi(m[1] + m[2])
@@ -239,16 +244,35 @@ func TestInheritedFDsMatchArgs(t *testing.T) {
 		want := map[inheritedKind]string{
 			inheritConsole:  "-add-fd fd=" + n + ",set=",
 			inheritMonitor:  "socket,id=" + monitorChardevID + ",fd=" + n + " ",
-			inheritIncoming: "-incoming fd:" + n,
+			inheritIncoming: "-incoming defer",
 			inheritPort:     ",fd=" + n + " -device virtserialport,bus=" + serialBusID + ".0,chardev=port" + strconv.Itoa(slices.Index(spec.Ports, fd.name)) + ",name=" + fd.name,
 			inheritNetwork:  "-netdev stream,id=" + netdevID + ",server=off,addr.type=fd,addr.str=" + n + " ",
+			inheritMemory:   "memory-backend-file,id=" + memoryBackendID + ",size=512M,mem-path=/proc/self/fd/" + n + ",share=on ",
 		}[fd.kind]
 		if want == "" || !strings.Contains(joined, want) {
 			t.Errorf("descriptor %s is %+v, but argv lacks %q:\n%s", n, fd, want, joined)
 		}
 	}
-	if got := len(inheritedFDs(spec)); got != 6 {
-		t.Errorf("%d inherited descriptors, want 6 (console, monitor, state, 2 ports, NIC)", got)
+	if got := len(inheritedFDs(spec)); got != 7 {
+		t.Errorf("%d inherited descriptors, want 7 (console, monitor, state, 2 ports, NIC, RAM)", got)
+	}
+	// The state file is loaded through the monitor, by the number the
+	// list gives it.
+	if uri, err := incomingURI(spec); err != nil || uri != "fd:"+strconv.Itoa(firstInheritedFD+2) {
+		t.Errorf("incomingURI = %q, %v; want the third descriptor", uri, err)
+	}
+	if _, err := incomingURI(minimalSpec()); err == nil {
+		t.Error("incomingURI of a spec that restores nothing named a descriptor")
+	}
+}
+
+// A restore without the monitor could never be started: QEMU 7.2 takes
+// the capability the state was saved with only through it.
+func TestArgsRestoreNeedsMonitor(t *testing.T) {
+	spec := minimalSpec()
+	spec.RestoreFrom = "/assets/boot-states/k.state"
+	if _, err := Args(spec, tcg("test", false)); err == nil || !strings.Contains(err.Error(), "monitor") {
+		t.Fatalf("Args of a restore without the monitor: %v", err)
 	}
 }
 

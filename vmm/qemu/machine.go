@@ -23,6 +23,7 @@ import (
 	"github.com/capsem/capsem/core/guestchan"
 	"github.com/capsem/capsem/core/logs"
 	"github.com/capsem/capsem/vmm"
+	"github.com/capsem/capsem/vmm/ramfile"
 )
 
 // DefaultBinary is the QEMU program, looked up in PATH.
@@ -183,6 +184,9 @@ type Machine struct {
 	// never taken.
 	network net.Conn
 	console *os.File // the read end of the console pipe: copied into the console log
+	// memory is the guest's RAM (a memfd QEMU maps shared): a save writes
+	// it to the state's RAM file. Closed once QEMU is reaped.
+	memory *os.File
 	// consoleCopied is closed once the console is in its log, which QEMU's
 	// exit waits for (done means the log is complete).
 	consoleCopied chan struct{}
@@ -304,6 +308,11 @@ func (m *Machine) Start(ctx context.Context) error {
 	if stopped {
 		return m.failStart(errors.New("stopped while starting"))
 	}
+	if m.spec.RestoreFrom != "" {
+		if err := m.startIncoming(ctx); err != nil {
+			return m.failStart(fmt.Errorf("restoring %s: %w", m.spec.RestoreFrom, err))
+		}
+	}
 
 	conn, err := m.acceptQEMU(ctx, ln)
 	if err != nil {
@@ -383,10 +392,13 @@ func (m *Machine) spawn() error {
 	if err != nil {
 		return err
 	}
-	// QEMU has its copies once started (or never will): ours go.
+	// QEMU has its copies once started (or never will): ours go, but
+	// for the guest's RAM, which a save reads.
 	defer func() {
 		for _, f := range inherited {
-			f.Close()
+			if f != m.memory {
+				f.Close()
+			}
 		}
 	}()
 	cmd.ExtraFiles = inherited
@@ -412,6 +424,7 @@ func (m *Machine) spawn() error {
 		m.mu.Lock()
 		m.closePorts()
 		m.closeNetwork()
+		m.memory.Close()
 		m.waitErr = err
 		// Logged before done closes: whoever waits on done (a Stop, a
 		// test that then ends) must not race the machine's last words.
@@ -428,6 +441,7 @@ func (m *Machine) spawn() error {
 		m.mu.Lock()
 		m.closePorts()
 		m.closeNetwork()
+		m.memory.Close()
 		m.mu.Unlock()
 		m.console.Close()
 		return fmt.Errorf("qemu: starting %s: %w", m.bin, err)
@@ -498,6 +512,7 @@ func (m *Machine) extraFiles() ([]*os.File, *os.File, error) {
 		}
 		m.closePorts()
 		m.closeNetwork()
+		m.memory = nil // closed with files
 		return nil, nil, err
 	}
 	m.ports = map[string]net.Conn{}
@@ -529,6 +544,8 @@ func (m *Machine) extraFiles() ([]*os.File, *os.File, error) {
 			if c, f, err = socketPair("network"); err == nil {
 				m.network = c
 			}
+		case inheritMemory:
+			f, err = m.newMemory()
 		default:
 			err = fmt.Errorf("qemu: no way to open an inherited descriptor of kind %d", fd.kind)
 		}
@@ -554,6 +571,65 @@ func (m *Machine) consolePipe() (*os.File, error) {
 	// slow to read (best effort: the system may cap it).
 	unix.FcntlInt(uintptr(cfds[1]), unix.F_SETPIPE_SZ, consolePipeBytes)
 	return os.NewFile(uintptr(cfds[1]), "console-qemu"), nil
+}
+
+// newMemory makes the guest's RAM, m.memory: a memfd of the spec's size,
+// all zero, or holding the RAM of the state the spec restores.
+func (m *Machine) newMemory() (*os.File, error) {
+	fd, err := unix.MemfdCreate("capsem-guest-ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: the guest's RAM: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "guest-ram")
+	size := int64(m.spec.MemoryMiB) << 20
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("qemu: sizing the guest's RAM: %w", err)
+	}
+	if m.spec.RestoreFrom != "" {
+		err := loadMemory(f, vmm.MemoryPath(m.spec.RestoreFrom), size)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	m.memory = f
+	return f, nil
+}
+
+func loadMemory(dst *os.File, path string, size int64) error {
+	src, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("qemu: the state's RAM: %w", err)
+	}
+	defer src.Close()
+	if _, err := ramfile.Load(dst, src, size); err != nil {
+		return fmt.Errorf("qemu: the state's RAM %s: %w", path, err)
+	}
+	return nil
+}
+
+// ignoreShared is the migration capability that leaves the guest's RAM
+// (shared with this process, see Args) out of a saved state: set on both
+// ends of every save and restore, since it also changes the stream.
+var ignoreShared = map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+
+// startIncoming has QEMU, started with "-incoming defer", load the devices'
+// state from the inherited state file (its RAM is in m.memory already).
+func (m *Machine) startIncoming(ctx context.Context) error {
+	uri, err := incomingURI(m.spec)
+	if err != nil {
+		return err
+	}
+	q, err := m.monitorClient(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", ignoreShared, nil); err != nil {
+		return err
+	}
+	_, err = q.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}, nil)
+	return err
 }
 
 // socketPair makes a connected stream socket pair: ours as a net.Conn
@@ -700,6 +776,9 @@ func (m *Machine) saveState(ctx context.Context, path string, runOn bool) error 
 	if _, err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
 		return err
 	}
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", ignoreShared, nil); err != nil {
+		return err
+	}
 	const fdName = "capsem-state"
 	if _, err := q.Execute(ctx, "getfd", map[string]any{"fdname": fdName}, f); err != nil {
 		return err
@@ -721,6 +800,16 @@ func (m *Machine) saveState(ctx context.Context, path string, runOn bool) error 
 	} else {
 		status, err = m.waitMigration(ctx, q)
 	}
+	// The RAM, while the VM is still paused: it is the devices' state's.
+	ramTmp := ""
+	if err == nil && status == "completed" {
+		ramTmp, err = m.saveMemory(path)
+	}
+	defer func() {
+		if ramTmp != "" && !published {
+			os.Remove(ramTmp)
+		}
+	}()
 	// The VM carries on whatever happened (there is no destination to
 	// take over), unless it is to stay paused for its stop. Its own
 	// bound: the save may have used up ctx's.
@@ -740,12 +829,39 @@ func (m *Machine) saveState(ctx context.Context, path string, runOn bool) error 
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("qemu: syncing the state file: %w", err)
 	}
+	// The RAM file first: the devices' file at path is what says a state
+	// is there.
+	if err := os.Rename(ramTmp, vmm.MemoryPath(path)); err != nil {
+		return fmt.Errorf("qemu: publishing the state's RAM: %w", err)
+	}
 	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(vmm.MemoryPath(path))
 		return fmt.Errorf("qemu: publishing the state file: %w", err)
 	}
 	published = true
-	compactFile(m.log, path)
 	return nil
+}
+
+// saveMemory writes the guest's RAM to a new temporary file beside the
+// state's RAM file of path, synced, and returns its name.
+func (m *Machine) saveMemory(path string) (string, error) {
+	dst := vmm.MemoryPath(path)
+	f, err := os.CreateTemp(filepath.Dir(dst), filepath.Base(dst)+".*.tmp")
+	if err != nil {
+		return "", fmt.Errorf("qemu: creating the state's RAM file: %w", err)
+	}
+	_, err = ramfile.Save(f, m.memory, int64(m.spec.MemoryMiB)<<20)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("qemu: saving the guest's RAM: %w", err)
+	}
+	return f.Name(), nil
 }
 
 // cleanupContext bounds the commands that undo or finish a save, which run

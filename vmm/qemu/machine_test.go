@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -98,6 +99,12 @@ func fakeGuest(mode string, args []string) int {
 		fmt.Fprintf(os.Stderr, "fake qemu: %v\n", err)
 		return 1
 	}
+	if slices.Contains(args, "defer") {
+		if err := fakeIncoming(args); err != nil {
+			fmt.Fprintf(os.Stderr, "fake qemu: %v\n", err)
+			return 1
+		}
+	}
 	s, err := guestchan.Client(c, nil)
 	if err != nil {
 		return 1
@@ -114,6 +121,58 @@ func fakeGuest(mode string, args []string) int {
 	}()
 	<-s.Done()
 	return 0
+}
+
+// fakeIncoming is the fake's "-incoming defer": on its monitor it answers
+// the commands of a restore, and refuses migrate-incoming unless the RAM
+// it maps (the memory backend's /proc path, as QEMU opens it) is the
+// guest's size and starts with "capsem-ram", as the test's state has it.
+func fakeIncoming(args []string) error {
+	var monitor *os.File
+	var ramPath, size string
+	for i := 0; i+1 < len(args); i++ {
+		for _, kv := range strings.Split(args[i+1], ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch {
+			case args[i] == "-chardev" && strings.HasPrefix(args[i+1], "socket,id="+monitorChardevID+",") && k == "fd":
+				n, _ := strconv.Atoi(v)
+				monitor = os.NewFile(uintptr(n), "qmp")
+			case args[i] == "-object" && k == "mem-path":
+				ramPath = v
+			case args[i] == "-object" && k == "size":
+				size = v
+			}
+		}
+	}
+	if monitor == nil || ramPath == "" {
+		return errors.New("a restore without a monitor or a memory backend")
+	}
+	go func() {
+		monitor.WriteString(greeting)
+		lines := bufio.NewScanner(monitor)
+		for lines.Scan() {
+			var req struct{ Execute string }
+			json.Unmarshal(lines.Bytes(), &req)
+			answer := `{"return": {}}`
+			if req.Execute == "migrate-incoming" {
+				b := make([]byte, 10)
+				f, err := os.Open(ramPath)
+				if err == nil {
+					_, err = f.ReadAt(b, 0)
+					st, _ := f.Stat()
+					if err == nil && strconv.FormatInt(st.Size()>>20, 10)+"M" != size {
+						err = fmt.Errorf("the RAM is %d bytes, the backend %s", st.Size(), size)
+					}
+					f.Close()
+				}
+				if err != nil || string(b) != "capsem-ram" {
+					answer = fmt.Sprintf(`{"error": {"class": "GenericError", "desc": "the RAM holds %q (%v)"}}`, b, err)
+				}
+			}
+			monitor.WriteString(answer + "\r\n")
+		}
+	}()
+	return nil
 }
 
 // signInheritedFDs writes on each port's and the NIC's inherited
@@ -227,6 +286,11 @@ func TestInheritedDescriptorsReachTheirOwners(t *testing.T) {
 	spec.Monitor = true
 	spec.RestoreFrom = filepath.Join(dir, "vm.state")
 	os.WriteFile(spec.RestoreFrom, []byte("state"), 0o600)
+	// The state's RAM, which the fake finds in the memory it maps.
+	ram, _ := os.Create(vmm.MemoryPath(spec.RestoreFrom))
+	ram.WriteString("capsem-ram")
+	ram.Truncate(int64(spec.MemoryMiB) << 20)
+	ram.Close()
 	spec.Ports = []string{"org.capsem.workspace", "second"}
 	spec.Network = &vmm.Network{MAC: "5a:94:ef:e4:0c:ee"}
 	vm, err := (&Backend{Binary: exe, OpenKVM: noKVM, Log: testLogger(t)}).Create(context.Background(), spec)
@@ -723,4 +787,37 @@ func isPingTo(p []byte, ip, target net.IP) bool {
 	}
 	hl := int(p[0]&0x0f) * 4
 	return len(p) > hl && p[9] == 1 && bytes.Equal(p[12:16], ip) && bytes.Equal(p[16:20], target) && p[hl] == 8
+}
+
+// TestRestoreNeedsItsRAM: a state whose RAM file is missing or of another
+// size than the guest's is refused before QEMU starts, naming the file,
+// and leaves nothing running.
+func TestRestoreNeedsItsRAM(t *testing.T) {
+	t.Setenv(fakeEnv, "connect")
+	exe, _ := os.Executable()
+	for name, ramSize := range map[string]int64{"missing": -1, "another size": 64 << 20} {
+		t.Run(name, func(t *testing.T) {
+			dir := shortDir(t)
+			spec := fakeSpec(dir)
+			spec.Monitor = true
+			spec.RestoreFrom = filepath.Join(dir, "vm.state")
+			os.WriteFile(spec.RestoreFrom, []byte("state"), 0o600)
+			if ramSize >= 0 {
+				os.WriteFile(vmm.MemoryPath(spec.RestoreFrom), nil, 0o600)
+				os.Truncate(vmm.MemoryPath(spec.RestoreFrom), ramSize)
+			}
+			vm, err := (&Backend{Binary: exe, OpenKVM: noKVM, Log: testLogger(t)}).Create(context.Background(), spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = vm.Start(context.Background())
+			if err == nil || !strings.Contains(err.Error(), "vm.state.ram") {
+				vm.Stop(context.Background())
+				t.Fatalf("Start with the state's RAM %s: %v", name, err)
+			}
+			if vm.PID() != 0 {
+				t.Errorf("QEMU ran (pid %d)", vm.PID())
+			}
+		})
+	}
 }

@@ -259,11 +259,20 @@ func scriptedSave(t *testing.T, final, contErr string) (*Machine, *[]string) {
 			c.Write([]byte(answer + "\r\n"))
 		}
 	})
-	return &Machine{spec: vmm.Spec{Monitor: true}, monitorConn: conn, done: make(chan struct{})}, &got
+	// The guest's RAM: 1 MiB with a page of data.
+	fd, err := unix.MemfdCreate("ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ram := os.NewFile(uintptr(fd), "ram")
+	t.Cleanup(func() { ram.Close() })
+	ram.Truncate(1 << 20)
+	ram.WriteAt([]byte("capsem-ram"), 8192)
+	return &Machine{spec: vmm.Spec{Monitor: true, MemoryMiB: 1}, monitorConn: conn, memory: ram, done: make(chan struct{})}, &got
 }
 
 func TestSaveStateSequence(t *testing.T) {
-	want := []string{"qmp_capabilities", "migrate-set-parameters", "getfd", "stop", "migrate", "query-migrate", "query-migrate", "query-migrate", "cont"}
+	want := []string{"qmp_capabilities", "migrate-set-parameters", "migrate-set-capabilities", "getfd", "stop", "migrate", "query-migrate", "query-migrate", "query-migrate", "cont"}
 	for _, tc := range []struct {
 		name, final, contErr string
 		wantErr              string
@@ -281,11 +290,19 @@ func TestSaveStateSequence(t *testing.T) {
 				t.Errorf("commands %v, want %v (paused before the save, resumed after it)", *got, want)
 			}
 			b, rerr := os.ReadFile(path)
+			ram, ramErr := os.ReadFile(vmm.MemoryPath(path))
 			if tc.wantErr == "" {
 				if err != nil || string(b) != "state" {
 					t.Fatalf("SaveState: %v; file %q %v", err, b, rerr)
 				}
+				// The RAM beside it, whole and at its offsets.
+				if len(ram) != 1<<20 || string(ram[8192:8202]) != "capsem-ram" {
+					t.Fatalf("the state's RAM: %d bytes, %v", len(ram), ramErr)
+				}
 				return
+			}
+			if !os.IsNotExist(ramErr) {
+				t.Fatalf("a failed save left its RAM file: %v", ramErr)
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || errors.Is(err, ErrNotResumed) != tc.notResumed {
 				t.Fatalf("got %v, want an error with %q (not resumed: %v)", err, tc.wantErr, tc.notResumed)
@@ -293,7 +310,7 @@ func TestSaveStateSequence(t *testing.T) {
 			if !os.IsNotExist(rerr) {
 				t.Fatalf("a failed save left %s: %v", path, rerr)
 			}
-			if left, _ := filepath.Glob(path + ".*.tmp"); len(left) != 0 {
+			if left, _ := filepath.Glob(path + "*.tmp"); len(left) != 0 {
 				t.Fatalf("temporary files left: %v", left)
 			}
 		})
