@@ -17,10 +17,10 @@ import (
 	"github.com/capsem/capsem/vmm/qemu"
 )
 
-// ramApartBench measures what keeping a VM's RAM apart from its device
-// state would give a suspend (QEMU's memory-backend-file with share=on and
-// the x-ignore-shared migration capability: the RAM stays in its file, and
-// only the devices' state is saved), beside today's whole-state save, on
+// ramApartBench measures, on QEMU alone, what keeping a VM's RAM apart from
+// its device state gives a save (QEMU's memory-backend-file with share=on
+// and the x-ignore-shared migration capability: the RAM stays in its file,
+// and only the devices' state is saved), beside a whole-state save, on
 // the same busybox guest (a shell that counts on the console): the save's
 // time and size, and restore → running, which must carry the count on.
 func ramApartBench(a *guestfs.Assets, accel qemu.Accel) error {
@@ -29,13 +29,13 @@ func ramApartBench(a *guestfs.Assets, accel qemu.Accel) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	fmt.Printf("\nRAM apart from device state (QEMU memory-backend-file share=on + x-ignore-shared; a busybox guest, 1024 MB, under %s), beside a whole-state save\n", accel.Name)
+	fmt.Printf("\nSaving a VM's state, QEMU alone (a busybox guest, 1024 MB, under %s): the whole state in QEMU's migration stream (as capsem saved before), beside the devices' state with the RAM kept in its file (memory-backend-file share=on + x-ignore-shared, as capsem saves now)\n", accel.Name)
 	for _, apart := range []bool{false, true} {
 		save, size, restore, err := ramApartRound(a, accel, dir, apart)
 		if err != nil {
 			return err
 		}
-		what := "whole state (RAM in the stream, as capsem suspends today)"
+		what := "whole state (RAM in the stream)                         "
 		if apart {
 			what = "device state only (RAM kept in its file)                "
 		}
