@@ -25,13 +25,15 @@ import (
 //	store/<key24>/          one artefact: its files and manifest.json, never changed in place
 //	refs/<recipe>           the key of the recipe's current artefact
 //	refs/<recipe>.previous  the key it named before
+//	pins/<holder>           store entries in use outside the store (pins.go)
 //
 // A build happens in a work directory beside the store, under the
 // recipe's build lock; the finished directory is renamed into the store
 // and the ref replaced by rename, both under the store lock, which also
 // covers pruning, so pruning never sees an entry published but not yet
-// named. Pruning keeps what a ref or a previous ref names and whatever
-// those were built from (a minimal root's kernel), and removes the rest.
+// named. Pruning keeps what a ref, a previous ref or a pin (pins.go: the
+// root images VMs and images use) names and whatever those were built from
+// (a minimal root's kernel), and removes the rest.
 
 // Layout under the asset directory.
 const (
@@ -381,17 +383,14 @@ func writeRef(dir, name, key string) error {
 	return nil
 }
 
-// keptEntries are the store entries (first 24 hex) some ref or previous
-// ref names, with what those depend on. It fails when a ref cannot be
-// read, or a kept entry's manifest (naming its dependencies) is there but
-// unreadable: then nothing may be pruned.
+// keptEntries are the store entries (first 24 hex) some ref, previous ref
+// or pin names, with what those depend on. It fails when a ref or a pin
+// cannot be read, or a kept entry's manifest (naming its dependencies) is
+// there but unreadable: then nothing may be pruned.
 func keptEntries(dir string) (map[string]bool, error) {
 	keep := map[string]bool{}
 	ents, err := os.ReadDir(filepath.Join(dir, refsDir))
-	if errors.Is(err, fs.ErrNotExist) {
-		return keep, nil
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
 	var queue []string
@@ -407,6 +406,11 @@ func keptEntries(dir string) (map[string]bool, error) {
 			queue = append(queue, key)
 		}
 	}
+	pinned, err := pinnedEntries(dir)
+	if err != nil {
+		return nil, err
+	}
+	queue = append(queue, pinned...)
 	for len(queue) > 0 {
 		key := queue[0]
 		queue = queue[1:]

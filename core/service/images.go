@@ -144,6 +144,7 @@ func (s *Service) Fork(ctx context.Context, ref string, req api.ForkRequest) (ap
 		}
 		return api.Image{}, err
 	}
+	s.pinRoots()
 	s.log.Info("forked a VM", "vm", r.ID, "name", r.Name, "image", img.Name, "memory", img.Memory, "fork_ms", img.ForkMS,
 		"paused_ms", img.PausedMS, "size_bytes", img.SizeBytes)
 	if resumeErr != nil {
@@ -268,6 +269,7 @@ func (s *Service) prepareFromImage(ctx context.Context, v *vm) (memory bool, err
 	if err := s.update(v, func(r *vmrecord.Record) { r.RootImage = img.RootImage }); err != nil {
 		return false, err
 	}
+	s.pinRoots()
 	if err := os.MkdirAll(r.SessionDir, 0o700); err != nil {
 		return false, fmt.Errorf("creating the session directory: %w", err)
 	}
@@ -341,6 +343,8 @@ func (s *Service) DeleteImage(name string) error {
 	if _, err := s.Image(name); err != nil {
 		return err
 	}
+	// After s.mu is let go: the image's root may go now.
+	defer s.pinRoots()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if users := s.usersOfLocked(name); len(users) > 0 {

@@ -194,7 +194,11 @@ func (s *Service) resolveBase(ctx context.Context, v *vm, stage func(string)) er
 	if err != nil {
 		return unavailable("base %q: %v", base, err)
 	}
-	return s.update(v, func(r *vmrecord.Record) { r.RootImage = path })
+	if err := s.update(v, func(r *vmrecord.Record) { r.RootImage = path }); err != nil {
+		return err
+	}
+	s.pinRoots()
+	return nil
 }
 
 // runningView is v's description with its process's own report.
@@ -356,6 +360,7 @@ func (s *Service) discard(v *vm) {
 	if err := s.reg.Remove(r.ID); err != nil {
 		s.log.Error("VM registry", "vm", r.ID, "err", err)
 	}
+	s.pinRoots()
 }
 
 // Stop stops a running VM. A persistent VM keeps its state for resume;

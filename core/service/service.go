@@ -80,6 +80,11 @@ type Service struct {
 
 	// inspectSlots holds a token per inspect query under way.
 	inspectSlots chan struct{}
+
+	// pinMu serializes pinRoots; pinned are the asset directories
+	// holding its pins.
+	pinMu  sync.Mutex
+	pinned map[string]bool
 }
 
 // vm is one VM. mu serializes its lifecycle operations (boot, stop,
@@ -136,6 +141,7 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	for _, v := range s.vms {
 		s.adopt(ctx, v)
 	}
+	s.pinRoots()
 	return s, nil
 }
 

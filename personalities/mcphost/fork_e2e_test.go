@@ -1,7 +1,9 @@
 package mcphost_test
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -55,6 +57,18 @@ cd /root/workspace && (sleep 100000 </dev/null >/dev/null 2>&1 &)`)
 		t.Fatalf("fork: %+v", img)
 	}
 	t.Logf("fork of a running VM: %d ms (paused %d ms), %d bytes", img.ForkMs, img.PausedMs, img.SizeBytes)
+	// The root image it needs is pinned against the store's pruning.
+	home := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "CAPSEM_HOME="); ok {
+			home = v
+		}
+	}
+	full, ferr := os.ReadFile(filepath.Join(home, "assets", "refs", "full"))
+	pins, perr := os.ReadFile(filepath.Join(home, "assets", "pins", "service"))
+	if ferr != nil || perr != nil || len(full) < 24 || !strings.Contains(string(pins), string(full[:24])+"\n") {
+		t.Errorf("the full root %q is not pinned: pins %q (%v, %v)", full, pins, ferr, perr)
+	}
 	// The source runs on, its process with it.
 	if got := exec("fork-src", "pgrep -f 'sleep 100000' >/dev/null && echo alive"); got != "alive\n" {
 		t.Errorf("the source after its fork: %q", got)
