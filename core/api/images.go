@@ -1,8 +1,6 @@
 package api
 
 import (
-	"net/url"
-	"strings"
 	"time"
 )
 
@@ -99,11 +97,6 @@ type ForkCopy struct {
 	WorkspaceBytes int64 `json:"workspace_bytes"`
 	SyncMS         int64 `json:"sync_ms"`
 	PausedMS       int64 `json:"paused_ms"`
-}
-
-// ImagePath puts an image's name into RouteImage.
-func ImagePath(name string) string {
-	return strings.Replace(RouteImage, "{image}", url.PathEscape(name), 1)
 }
 
 // RouteSuspend is the per-VM process's suspend (POST: SuspendResult; the

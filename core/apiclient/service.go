@@ -106,6 +106,24 @@ func transportError(err error) error {
 	return err
 }
 
+// Call sends in to verb, its route's parameter set to ref (a VM's name or
+// id, an image's name; "" for a verb without one), and returns the answer.
+func Call[In, Out any](ctx context.Context, c *ServiceClient, verb api.Verb[In, Out], ref string, in In) (Out, error) {
+	var out Out
+	var body, answer any
+	if verb.HasBody() {
+		body = in
+	}
+	if verb.HasAnswer() {
+		answer = &out
+	}
+	limit := int64(-1)
+	if verb.MaxAnswer > 0 {
+		limit = verb.MaxAnswer
+	}
+	return out, c.callBounded(ctx, verb.Method, verb.Path(ref), nil, body, answer, limit)
+}
+
 // call sends in (nil: no body) to route and decodes the answer into out
 // (nil: none expected).
 func (c *ServiceClient) call(ctx context.Context, method, route string, query url.Values, in, out any) error {
@@ -204,38 +222,32 @@ func logQuery(tail int, grep string) url.Values {
 
 // Version is the service's build.
 func (c *ServiceClient) Version(ctx context.Context) (api.Version, error) {
-	var v api.Version
-	return v, c.call(ctx, http.MethodGet, api.RouteVersion, nil, nil, &v)
+	return Call(ctx, c, api.VersionVerb, "", api.None{})
 }
 
 // List returns every VM.
 func (c *ServiceClient) List(ctx context.Context) ([]api.VM, error) {
-	var v []api.VM
-	return v, c.call(ctx, http.MethodGet, api.RouteVMs, nil, nil, &v)
+	return Call(ctx, c, api.ListVerb, "", api.None{})
 }
 
 // Create boots a VM.
 func (c *ServiceClient) Create(ctx context.Context, req api.CreateRequest) (api.VM, error) {
-	var v api.VM
-	return v, c.call(ctx, http.MethodPost, api.RouteVMs, nil, req, &v)
+	return Call(ctx, c, api.CreateVerb, "", req)
 }
 
 // Run runs one command in a fresh ephemeral VM.
 func (c *ServiceClient) Run(ctx context.Context, req api.RunRequest) (api.ExecResult, error) {
-	var v api.ExecResult
-	return v, c.call(ctx, http.MethodPost, api.RouteRun, nil, req, &v)
+	return Call(ctx, c, api.RunVerb, "", req)
 }
 
 // Info describes one VM.
 func (c *ServiceClient) Info(ctx context.Context, vm string) (api.VM, error) {
-	var v api.VM
-	return v, c.call(ctx, http.MethodGet, api.VMPath(api.RouteVM, vm), nil, nil, &v)
+	return Call(ctx, c, api.InfoVerb, vm, api.None{})
 }
 
 // Exec runs a command in a VM.
 func (c *ServiceClient) Exec(ctx context.Context, vm string, req api.ExecRequest) (api.ExecResult, error) {
-	var v api.ExecResult
-	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMExec, vm), nil, req, &v)
+	return Call(ctx, c, api.ExecVerb, vm, req)
 }
 
 // ExecStream runs a command in a VM, writing its output to stdout and
@@ -325,51 +337,45 @@ func (c *ServiceClient) stream(ctx context.Context, route string, in any, read f
 
 // Stop stops a VM.
 func (c *ServiceClient) Stop(ctx context.Context, vm string) (api.VM, error) {
-	var v api.VM
-	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMStop, vm), nil, nil, &v)
+	return Call(ctx, c, api.StopVerb, vm, api.None{})
 }
 
 // Resume starts a stopped, defunct or suspended persistent VM again
 // (req.Boot: a suspended one's state discarded, its disk booted).
 func (c *ServiceClient) Resume(ctx context.Context, vm string, req api.ResumeRequest) (api.VM, error) {
-	var v api.VM
-	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMResume, vm), nil, req, &v)
+	return Call(ctx, c, api.ResumeVerb, vm, req)
 }
 
 // Suspend saves a running persistent VM's whole state and stops it.
 func (c *ServiceClient) Suspend(ctx context.Context, vm string) (api.VM, error) {
-	var v api.VM
-	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMSuspend, vm), nil, nil, &v)
+	return Call(ctx, c, api.SuspendVerb, vm, api.None{})
 }
 
 // Publish publishes one more port of a running VM, for as long as it
 // runs, and returns it as published.
 func (c *ServiceClient) Publish(ctx context.Context, vm string, m api.PortMapping) (api.PortMapping, error) {
-	var out api.PortMapping
-	return out, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMPorts, vm), nil, m, &out)
+	return Call(ctx, c, api.PublishVerb, vm, m)
 }
 
 // Persist names an ephemeral VM.
 func (c *ServiceClient) Persist(ctx context.Context, vm, name string) (api.VM, error) {
-	var v api.VM
-	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMPersist, vm), nil, api.PersistRequest{Name: name}, &v)
+	return Call(ctx, c, api.PersistVerb, vm, api.PersistRequest{Name: name})
 }
 
 // Delete destroys a VM and its state.
 func (c *ServiceClient) Delete(ctx context.Context, vm string) error {
-	return c.call(ctx, http.MethodDelete, api.VMPath(api.RouteVM, vm), nil, nil, nil)
+	_, err := Call(ctx, c, api.DeleteVerb, vm, api.None{})
+	return err
 }
 
 // Purge removes every ephemeral VM (all: every VM).
 func (c *ServiceClient) Purge(ctx context.Context, all bool) (api.PurgeResult, error) {
-	var v api.PurgeResult
-	return v, c.call(ctx, http.MethodPost, api.RoutePurge, nil, api.PurgeRequest{All: all}, &v)
+	return Call(ctx, c, api.PurgeVerb, "", api.PurgeRequest{All: all})
 }
 
 // ReadFile reads a guest file.
 func (c *ServiceClient) ReadFile(ctx context.Context, vm string, req api.ReadFileRequest) (api.ReadFileResult, error) {
-	var v api.ReadFileResult
-	return v, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMReadFile, vm), nil, req, &v)
+	return Call(ctx, c, api.ReadFileVerb, vm, req)
 }
 
 // ReadFileTo copies a guest file of any size into w as it streams
@@ -429,7 +435,8 @@ func (c *ServiceClient) WriteFileFrom(ctx context.Context, vm, path string, mode
 
 // WriteFile writes a guest file.
 func (c *ServiceClient) WriteFile(ctx context.Context, vm string, req api.WriteFileRequest) error {
-	return c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMWriteFile, vm), nil, req, nil)
+	_, err := Call(ctx, c, api.WriteFileVerb, vm, req)
+	return err
 }
 
 // Logs returns the tail of a VM's logs.
@@ -447,23 +454,16 @@ func (c *ServiceClient) ServiceLogs(ctx context.Context, tail int, grep string) 
 // Schema returns a VM's session ledger schema; with vm "", the schema of
 // a new VM's.
 func (c *ServiceClient) Schema(ctx context.Context, vm string) (api.SchemaResult, error) {
-	var v api.SchemaResult
-	route := api.RouteSchema
-	if vm != "" {
-		route = api.VMPath(api.RouteVMSchema, vm)
+	if vm == "" {
+		return Call(ctx, c, api.SchemaVerb, "", api.None{})
 	}
-	return v, c.call(ctx, http.MethodGet, route, nil, nil, &v)
+	return Call(ctx, c, api.VMSchemaVerb, vm, api.None{})
 }
-
-// maxInspectAnswer is what Inspect reads of an answer: its bound, and room
-// for the column names and the frame around the rows.
-const maxInspectAnswer = api.MaxInspectAnswerBytes + 1<<20
 
 // Inspect runs read-only SQL on a VM's session ledger. It reads a bounded
 // answer (ErrAnswerTooLarge past it), whatever the service sends.
 func (c *ServiceClient) Inspect(ctx context.Context, vm string, req api.InspectRequest) (api.InspectResult, error) {
-	var v api.InspectResult
-	return v, c.callBounded(ctx, http.MethodPost, api.VMPath(api.RouteVMInspect, vm), nil, req, &v, maxInspectAnswer)
+	return Call(ctx, c, api.InspectVerb, vm, req)
 }
 
 // Timeline returns a VM's ledger as one stream of events in time order.
@@ -490,14 +490,12 @@ const maxPanicsAnswer = api.MaxPanics * (logs.MaxPanicMessage + logs.MaxPanicFra
 
 // MCP sends one MCP request through a running VM's gateway as the host.
 func (c *ServiceClient) MCP(ctx context.Context, vm string, req api.MCPCallRequest) (api.MCPCallResult, error) {
-	var v api.MCPCallResult
-	return v, c.callBounded(ctx, http.MethodPost, api.VMPath(api.RouteVMMCP, vm), nil, req, &v, api.MaxMCPCallBytes+1<<20)
+	return Call(ctx, c, api.MCPVerb, vm, req)
 }
 
 // MCPServers lists a running VM's gateway's servers.
 func (c *ServiceClient) MCPServers(ctx context.Context, vm string) (api.MCPServersResult, error) {
-	var v api.MCPServersResult
-	return v, c.call(ctx, http.MethodGet, api.VMPath(api.RouteVMMCPServers, vm), nil, nil, &v)
+	return Call(ctx, c, api.MCPServersVerb, vm, api.None{})
 }
 
 // maxTimelineAnswer bounds a timeline answer: its events at their longest,
@@ -506,28 +504,27 @@ const maxTimelineAnswer = api.MaxTimelineEvents * (4*api.MaxTimelineSummary + 51
 
 // StopService asks the service to exit (its VMs keep running).
 func (c *ServiceClient) StopService(ctx context.Context) error {
-	return c.call(ctx, http.MethodPost, api.RouteServiceStop, nil, nil, nil)
+	_, err := Call(ctx, c, api.ServiceStopVerb, "", api.None{})
+	return err
 }
 
 // Fork makes the image req.Name of a running or stopped VM.
 func (c *ServiceClient) Fork(ctx context.Context, vm string, req api.ForkRequest) (api.Image, error) {
-	var out api.Image
-	return out, c.call(ctx, http.MethodPost, api.VMPath(api.RouteVMFork, vm), nil, req, &out)
+	return Call(ctx, c, api.ForkVerb, vm, req)
 }
 
 // Images lists the images.
 func (c *ServiceClient) Images(ctx context.Context) ([]api.Image, error) {
-	var out []api.Image
-	return out, c.call(ctx, http.MethodGet, api.RouteImages, nil, nil, &out)
+	return Call(ctx, c, api.ImagesVerb, "", api.None{})
 }
 
 // Image describes one image.
 func (c *ServiceClient) Image(ctx context.Context, name string) (api.Image, error) {
-	var out api.Image
-	return out, c.call(ctx, http.MethodGet, api.ImagePath(name), nil, nil, &out)
+	return Call(ctx, c, api.ImageVerb, name, api.None{})
 }
 
 // DeleteImage deletes an image no VM uses.
 func (c *ServiceClient) DeleteImage(ctx context.Context, name string) error {
-	return c.call(ctx, http.MethodDelete, api.ImagePath(name), nil, nil, nil)
+	_, err := Call(ctx, c, api.DeleteImageVerb, name, api.None{})
+	return err
 }

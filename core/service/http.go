@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -15,26 +16,14 @@ import (
 	"github.com/capsem/capsem/core/httpserve"
 )
 
-// Body bounds: a JSON request is small, but a file write as JSON carries
-// up to api.MaxJSONFileBytes, base64-encoded (4/3 of it).
-const (
-	maxRequestBody   = 1 << 20
-	maxWriteFileBody = api.MaxJSONFileBytes/3*4 + 1<<20
-)
+// maxRequestBody bounds the JSON bodies of the routes that are not verbs.
+const maxRequestBody = api.MaxRequestBody
 
 // Handler serves the service API. stop, when not nil, is what
 // POST /v1/service/stop calls (after the answer is written).
 func (s *Service) Handler(stop func()) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+api.RouteVersion, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Version()) })
-	mux.HandleFunc("GET "+api.RouteVMs, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.List()) })
-	mux.HandleFunc("POST "+api.RouteVMs, func(w http.ResponseWriter, r *http.Request) {
-		var req api.CreateRequest
-		if decode(w, r, &req, maxRequestBody) {
-			out, err := s.Create(r.Context(), req)
-			reply(w, http.StatusCreated, out, err)
-		}
-	})
+	s.serveVerbs(mux)
 	mux.HandleFunc("POST "+api.RouteVMsLive, func(w http.ResponseWriter, r *http.Request) {
 		var req api.CreateRequest
 		if !decode(w, r, &req, maxRequestBody) {
@@ -57,13 +46,6 @@ func (s *Service) Handler(stop func()) http.Handler {
 			stream.Final(failedEvent(err))
 		default:
 			stream.Ready(vm)
-		}
-	})
-	mux.HandleFunc("POST "+api.RouteRun, func(w http.ResponseWriter, r *http.Request) {
-		var req api.RunRequest
-		if decode(w, r, &req, maxRequestBody) {
-			out, err := s.Run(r.Context(), req)
-			reply(w, http.StatusOK, out, err)
 		}
 	})
 	mux.HandleFunc("POST "+api.RouteRunLive, func(w http.ResponseWriter, r *http.Request) {
@@ -97,40 +79,17 @@ func (s *Service) Handler(stop func()) http.Handler {
 			stream.Final(*ev)
 		}
 	})
-	mux.HandleFunc("POST "+api.RoutePurge, func(w http.ResponseWriter, r *http.Request) {
-		var req api.PurgeRequest
-		if decode(w, r, &req, maxRequestBody) {
-			writeJSON(w, http.StatusOK, s.Purge(r.Context(), req.All))
-		}
-	})
 	mux.HandleFunc("GET "+api.RouteServiceLogs, func(w http.ResponseWriter, r *http.Request) {
 		if tail, grep, ok := logQuery(w, r); ok {
 			out, err := s.ServiceLogs(tail, grep)
 			reply(w, http.StatusOK, out, err)
 		}
 	})
-	mux.HandleFunc("POST "+api.RouteServiceStop, func(w http.ResponseWriter, r *http.Request) {
+	// After its answer: the service ends.
+	mux.HandleFunc(api.ServiceStopVerb.Pattern(), func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		if stop != nil {
 			go stop()
-		}
-	})
-	mux.HandleFunc("GET "+api.RouteVM, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.Info(r.Context(), r.PathValue("vm"))
-		reply(w, http.StatusOK, out, err)
-	})
-	mux.HandleFunc("DELETE "+api.RouteVM, func(w http.ResponseWriter, r *http.Request) {
-		if err := s.Delete(r.Context(), r.PathValue("vm")); err != nil {
-			writeError(w, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-	mux.HandleFunc("POST "+api.RouteVMExec, func(w http.ResponseWriter, r *http.Request) {
-		var req api.ExecRequest
-		if decode(w, r, &req, maxRequestBody) {
-			out, err := s.Exec(r.Context(), r.PathValue("vm"), req)
-			reply(w, http.StatusOK, out, err)
 		}
 	})
 	mux.HandleFunc("POST "+api.RouteVMExecLive, func(w http.ResponseWriter, r *http.Request) {
@@ -152,77 +111,6 @@ func (s *Service) Handler(stop func()) http.Handler {
 		stream.Final(*ev)
 	})
 	mux.HandleFunc("POST "+api.RouteVMTerminal, s.handleTerminal)
-	mux.HandleFunc("POST "+api.RouteVMStop, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.Stop(r.Context(), r.PathValue("vm"))
-		reply(w, http.StatusOK, out, err)
-	})
-	mux.HandleFunc("POST "+api.RouteVMResume, func(w http.ResponseWriter, r *http.Request) {
-		// The body is optional: no body is a plain resume.
-		var req api.ResumeRequest
-		if r.ContentLength != 0 && !decode(w, r, &req, maxRequestBody) {
-			return
-		}
-		out, err := s.Resume(r.Context(), r.PathValue("vm"), req)
-		reply(w, http.StatusOK, out, err)
-	})
-	mux.HandleFunc("POST "+api.RouteVMSuspend, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.Suspend(r.Context(), r.PathValue("vm"))
-		reply(w, http.StatusOK, out, err)
-	})
-	mux.HandleFunc("POST "+api.RouteVMPersist, func(w http.ResponseWriter, r *http.Request) {
-		var req api.PersistRequest
-		if decode(w, r, &req, maxRequestBody) {
-			out, err := s.Persist(r.PathValue("vm"), req.Name)
-			reply(w, http.StatusOK, out, err)
-		}
-	})
-	mux.HandleFunc("POST "+api.RouteVMFork, func(w http.ResponseWriter, r *http.Request) {
-		var req api.ForkRequest
-		if decode(w, r, &req, maxRequestBody) {
-			out, err := s.Fork(r.Context(), r.PathValue("vm"), req)
-			reply(w, http.StatusOK, out, err)
-		}
-	})
-	mux.HandleFunc("GET "+api.RouteImages, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.Images()
-		reply(w, http.StatusOK, out, err)
-	})
-	mux.HandleFunc("GET "+api.RouteImage, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.Image(r.PathValue("image"))
-		reply(w, http.StatusOK, out, err)
-	})
-	mux.HandleFunc("DELETE "+api.RouteImage, func(w http.ResponseWriter, r *http.Request) {
-		if err := s.DeleteImage(r.PathValue("image")); err != nil {
-			writeError(w, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-	mux.HandleFunc("POST "+api.RouteVMPorts, func(w http.ResponseWriter, r *http.Request) {
-		var req api.PortMapping
-		if decode(w, r, &req, maxRequestBody) {
-			out, err := s.Publish(r.Context(), r.PathValue("vm"), req)
-			reply(w, http.StatusOK, out, err)
-		}
-	})
-	mux.HandleFunc("POST "+api.RouteVMReadFile, func(w http.ResponseWriter, r *http.Request) {
-		var req api.ReadFileRequest
-		if decode(w, r, &req, maxRequestBody) {
-			out, err := s.ReadFile(r.Context(), r.PathValue("vm"), req)
-			reply(w, http.StatusOK, out, err)
-		}
-	})
-	mux.HandleFunc("POST "+api.RouteVMWriteFile, func(w http.ResponseWriter, r *http.Request) {
-		var req api.WriteFileRequest
-		if !decode(w, r, &req, maxWriteFileBody) {
-			return
-		}
-		if err := s.WriteFile(r.Context(), r.PathValue("vm"), req); err != nil {
-			writeError(w, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
 	mux.HandleFunc("GET "+api.RouteVMFileContent, func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		follow, max, err := fileReadQuery(q)
@@ -266,14 +154,6 @@ func (s *Service) Handler(stop func()) http.Handler {
 			reply(w, http.StatusOK, out, err)
 		}
 	})
-	mux.HandleFunc("GET "+api.RouteSchema, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.Schema(r.Context(), "")
-		reply(w, http.StatusOK, out, err)
-	})
-	mux.HandleFunc("GET "+api.RouteVMSchema, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.Schema(r.Context(), r.PathValue("vm"))
-		reply(w, http.StatusOK, out, err)
-	})
 	mux.HandleFunc("GET "+api.RouteVMTimeline, func(w http.ResponseWriter, r *http.Request) {
 		req, err := api.ParseTimelineQuery(r.URL.Query(), time.Now())
 		if err != nil {
@@ -301,25 +181,76 @@ func (s *Service) Handler(stop func()) http.Handler {
 		out, err := s.Panics(r.Context(), req)
 		reply(w, http.StatusOK, out, err)
 	})
-	mux.HandleFunc("POST "+api.RouteVMMCP, func(w http.ResponseWriter, r *http.Request) {
-		var req api.MCPCallRequest
-		if decode(w, r, &req, api.MaxMCPCallBytes) {
-			out, err := s.MCP(r.Context(), r.PathValue("vm"), req)
-			reply(w, http.StatusOK, out, err)
-		}
-	})
-	mux.HandleFunc("GET "+api.RouteVMMCPServers, func(w http.ResponseWriter, r *http.Request) {
-		out, err := s.MCPServers(r.Context(), r.PathValue("vm"))
-		reply(w, http.StatusOK, out, err)
-	})
-	mux.HandleFunc("POST "+api.RouteVMInspect, func(w http.ResponseWriter, r *http.Request) {
-		var req api.InspectRequest
-		if decode(w, r, &req, maxRequestBody) {
-			out, err := s.Inspect(r.Context(), r.PathValue("vm"), req)
-			reply(w, http.StatusOK, out, err)
-		}
-	})
 	return mux
+}
+
+// serveVerbs serves the service's JSON verbs (api.Verb), each by the
+// method that does it.
+func (s *Service) serveVerbs(mux *http.ServeMux) {
+	serve(mux, api.VersionVerb, func(context.Context, string, api.None) (api.Version, error) { return s.Version(), nil })
+	serve(mux, api.ListVerb, func(context.Context, string, api.None) ([]api.VM, error) { return s.List(), nil })
+	serve(mux, api.CreateVerb, func(ctx context.Context, _ string, req api.CreateRequest) (api.VM, error) { return s.Create(ctx, req) })
+	serve(mux, api.RunVerb, func(ctx context.Context, _ string, req api.RunRequest) (api.ExecResult, error) {
+		return s.Run(ctx, req)
+	})
+	serve(mux, api.PurgeVerb, func(ctx context.Context, _ string, req api.PurgeRequest) (api.PurgeResult, error) {
+		return s.Purge(ctx, req.All), nil
+	})
+	serve(mux, api.InfoVerb, func(ctx context.Context, vm string, _ api.None) (api.VM, error) { return s.Info(ctx, vm) })
+	serve(mux, api.DeleteVerb, func(ctx context.Context, vm string, _ api.None) (api.None, error) {
+		return api.None{}, s.Delete(ctx, vm)
+	})
+	serve(mux, api.ExecVerb, s.Exec)
+	serve(mux, api.StopVerb, func(ctx context.Context, vm string, _ api.None) (api.VM, error) { return s.Stop(ctx, vm) })
+	serve(mux, api.ResumeVerb, s.Resume)
+	serve(mux, api.SuspendVerb, func(ctx context.Context, vm string, _ api.None) (api.VM, error) { return s.Suspend(ctx, vm) })
+	serve(mux, api.PersistVerb, func(_ context.Context, vm string, req api.PersistRequest) (api.VM, error) {
+		return s.Persist(vm, req.Name)
+	})
+	serve(mux, api.ForkVerb, s.Fork)
+	serve(mux, api.ImagesVerb, func(context.Context, string, api.None) ([]api.Image, error) { return s.Images() })
+	serve(mux, api.ImageVerb, func(_ context.Context, name string, _ api.None) (api.Image, error) { return s.Image(name) })
+	serve(mux, api.DeleteImageVerb, func(_ context.Context, name string, _ api.None) (api.None, error) {
+		return api.None{}, s.DeleteImage(name)
+	})
+	serve(mux, api.PublishVerb, s.Publish)
+	serve(mux, api.ReadFileVerb, s.ReadFile)
+	serve(mux, api.WriteFileVerb, func(ctx context.Context, vm string, req api.WriteFileRequest) (api.None, error) {
+		return api.None{}, s.WriteFile(ctx, vm, req)
+	})
+	serve(mux, api.SchemaVerb, func(ctx context.Context, _ string, _ api.None) (api.SchemaResult, error) { return s.Schema(ctx, "") })
+	serve(mux, api.VMSchemaVerb, func(ctx context.Context, vm string, _ api.None) (api.SchemaResult, error) { return s.Schema(ctx, vm) })
+	serve(mux, api.InspectVerb, s.Inspect)
+	serve(mux, api.MCPVerb, s.MCP)
+	serve(mux, api.MCPServersVerb, func(ctx context.Context, vm string, _ api.None) (api.MCPServersResult, error) {
+		return s.MCPServers(ctx, vm)
+	})
+}
+
+// serve registers verb's handler: the body decoded as In (bounded,
+// unknown fields and trailing data refused), the route's parameter as ref,
+// and the answer as Out with the verb's status, or the error with its own.
+func serve[In, Out any](mux *http.ServeMux, verb api.Verb[In, Out], handle func(ctx context.Context, ref string, in In) (Out, error)) {
+	param := verb.Param()
+	mux.HandleFunc(verb.Pattern(), func(w http.ResponseWriter, r *http.Request) {
+		var in In
+		if verb.HasBody() && !(verb.OptionalBody && r.ContentLength == 0) && !decode(w, r, &in, verb.Limit()) {
+			return
+		}
+		ref := ""
+		if param != "" {
+			ref = r.PathValue(param)
+		}
+		out, err := handle(r.Context(), ref, in)
+		switch {
+		case err != nil:
+			writeError(w, err)
+		case verb.HasAnswer():
+			writeJSON(w, verb.SuccessStatus(), out)
+		default:
+			w.WriteHeader(verb.SuccessStatus())
+		}
+	})
 }
 
 // reply writes out with status, or err with its own.

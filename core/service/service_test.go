@@ -515,3 +515,56 @@ func TestVMErrorSaysWhoseTheFailureIs(t *testing.T) {
 		})
 	}
 }
+
+// TestEveryVerbIsServed: each JSON verb of the service API reaches its
+// handler (never the router's plain-text 404 or 405) and answers JSON: a
+// body that is not JSON is a 400 naming the body, a call without one
+// runs.
+func TestEveryVerbIsServed(t *testing.T) {
+	s := newTestService(t)
+	h := s.Handler(nil)
+	type verb struct {
+		method, path string
+		body         bool
+	}
+	of := func(method, path string, body bool) verb { return verb{method, path, body} }
+	for name, v := range map[string]verb{
+		"version":      of(api.VersionVerb.Method, api.VersionVerb.Path(""), api.VersionVerb.HasBody()),
+		"list":         of(api.ListVerb.Method, api.ListVerb.Path(""), api.ListVerb.HasBody()),
+		"create":       of(api.CreateVerb.Method, api.CreateVerb.Path(""), api.CreateVerb.HasBody()),
+		"run":          of(api.RunVerb.Method, api.RunVerb.Path(""), api.RunVerb.HasBody()),
+		"purge":        of(api.PurgeVerb.Method, api.PurgeVerb.Path(""), api.PurgeVerb.HasBody()),
+		"info":         of(api.InfoVerb.Method, api.InfoVerb.Path("nope"), api.InfoVerb.HasBody()),
+		"delete":       of(api.DeleteVerb.Method, api.DeleteVerb.Path("nope"), api.DeleteVerb.HasBody()),
+		"exec":         of(api.ExecVerb.Method, api.ExecVerb.Path("nope"), api.ExecVerb.HasBody()),
+		"stop":         of(api.StopVerb.Method, api.StopVerb.Path("nope"), api.StopVerb.HasBody()),
+		"resume":       of(api.ResumeVerb.Method, api.ResumeVerb.Path("nope"), api.ResumeVerb.HasBody()),
+		"suspend":      of(api.SuspendVerb.Method, api.SuspendVerb.Path("nope"), api.SuspendVerb.HasBody()),
+		"persist":      of(api.PersistVerb.Method, api.PersistVerb.Path("nope"), api.PersistVerb.HasBody()),
+		"fork":         of(api.ForkVerb.Method, api.ForkVerb.Path("nope"), api.ForkVerb.HasBody()),
+		"images":       of(api.ImagesVerb.Method, api.ImagesVerb.Path(""), api.ImagesVerb.HasBody()),
+		"image":        of(api.ImageVerb.Method, api.ImageVerb.Path("nope"), api.ImageVerb.HasBody()),
+		"delete image": of(api.DeleteImageVerb.Method, api.DeleteImageVerb.Path("nope"), api.DeleteImageVerb.HasBody()),
+		"publish":      of(api.PublishVerb.Method, api.PublishVerb.Path("nope"), api.PublishVerb.HasBody()),
+		"read file":    of(api.ReadFileVerb.Method, api.ReadFileVerb.Path("nope"), api.ReadFileVerb.HasBody()),
+		"write file":   of(api.WriteFileVerb.Method, api.WriteFileVerb.Path("nope"), api.WriteFileVerb.HasBody()),
+		"vm schema":    of(api.VMSchemaVerb.Method, api.VMSchemaVerb.Path("nope"), api.VMSchemaVerb.HasBody()),
+		"inspect":      of(api.InspectVerb.Method, api.InspectVerb.Path("nope"), api.InspectVerb.HasBody()),
+		"mcp":          of(api.MCPVerb.Method, api.MCPVerb.Path("nope"), api.MCPVerb.HasBody()),
+		"mcp servers":  of(api.MCPServersVerb.Method, api.MCPServersVerb.Path("nope"), api.MCPServersVerb.HasBody()),
+		"stop service": of(api.ServiceStopVerb.Method, api.ServiceStopVerb.Path(""), api.ServiceStopVerb.HasBody()),
+	} {
+		body := ""
+		if v.body {
+			body = "{not json"
+		}
+		status, got := do(t, h, v.method, v.path, body)
+		switch {
+		case status == http.StatusNoContent || status/100 == 2 && !v.body:
+		case v.body && status == http.StatusBadRequest && strings.Contains(got, "invalid request body"):
+		case !v.body && status == http.StatusNotFound && strings.Contains(got, `"code":"not_found"`):
+		default:
+			t.Errorf("%s (%s %s): %d %s", name, v.method, v.path, status, got)
+		}
+	}
+}
