@@ -1,18 +1,24 @@
 package api
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
 )
 
-// Verb is one JSON verb of the service API, declared once: its method, its
-// route (naming at most one parameter, {vm} or {image}), the Go types of its
-// request body (In; None: no body) and of its answer (Out; None: 204, no
-// body). The service serves a verb with a handler of exactly those types
-// and the client calls it with them (apiclient.Call), so the two sides
-// cannot disagree on a verb's wire form, and a new verb is a declaration
-// here, one handler and one call. Failures are Error bodies on both.
+// Verb is one JSON verb of capsem's local APIs (the service's and a per-VM
+// process's), declared once: its method, its route (naming at most one
+// parameter, {vm} or {image}), the Go types of its request body (In; None:
+// no body) and of its answer (Out; None: 204, no body). A server serves it
+// with Handle and a handler of exactly those types, a client calls it with
+// them (apiclient.Call, apiclient.CallProcess), so the two sides cannot
+// disagree on a verb's wire form, and a new verb is a declaration here, one
+// handler and one call. Failures are Error bodies.
 //
 // Verbs that stream (exec, run and create streams, file content, the
 // terminal) or take a query (logs, timeline, triage, panics) are routes of
@@ -98,6 +104,71 @@ func (v Verb[In, Out]) SuccessStatus() int {
 	}
 }
 
+// Handle registers verb's handler on mux: the body decoded as In
+// (DecodeBody; a bad one goes to fail as a *BodyError), the route's
+// parameter as ref, and the answer as Out with the verb's status, or the
+// handler's error through fail, which writes it with the server's own
+// status and code.
+func Handle[In, Out any](mux *http.ServeMux, verb Verb[In, Out], handle func(ctx context.Context, ref string, in In) (Out, error),
+	fail func(w http.ResponseWriter, err error)) {
+	param := verb.Param()
+	mux.HandleFunc(verb.Pattern(), func(w http.ResponseWriter, r *http.Request) {
+		var in In
+		if verb.HasBody() && !(verb.OptionalBody && r.ContentLength == 0) {
+			if err := DecodeBody(w, r, &in, verb.Limit()); err != nil {
+				fail(w, err)
+				return
+			}
+		}
+		ref := ""
+		if param != "" {
+			ref = r.PathValue(param)
+		}
+		out, err := handle(r.Context(), ref, in)
+		switch {
+		case err != nil:
+			fail(w, err)
+		case verb.HasAnswer():
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(verb.SuccessStatus())
+			json.NewEncoder(w).Encode(out)
+		default:
+			w.WriteHeader(verb.SuccessStatus())
+		}
+	})
+}
+
+// BodyError is a request body a server could not take: Status is 400
+// (not the JSON wanted) or 413 (over its bound).
+type BodyError struct {
+	Status int
+	Err    error
+}
+
+func (e *BodyError) Error() string { return e.Err.Error() }
+func (e *BodyError) Unwrap() error { return e.Err }
+
+// DecodeBody decodes r's JSON body into into: at most limit bytes, unknown
+// fields and trailing data refused, every failure a *BodyError.
+func DecodeBody(w http.ResponseWriter, r *http.Request, into any, limit int64) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(into)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the JSON object")
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return &BodyError{Status: http.StatusRequestEntityTooLarge, Err: fmt.Errorf("request body over %d bytes", tooLarge.Limit)}
+	}
+	return &BodyError{Status: http.StatusBadRequest, Err: fmt.Errorf("invalid request body: %w", err)}
+}
+
 // The service API's JSON verbs.
 var (
 	VersionVerb     = Verb[None, Version]{Method: http.MethodGet, Route: RouteVersion}
@@ -128,4 +199,18 @@ var (
 	InspectVerb    = Verb[InspectRequest, InspectResult]{Method: http.MethodPost, Route: RouteVMInspect, MaxAnswer: MaxInspectAnswerBytes + 1<<20}
 	MCPVerb        = Verb[MCPCallRequest, MCPCallResult]{Method: http.MethodPost, Route: RouteVMMCP, MaxBody: MaxMCPCallBytes, MaxAnswer: MaxMCPCallBytes + 1<<20}
 	MCPServersVerb = Verb[None, MCPServersResult]{Method: http.MethodGet, Route: RouteVMMCPServers}
+)
+
+// The JSON verbs of a per-VM process's API (routes without a parameter:
+// the process is the VM's).
+var (
+	ProcessInfoVerb = Verb[None, Info]{Method: http.MethodGet, Route: RouteInfo}
+	// ProcessStopVerb answers before the VM stops.
+	ProcessStopVerb       = Verb[None, None]{Method: http.MethodPost, Route: RouteStop}
+	ProcessPortsVerb      = Verb[PortMapping, PortMapping]{Method: http.MethodPost, Route: RoutePorts}
+	ProcessMCPVerb        = Verb[MCPCallRequest, MCPCallResult]{Method: http.MethodPost, Route: RouteMCP, MaxBody: MaxMCPCallBytes, MaxAnswer: MaxMCPCallBytes + 1<<20}
+	ProcessMCPServersVerb = Verb[None, MCPServersResult]{Method: http.MethodGet, Route: RouteMCPServers}
+	ProcessForkVerb       = Verb[ForkCopyRequest, ForkCopy]{Method: http.MethodPost, Route: RouteFork}
+	// ProcessSuspendVerb answers before the VM stops.
+	ProcessSuspendVerb = Verb[None, SuspendResult]{Method: http.MethodPost, Route: RouteSuspend}
 )

@@ -33,17 +33,35 @@ func NewProcessClient(path string) *ProcessClient {
 	return &ProcessClient{http: &http.Client{Transport: tr}}
 }
 
-func (c *ProcessClient) post(ctx context.Context, route string, in, out any) error {
-	body, err := json.Marshal(in)
-	if err != nil {
-		return err
+// CallProcess sends in to the per-VM process's verb and returns the
+// answer; errors name the route.
+func CallProcess[In, Out any](ctx context.Context, c *ProcessClient, verb api.Verb[In, Out], in In) (Out, error) {
+	var out Out
+	var body io.Reader
+	contentType := ""
+	if verb.HasBody() {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return out, err
+		}
+		body, contentType = bytes.NewReader(b), "application/json"
 	}
-	resp, err := c.do(ctx, http.MethodPost, route, nil, "application/json", bytes.NewReader(body))
+	resp, err := c.do(ctx, verb.Method, verb.Path(""), nil, contentType, body)
 	if err != nil {
-		return err
+		return out, err
 	}
 	defer resp.Body.Close()
-	return decode(route, resp, out)
+	if verb.MaxAnswer > 0 {
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(resp.Body, verb.MaxAnswer), resp.Body}
+	}
+	var answer any
+	if verb.HasAnswer() {
+		answer = &out
+	}
+	return out, decode(verb.Route, resp, answer)
 }
 
 // do sends one request to route (with query, if any); the caller closes the
@@ -84,13 +102,11 @@ func decode(route string, resp *http.Response, out any) error {
 
 // Info returns the VM's description.
 func (c *ProcessClient) Info(ctx context.Context) (*api.Info, error) {
-	resp, err := c.do(ctx, http.MethodGet, api.RouteInfo, nil, "", nil)
+	info, err := CallProcess(ctx, c, api.ProcessInfoVerb, api.None{})
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	var info api.Info
-	return &info, decode(api.RouteInfo, resp, &info)
+	return &info, nil
 }
 
 // WaitReady polls /info until the process answers or ctx ends.
@@ -196,45 +212,25 @@ func (c *ProcessClient) WriteFile(ctx context.Context, path string, data []byte,
 // Publish publishes one more port of the running VM and returns it as
 // published.
 func (c *ProcessClient) Publish(ctx context.Context, m api.PortMapping) (api.PortMapping, error) {
-	var out api.PortMapping
-	return out, c.post(ctx, api.RoutePorts, m, &out)
+	return CallProcess(ctx, c, api.ProcessPortsVerb, m)
 }
 
 // MCP sends one MCP request through the VM's gateway as the host. The
 // answer is read up to its bound (api.MaxMCPCallBytes, with room for the
 // JSON around it).
 func (c *ProcessClient) MCP(ctx context.Context, req api.MCPCallRequest) (api.MCPCallResult, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return api.MCPCallResult{}, err
-	}
-	resp, err := c.do(ctx, http.MethodPost, api.RouteMCP, nil, "application/json", bytes.NewReader(body))
-	if err != nil {
-		return api.MCPCallResult{}, err
-	}
-	defer resp.Body.Close()
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.LimitReader(resp.Body, api.MaxMCPCallBytes+1<<20), resp.Body}
-	var out api.MCPCallResult
-	return out, decode(api.RouteMCP, resp, &out)
+	return CallProcess(ctx, c, api.ProcessMCPVerb, req)
 }
 
 // MCPServers lists the VM's gateway's servers.
 func (c *ProcessClient) MCPServers(ctx context.Context) (api.MCPServersResult, error) {
-	resp, err := c.do(ctx, http.MethodGet, api.RouteMCPServers, nil, "", nil)
-	if err != nil {
-		return api.MCPServersResult{}, err
-	}
-	defer resp.Body.Close()
-	var out api.MCPServersResult
-	return out, decode(api.RouteMCPServers, resp, &out)
+	return CallProcess(ctx, c, api.ProcessMCPServersVerb, api.None{})
 }
 
 // Stop shuts the VM down (cleanly if the guest answers).
 func (c *ProcessClient) Stop(ctx context.Context) error {
-	return c.post(ctx, api.RouteStop, struct{}{}, nil)
+	_, err := CallProcess(ctx, c, api.ProcessStopVerb, api.None{})
+	return err
 }
 
 // Logs returns the tail of the guest's serial console log (tail lines,
@@ -262,12 +258,10 @@ func (c *ProcessClient) Logs(ctx context.Context, tail int, grep string) (string
 // ForkCopy has the running VM copy its disk and workspace into dir, a
 // staging directory of the image store, paused meanwhile.
 func (c *ProcessClient) ForkCopy(ctx context.Context, dir string) (api.ForkCopy, error) {
-	var out api.ForkCopy
-	return out, c.post(ctx, api.RouteFork, api.ForkCopyRequest{Dir: dir}, &out)
+	return CallProcess(ctx, c, api.ProcessForkVerb, api.ForkCopyRequest{Dir: dir})
 }
 
 // Suspend has the VM park its guest, save its whole state and stop.
 func (c *ProcessClient) Suspend(ctx context.Context) (api.SuspendResult, error) {
-	var out api.SuspendResult
-	return out, c.post(ctx, api.RouteSuspend, struct{}{}, &out)
+	return CallProcess(ctx, c, api.ProcessSuspendVerb, api.None{})
 }

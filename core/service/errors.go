@@ -48,8 +48,12 @@ func CodeOf(err error) string {
 // StatusOf is the HTTP status for err.
 func StatusOf(err error) int {
 	var e *Error
-	if errors.As(err, &e) {
+	var body *api.BodyError
+	switch {
+	case errors.As(err, &e):
 		return e.Status
+	case errors.As(err, &body):
+		return body.Status
 	}
 	return http.StatusInternalServerError
 }

@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -227,30 +226,10 @@ func (s *Service) serveVerbs(mux *http.ServeMux) {
 	})
 }
 
-// serve registers verb's handler: the body decoded as In (bounded,
-// unknown fields and trailing data refused), the route's parameter as ref,
-// and the answer as Out with the verb's status, or the error with its own.
+// serve serves verb with handle, its failures answered as the service's
+// errors.
 func serve[In, Out any](mux *http.ServeMux, verb api.Verb[In, Out], handle func(ctx context.Context, ref string, in In) (Out, error)) {
-	param := verb.Param()
-	mux.HandleFunc(verb.Pattern(), func(w http.ResponseWriter, r *http.Request) {
-		var in In
-		if verb.HasBody() && !(verb.OptionalBody && r.ContentLength == 0) && !decode(w, r, &in, verb.Limit()) {
-			return
-		}
-		ref := ""
-		if param != "" {
-			ref = r.PathValue(param)
-		}
-		out, err := handle(r.Context(), ref, in)
-		switch {
-		case err != nil:
-			writeError(w, err)
-		case verb.HasAnswer():
-			writeJSON(w, verb.SuccessStatus(), out)
-		default:
-			w.WriteHeader(verb.SuccessStatus())
-		}
-	})
+	api.Handle(mux, verb, handle, writeError)
 }
 
 // reply writes out with status, or err with its own.
@@ -293,24 +272,11 @@ func fileReadQuery(q url.Values) (follow bool, max int64, err error) {
 // decode reads one JSON object of at most limit bytes into into, refusing
 // unknown fields and trailing data; on failure it answers and says false.
 func decode(w http.ResponseWriter, r *http.Request, into any, limit int64) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(into)
-	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("trailing data after the JSON object")
-		}
-	}
-	if err == nil {
-		return true
-	}
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		writeError(w, refuse(http.StatusRequestEntityTooLarge, "request body over %d bytes", tooLarge.Limit))
+	if err := api.DecodeBody(w, r, into, limit); err != nil {
+		writeError(w, err)
 		return false
 	}
-	writeError(w, badRequest("invalid request body: %v", err))
-	return false
+	return true
 }
 
 // logQuery reads ?tail=N&grep=TEXT.

@@ -24,24 +24,26 @@ import (
 
 // maxRequestBody bounds JSON request bodies (file contents travel raw, on
 // their own routes).
-const maxRequestBody = 1 << 20
+const maxRequestBody = api.MaxRequestBody
 
 func (v *VM) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+api.RouteInfo, v.handleInfo)
+	api.Handle(mux, api.ProcessInfoVerb, v.info, writeFailure)
+	api.Handle(mux, api.ProcessPortsVerb, v.publish, writeFailure)
+	api.Handle(mux, api.ProcessMCPVerb, v.mcpCall, writeFailure)
+	api.Handle(mux, api.ProcessMCPServersVerb, v.mcpServers, writeFailure)
+	api.Handle(mux, api.ProcessForkVerb, v.forkInto, writeFailure)
+	api.Handle(mux, api.ProcessSuspendVerb, func(ctx context.Context, _ string, _ api.None) (api.SuspendResult, error) {
+		return v.Suspend(ctx)
+	}, writeFailure)
+	mux.HandleFunc(api.ProcessStopVerb.Pattern(), v.handleStop)
 	mux.HandleFunc("POST "+api.RouteExec, v.handleExec)
 	mux.HandleFunc("GET "+api.RouteFileContent, v.handleReadContent)
 	mux.HandleFunc("PUT "+api.RouteFileContent, v.handleWriteContent)
 	mux.HandleFunc("POST "+api.RouteFileStat, v.handleFile)
 	mux.HandleFunc("POST "+api.RouteFileMkdir, v.handleFile)
-	mux.HandleFunc("POST "+api.RouteStop, v.handleStop)
 	mux.HandleFunc("GET "+api.RouteLogs, v.handleLogs)
 	mux.HandleFunc("POST "+api.RouteTerminal, v.handleTerminal)
-	mux.HandleFunc("POST "+api.RoutePorts, v.handlePorts)
-	mux.HandleFunc("POST "+api.RouteMCP, v.handleMCP)
-	mux.HandleFunc("GET "+api.RouteMCPServers, v.handleMCPServers)
-	mux.HandleFunc("POST "+api.RouteFork, v.handleFork)
-	mux.HandleFunc("POST "+api.RouteSuspend, v.handleSuspend)
 	return mux
 }
 
@@ -68,16 +70,31 @@ func codeOf(status int) string {
 }
 
 func decodeBody(w http.ResponseWriter, r *http.Request, into any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(into); err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Errorf("invalid request body: %w", err))
+	if err := api.DecodeBody(w, r, into, maxRequestBody); err != nil {
+		writeFailure(w, err)
 		return false
 	}
 	return true
 }
 
-func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
+// writeFailure answers a verb's failure: a refusal or a bad body with its
+// status (and code), any other error as a 500.
+func writeFailure(w http.ResponseWriter, err error) {
+	var ref *refusal
+	var body *api.BodyError
+	switch {
+	case errors.As(err, &ref) && ref.code != "":
+		writeJSON(w, ref.status, api.Error{Error: ref.err.Error(), Code: ref.code})
+	case errors.As(err, &ref):
+		writeError(w, ref.status, ref.err)
+	case errors.As(err, &body):
+		writeError(w, body.Status, body.Err)
+	default:
+		writeError(w, http.StatusInternalServerError, err)
+	}
+}
+
+func (v *VM) info(context.Context, string, api.None) (api.Info, error) {
 	state, reason := api.StateRunning, v.unresponsive()
 	if reason != "" {
 		state = api.StateUnresponsive
@@ -87,9 +104,9 @@ func (v *VM) handleInfo(w http.ResponseWriter, r *http.Request) {
 		state, reason = api.StateStopped, ""
 	default:
 	}
-	writeJSON(w, http.StatusOK, api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
+	return api.Info{Name: v.opts.Name, PID: os.Getpid(), QEMUPID: v.machine.PID(), SessionDir: v.opts.SessionDir,
 		Accel: v.accel.Name, AccelReason: v.accel.Reason, Start: v.start.String(), BootTimings: v.timings, State: state, StateReason: reason,
-		Workspace: v.ws.usage(), Ports: v.ports(), Network: v.networkUsage()})
+		Workspace: v.ws.usage(), Ports: v.ports(), Network: v.networkUsage()}, nil
 }
 
 // networkUsage is the VM's network against its bounds, nil without one.
@@ -110,34 +127,27 @@ func (v *VM) ports() []api.PortMapping {
 	return v.net.ports.list()
 }
 
-// handlePorts publishes one more port while the VM runs. A host port that
+// publish publishes one more port while the VM runs. A host port that
 // cannot be listened on is a conflict (api.CodeConflict), not a stop
 // cutting the call off.
-func (v *VM) handlePorts(w http.ResponseWriter, r *http.Request) {
-	var m api.PortMapping
-	if !decodeBody(w, r, &m) {
-		return
-	}
+func (v *VM) publish(_ context.Context, _ string, m api.PortMapping) (api.PortMapping, error) {
 	if err := m.Check(); err != nil {
-		writeError(w, http.StatusBadRequest, err)
-		return
+		return m, &refusal{status: http.StatusBadRequest, err: err}
 	}
 	if v.net == nil {
-		writeJSON(w, http.StatusConflict, api.Error{Error: fmt.Sprintf("port %s: the VM has no network", m), Code: api.CodeConflict})
-		return
+		return m, &refusal{status: http.StatusConflict, code: api.CodeConflict, err: fmt.Errorf("port %s: the VM has no network", m)}
 	}
 	out, err := v.net.ports.add(m)
 	var taken *PortTakenError
 	switch {
 	case errors.As(err, &taken):
-		writeJSON(w, http.StatusConflict, api.Error{Error: err.Error(), Code: api.CodeConflict})
+		return out, &refusal{status: http.StatusConflict, code: api.CodeConflict, err: err}
 	case errors.Is(err, errPortsClosed):
-		writeError(w, http.StatusConflict, err) // the stop cut it off
+		return out, &refusal{status: http.StatusConflict, err: err} // the stop cut it off
 	case err != nil:
-		writeError(w, http.StatusBadRequest, err)
-	default:
-		writeJSON(w, http.StatusOK, out)
+		return out, &refusal{status: http.StatusBadRequest, err: err}
 	}
+	return out, nil
 }
 
 func (v *VM) handleStop(w http.ResponseWriter, r *http.Request) {

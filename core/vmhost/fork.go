@@ -64,43 +64,24 @@ func (v *VM) ForkCopy(ctx context.Context, dir string) (api.ForkCopy, error) {
 	return out, nil
 }
 
-// handleFork is ForkCopy for the service, into a staging directory of
-// this home's image store only: nothing else is the process's to write.
-func (v *VM) handleFork(w http.ResponseWriter, r *http.Request) {
-	var req api.ForkCopyRequest
-	if !decodeBody(w, r, &req) {
-		return
-	}
+// forkInto is ForkCopy for the service, into a staging directory of this
+// home's image store only: nothing else is the process's to write.
+func (v *VM) forkInto(ctx context.Context, _ string, req api.ForkCopyRequest) (api.ForkCopy, error) {
 	dir, err := paths.ImagesDir()
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err)
-		return
+		return api.ForkCopy{}, err
 	}
 	if !(vmimage.Store{Dir: dir}).IsStaging(req.Dir) {
-		writeError(w, http.StatusBadRequest, fmt.Errorf("fork into %q: not a staging directory of the image store %s", req.Dir, dir))
-		return
+		return api.ForkCopy{}, &refusal{status: http.StatusBadRequest, err: fmt.Errorf("fork into %q: not a staging directory of the image store %s", req.Dir, dir)}
 	}
-	out, err := v.ForkCopy(r.Context(), req.Dir)
-	writeOutcome(w, out, err)
+	return v.ForkCopy(ctx, req.Dir)
 }
 
-// writeOutcome answers a verb's result: out, or its refusal's status, or
-// 500 for any other failure.
-func writeOutcome(w http.ResponseWriter, out any, err error) {
-	var ref *refusal
-	switch {
-	case errors.As(err, &ref):
-		writeError(w, ref.status, ref.err)
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, err)
-	default:
-		writeJSON(w, http.StatusOK, out)
-	}
-}
-
-// refusal is an error with the HTTP status that says what kind it is.
+// refusal is an error with the HTTP status that says what kind it is, and
+// its code when not the status's own (writeFailure).
 type refusal struct {
 	status int
+	code   string
 	err    error
 }
 

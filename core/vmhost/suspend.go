@@ -169,9 +169,3 @@ func (v *VM) finishResume() {
 		v.log.Warn("removing the resumed suspend's state", "err", err)
 	}
 }
-
-// handleSuspend is Suspend for the service; the VM stops after the answer.
-func (v *VM) handleSuspend(w http.ResponseWriter, r *http.Request) {
-	out, err := v.Suspend(r.Context())
-	writeOutcome(w, out, err)
-}

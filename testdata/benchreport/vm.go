@@ -17,6 +17,7 @@ import (
 	"github.com/capsem/capsem/core/apiclient"
 	"github.com/capsem/capsem/core/ledger"
 	"github.com/capsem/capsem/core/vmhost"
+	"github.com/capsem/capsem/core/vmimage"
 	"github.com/capsem/capsem/guestfs"
 	"github.com/capsem/capsem/vmm"
 	"github.com/capsem/capsem/vmm/qemu"
@@ -52,7 +53,9 @@ func vmBench(capsem string, runs int) error {
 	}
 	stateBytes := int64(0)
 	if saved, _ := filepath.Glob(filepath.Join(states, "*.state")); len(saved) == 1 {
-		stateBytes = fileSize(saved[0])
+		// The devices' state, and the RAM's data beside it.
+		ram, _ := vmimage.Usage(vmm.MemoryPath(saved[0]))
+		stateBytes = fileSize(saved[0]) + ram.Allocated
 	}
 
 	type series struct {
