@@ -149,23 +149,63 @@ func (p *parkablePort) release() (held []byte, f *os.File, err error) {
 	return append(p.held, p.leftover...), p.f, nil
 }
 
-// detachWorkspace ends the workspace's mount and its relay before the
-// agent acknowledges a suspend, while the host still runs: a request of
-// the guest's 9P client (the detach's own clunks) must not sit in the
-// port's queue when the VM is saved, to reach the restored VM's new server
-// as the start of its stream. A process whose working directory or open
-// files are in the workspace keeps the detached mount, which answers no
-// more.
-func detachWorkspace(log *slog.Logger, storage *storageStage) {
-	if storage == nil || storage.workspacePort == nil {
+// workspaceParkTimeout bounds a park's wait for the workspace's requests
+// in flight to be answered.
+const workspaceParkTimeout = 2 * time.Second
+
+// parkWorkspace readies the workspace for a park before the agent
+// acknowledges a suspend, while the host still runs: its relay holds the
+// client's next requests once every one sent was answered, and lets the
+// server's port go (no request may sit in the port's queue when the VM is
+// saved, to reach the restored VM's new server as the start of its
+// stream); after the wake, resumeWorkspace hands the client's fids to the
+// new server, so processes keep their working directories and open files
+// in the workspace. When the requests in flight are not answered in time,
+// the workspace is detached instead (see detachWorkspace).
+func parkWorkspace(log *slog.Logger, storage *storageStage) {
+	if storage == nil || storage.workspace == nil {
 		return
 	}
-	if err := unix.Unmount(guestwire.GuestWorkspace, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-		log.Warn("detaching the workspace to park", "err", err)
+	err := storage.workspace.Park(workspaceParkTimeout)
+	if err == nil {
+		storage.workspaceParked = true
+		return
 	}
-	// Ends its relay, and frees the port for the next mount.
-	storage.workspacePort.Close()
-	storage.workspacePort, storage.workspaceDetached = nil, true
+	log.Warn("the workspace could not be parked; detaching it, to mount anew after the wake", "err", err)
+	detachWorkspace(log, storage, err)
+}
+
+// detachWorkspace ends the workspace's mount and its relay (which frees the
+// port for the next mount). A process whose working directory or open
+// files are in the workspace keeps the detached mount, which answers no
+// more.
+func detachWorkspace(log *slog.Logger, storage *storageStage, why error) {
+	if err := unix.Unmount(guestwire.GuestWorkspace, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		log.Warn("detaching the workspace", "err", err)
+	}
+	storage.workspace.End(why)
+	storage.workspace, storage.workspaceParked, storage.workspaceDetached = nil, false, true
+}
+
+// resumeWorkspace hands a parked workspace's client to the restored VM's
+// server, or, when that fails, detaches it to mount anew.
+func resumeWorkspace(ctx context.Context, log *slog.Logger, storage *storageStage) {
+	if storage == nil || !storage.workspaceParked {
+		return
+	}
+	storage.workspaceParked = false
+	ctx, cancel := context.WithTimeout(ctx, ChannelTimeout)
+	defer cancel()
+	port, err := guestchan.OpenVirtioPort(ctx, guestwire.WorkspacePort)
+	if err == nil {
+		if err = storage.workspace.Resume(port); err != nil {
+			port.Close()
+		}
+	}
+	if err != nil {
+		log.Error("the workspace's files could not be handed to the new server; mounting it anew", "err", err)
+		detachWorkspace(log, storage, err)
+	}
 }
 
 // parkablePortOf is the parkablePort under ch's session, or nil when ch
@@ -180,10 +220,11 @@ func parkablePortOf(ch guestchan.Channel) *parkablePort {
 }
 
 // park is the guest's side of a suspend, after the multiplexer session on
-// port has ended (and the workspace was detached, detachWorkspace): the
-// agent waits on the raw port for the wake of a restored VM, applies it
-// (entropy, clock), mounts the workspace again from the new server, and
-// starts a new session. The guest's processes run on throughout.
+// port has ended (and the workspace was parked, parkWorkspace): the agent
+// waits on the raw port for the wake of a restored VM, applies it
+// (entropy, clock), hands the workspace to the new server (or mounts it
+// again), and starts a new session. The guest's processes run on
+// throughout.
 func park(ctx context.Context, log *slog.Logger, port *parkablePort, storage *storageStage) (*guestchan.Session, *parkablePort, error) {
 	held, f, err := port.release()
 	if err != nil {
@@ -194,16 +235,17 @@ func park(ctx context.Context, log *slog.Logger, port *parkablePort, storage *st
 	if len(held) > 0 {
 		r = io.MultiReader(rest, f)
 	}
-	workspaceTag := ""
-	if storage != nil && storage.workspaceDetached {
-		workspaceTag = storage.plan.workspaceTag
-	}
 	log.Info("parked: waiting for the wake")
 	w, err := awaitWake(ctx, r, port.marker, systemWake)
 	if err != nil {
 		return nil, nil, err
 	}
 	log.Info("woken from a park", "clock_set", w.ClockUnixNano > 0, "seed_bytes", len(w.Seed))
+	resumeWorkspace(ctx, log, storage)
+	workspaceTag := ""
+	if storage != nil && storage.workspaceDetached {
+		workspaceTag = storage.plan.workspaceTag
+	}
 	if workspaceTag != "" {
 		wctx, cancel := context.WithTimeout(ctx, ChannelTimeout)
 		wport, err := mountWorkspace(wctx, log, workspaceTag, guestwire.GuestWorkspace)
@@ -212,7 +254,7 @@ func park(ctx context.Context, log *slog.Logger, port *parkablePort, storage *st
 			// The VM serves on without it; commands that need it say so.
 			log.Error("mounting the workspace again after the park", "err", err)
 		}
-		storage.workspacePort, storage.workspaceDetached = wport, false
+		storage.workspace, storage.workspaceDetached = wport, false
 	}
 	next := newParkablePort(f)
 	// What was read past the wake is the new session's.

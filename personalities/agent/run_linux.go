@@ -241,7 +241,7 @@ func (c *Cmd) boot(ctx context.Context, log *slog.Logger, pid1 bool) error {
 		if port := parkablePortOf(ch); port != nil {
 			srv.BeforePark = func(wakeMarker []byte) {
 				port.arm(wakeMarker)
-				detachWorkspace(log, storage)
+				parkWorkspace(log, storage)
 			}
 		} else {
 			srv.BeforePark = nil

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
@@ -88,9 +87,12 @@ type storageStage struct {
 	attrs    []any
 	rootDone bool // the overlay is assembled on newRoot
 	took     time.Duration
-	// workspacePort is the mounted workspace's port, which its relay
-	// reads: closed to let a park's new mount open it again.
-	workspacePort *os.File
+	// workspace is the mounted workspace's relay: a park holds it and
+	// hands it to the restored VM's server (wsRelay).
+	workspace *wsRelay
+	// workspaceParked: a park holds the workspace's relay, to hand it to
+	// the restored VM's server after the wake.
+	workspaceParked bool
 	// workspaceDetached: a park detached the workspace, to mount again
 	// after the wake.
 	workspaceDetached bool
@@ -161,11 +163,11 @@ func (s *storageStage) finish(ctx context.Context, log *slog.Logger, wait func(.
 	if s.plan.workspaceTag != "" {
 		w := time.Now()
 		wait(workspaceModules...)
-		port, err := mountWorkspace(ctx, log, s.plan.workspaceTag, guestwire.GuestWorkspace)
+		relay, err := mountWorkspace(ctx, log, s.plan.workspaceTag, guestwire.GuestWorkspace)
 		if err != nil {
 			return err
 		}
-		s.workspacePort = port
+		s.workspace = relay
 		s.attrs = append(s.attrs, "workspace", guestwire.GuestWorkspace, "workspace_ms", time.Since(w).Milliseconds())
 	}
 	// One log line for the whole stage: each line costs milliseconds on
@@ -321,10 +323,10 @@ func switchRoot() error {
 // virtio port of its own (guestwire.WorkspacePort). The kernel's 9p client
 // reads and writes descriptors (trans=fd), but not a virtio port's (the
 // port driver has no read_iter/write_iter on 6.1 kernels): so it gets two
-// pipes, and PID 1 copies between them and the port (relayWorkspace).
-// nosuid and nodev: files the host put there must not gain privileges in
-// the guest.
-func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) (*os.File, error) {
+// pipes, and PID 1 relays whole messages between them and the port
+// (wsRelay). nosuid and nodev: files the host put there must not gain
+// privileges in the guest.
+func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) (*wsRelay, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent: creating the workspace mount point %s: %w", dir, err)
 	}
@@ -350,7 +352,16 @@ func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) (*os
 		unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, 2*guestwire.WorkspaceMsize)
 	}
 	toKernel, fromKernel := os.NewFile(uintptr(replies[1]), "workspace-replies"), os.NewFile(uintptr(requests[0]), "workspace-requests")
-	go relayWorkspace(log, toKernel, fromKernel, port)
+	// The pipes are read and written blocking, on threads of their own
+	// (Fd makes them blocking; the Files stay referenced by the close
+	// function, so they are not closed under the loops); the port is read
+	// and written through the runtime's poller, as the channel's port is:
+	// a blocking read of a virtio port was seen to miss data that arrived
+	// until more followed.
+	relay := newWSRelay(log, fdReader(fromKernel.Fd()), fdWriter(toKernel.Fd()), func() {
+		toKernel.Close()
+		fromKernel.Close()
+	}, port, guestwire.WorkspaceMsize)
 	// The kernel takes its own references to the descriptors while mounting.
 	err = unix.Mount(tag, dir, "9p", unix.MS_NOSUID|unix.MS_NODEV, workspaceOptions(replies[0], requests[1]))
 	unix.Close(replies[0])
@@ -359,75 +370,37 @@ func mountWorkspace(ctx context.Context, log *slog.Logger, tag, dir string) (*os
 		// The relay sees the kernel's ends gone and closes the rest.
 		return nil, fmt.Errorf("agent: mounting the workspace on %s: %w", dir, err)
 	}
-	return port, nil
+	return relay, nil
 }
 
-// relayBuffer is the size of each copy buffer between the kernel's 9p
-// socket and the port: one whole message at the workspace's msize.
-const relayBuffer = guestwire.WorkspaceMsize
+// fdReader reads a blocking descriptor.
+type fdReader int
 
-// relayWorkspace copies both ways between the kernel's pipes and the
-// host's port until either ends; then the kernel fails the workspace's
-// pending and later requests. The pipes are read and written blocking, on
-// threads of their own; the port is read and written through the
-// runtime's poller, as the channel's port is: a blocking read of a virtio
-// port was seen to miss data that arrived until more followed.
-func relayWorkspace(log *slog.Logger, toKernel, fromKernel, port *os.File) {
-	// Fd makes the pipes blocking; the Files stay referenced until the
-	// end, so they are not closed under the loops.
-	tfd, ffd := int(toKernel.Fd()), int(fromKernel.Fd())
-	done := make(chan error, 2)
-	go func() { done <- copyFromFD(port, ffd) }()
-	go func() { done <- copyToFD(tfd, port) }()
-	err := <-done
-	log.Warn("the workspace connection ended; the workspace is unreachable until the VM restarts", "err", err)
-	port.Close() // ends a loop blocked on the port
-	<-done
-	toKernel.Close()
-	fromKernel.Close()
-}
-
-// copyFromFD copies from the blocking descriptor src to dst until either
-// fails or src ends.
-func copyFromFD(dst io.Writer, src int) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	buf := make([]byte, relayBuffer)
+func (fd fdReader) Read(p []byte) (int, error) {
 	for {
-		n, err := unix.Read(src, buf)
+		n, err := unix.Read(int(fd), p)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if n == 0 {
-			return io.EOF
+			return 0, io.EOF
 		}
-		if _, err := dst.Write(buf[:n]); err != nil {
-			return err
-		}
+		return n, nil
 	}
 }
 
-// copyToFD copies from src to the blocking descriptor dst until either
-// fails or src ends.
-func copyToFD(dst int, src io.Reader) error {
-	buf := make([]byte, relayBuffer)
+// fdWriter writes a blocking descriptor.
+type fdWriter int
+
+func (fd fdWriter) Write(p []byte) (int, error) {
 	for {
-		n, err := src.Read(buf)
-		for b := buf[:n]; len(b) > 0; {
-			w, werr := unix.Write(dst, b)
-			if werr == unix.EINTR {
-				continue
-			}
-			if werr != nil {
-				return werr
-			}
-			b = b[w:]
+		n, err := unix.Write(int(fd), p)
+		if err == unix.EINTR {
+			continue
 		}
-		if err != nil {
-			return err
-		}
+		return n, err
 	}
 }

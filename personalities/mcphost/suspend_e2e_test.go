@@ -17,7 +17,8 @@ import (
 // TestSuspendResume: a suspended VM resumes with its processes where they
 // were: a counter goes on from its value (not from zero), a file held open
 // stays open and keeps growing, a process whose working directory is the
-// workspace lives on, the workspace serves again, and the guest's clock is
+// workspace lives on and works there (a file it holds open in the
+// workspace grows, its relative paths serve), the workspace serves again, and the guest's clock is
 // the host's. A state that fails to load says why and is kept; resume with
 // boot then boots the disk. Suspending what cannot be suspended is refused.
 func TestSuspendResume(t *testing.T) {
@@ -43,6 +44,9 @@ echo hello > /root/workspace/hello.txt
 echo $! > /var/tmp/counter.pid
 cd /root/workspace && sleep 100000 </dev/null >/dev/null 2>&1 &
 echo $! > /var/tmp/sleeper.pid
+mkdir -p /root/workspace/proj
+(cd /root/workspace/proj; exec 4>>log.txt; i=0; while true; do i=$((i+1)); echo $i >&4; ls . > listing.txt || echo $i > /var/tmp/ws-failed; sleep 0.2; done </dev/null >/dev/null 2>&1) &
+echo $! > /var/tmp/wswriter.pid
 sleep 1`)
 	counter := exec("sus", "cat /var/tmp/counter.pid")
 	sleeper := exec("sus", "cat /var/tmp/sleeper.pid")
@@ -55,6 +59,12 @@ sleep 1`)
 	}
 	before := number(exec("sus", "cat /var/tmp/count"))
 	held := number(exec("sus", "wc -l < /var/tmp/held"))
+	wsWriter := exec("sus", "cat /var/tmp/wswriter.pid")
+	wsLog := filepath.Join(session.Workspace(), "proj", "log.txt")
+	lines := func(path string) int {
+		b, _ := os.ReadFile(path)
+		return strings.Count(string(b), "\n")
+	}
 
 	var out hostmcp.VMOut
 	c.must("capsem_suspend", map[string]any{"id": "sus"}, &out)
@@ -90,6 +100,17 @@ sleep 1`)
 	}
 	if b, err := os.ReadFile(filepath.Join(session.Workspace(), "after.txt")); err != nil || string(b) != "more\n" {
 		t.Errorf("the workspace's host side after the resume: %q, %v", b, err)
+	}
+	// A process working in the workspace carries on: its descriptor opened
+	// there writes on (the lines reach the host), its working directory
+	// there serves its relative paths.
+	wsBefore := lines(wsLog)
+	time.Sleep(time.Second)
+	if got := lines(wsLog); got <= wsBefore {
+		t.Errorf("the workspace file held open had %d lines on the host, has %d a second later: not written on", wsBefore, got)
+	}
+	if got := exec("sus", "readlink /proc/"+wsWriter+"/fd/4 /proc/"+wsWriter+"/cwd; cat /var/tmp/ws-failed 2>/dev/null || echo none"); got != "/root/workspace/proj/log.txt\n/root/workspace/proj\nnone" {
+		t.Errorf("the workspace writer after the resume (its fd 4, its cwd, a failed relative write): %q", got)
 	}
 	guestClock := number(exec("sus", "date +%s"))
 	if d := time.Now().Unix() - int64(guestClock); d < -5 || d > 5 {
