@@ -273,9 +273,15 @@ type (
 	}
 	// StateKeyer names the configuration a saved state depends on (for
 	// QEMU, its whole command line): a state resumes only in a machine of
-	// the same key.
+	// the same key. OwnStateKey is the key of a state of this VM's own (a
+	// suspend, a memory fork): StateKey's less what the guest's RAM
+	// already holds and never reads again (the initramfs, unpacked at
+	// boot), so such a state resumes after a capsem upgrade made another
+	// initramfs (the agent in it must still speak the host's protocol,
+	// which its hello says).
 	StateKeyer interface {
 		StateKey() []string
+		OwnStateKey() []string
 	}
 	// Suspender saves the VM's whole state (as StateSaver) and
 	// leaves it paused, for its caller to stop: a VM of the same spec

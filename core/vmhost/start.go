@@ -110,7 +110,7 @@ type bootPlan struct {
 func (v *VM) planBoot(key []string, bootStates string, canSave bool) bootPlan {
 	o := v.opts
 	if o.Suspended {
-		return v.planSuspended(key)
+		return v.planSuspended(v.ownStateKeyArgv)
 	}
 	switch {
 	case key == nil:
@@ -133,21 +133,22 @@ func (v *VM) planBoot(key []string, bootStates string, canSave bool) bootPlan {
 	return bootPlan{mode: ModeBoot, saved: saved}
 }
 
-// stateKey is the configuration key of spec's saved boot under accel, or
-// nil when the backend's machines cannot save and resume states. Saved
-// boots are keyed by a machine that does the wake handshake.
-func (v *VM) stateKey(spec vmm.Spec, accel vmm.Accel) ([]string, error) {
+// stateKey is the configuration key of spec's saved boot under accel, and
+// of the VM's own states (vmm.StateKeyer), or nil when the backend's
+// machines cannot save and resume states. Saved boots are keyed by a
+// machine that does the wake handshake.
+func (v *VM) stateKey(spec vmm.Spec, accel vmm.Accel) (key, own []string, err error) {
 	m, err := v.opts.Backend.CreateWithAccel(withWake(spec), accel)
 	if err != nil {
-		return nil, fmt.Errorf("creating the VM: %w", err)
+		return nil, nil, fmt.Errorf("creating the VM: %w", err)
 	}
 	keyer, okKey := m.(vmm.StateKeyer)
 	_, okSave := m.(vmm.StateSaver)
 	_, okHook := m.(vmm.ChannelHooker)
 	if !okKey || !okSave || !okHook {
-		return nil, nil
+		return nil, nil, nil
 	}
-	return keyer.StateKey(), nil
+	return keyer.StateKey(), keyer.OwnStateKey(), nil
 }
 
 // startWithSavedBoots starts the guest of spec as planBoot says and, when
@@ -163,11 +164,11 @@ func (v *VM) startWithSavedBoots(ctx context.Context, spec vmm.Spec, bootStates 
 	// CPU model, which the configuration key of the saved boot names.
 	v.accel = accel
 	v.log.Info("accelerator", "accel", accel.Name, "cpu", accel.CPU, "reason", accel.Reason)
-	key, err := v.stateKey(spec, accel)
+	key, own, err := v.stateKey(spec, accel)
 	if err != nil {
 		return ModeBoot, err
 	}
-	v.stateKeyArgv = key
+	v.ownStateKeyArgv = own
 	// One VM of a configuration boots to save it; the others started with
 	// it wait for that save, then resume from it. The lock is held until
 	// the save is published, or this start ends.

@@ -38,10 +38,10 @@ const (
 
 // suspendState is the suspend's state store of the VM's session.
 func (v *VM) suspendState() (*bootState, error) {
-	if v.stateKeyArgv == nil {
+	if v.ownStateKeyArgv == nil {
 		return nil, errors.New("this VM's backend cannot save its state")
 	}
-	return newBootState(paths.Session{Dir: v.opts.SessionDir}.Suspend(), v.stateKeyArgv, v.opts.SessionDir)
+	return newBootState(paths.Session{Dir: v.opts.SessionDir}.Suspend(), v.ownStateKeyArgv, v.opts.SessionDir)
 }
 
 // planSuspended is the plan of a start that resumes the VM's suspend:

@@ -98,9 +98,9 @@ type VM struct {
 	wsDir string
 	// forkMu keeps forks of the VM one at a time.
 	forkMu sync.Mutex
-	// stateKeyArgv is the configuration key of the VM's saved states (its
-	// suspend's too).
-	stateKeyArgv []string
+	// ownStateKeyArgv is the key of its own states (a suspend, a memory
+	// fork's): vmm.StateKeyer.OwnStateKey.
+	ownStateKeyArgv []string
 	// suspended: Suspend saved the VM and parked its guest; the stop that
 	// follows does not ask the guest to power off.
 	suspended atomic.Bool

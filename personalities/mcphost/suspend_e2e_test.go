@@ -213,3 +213,79 @@ echo $! > /var/tmp/counter.pid; echo from-source > /root/file; sleep 1`)
 	c.must("capsem_stop", map[string]any{"id": "memfork-src"}, nil)
 	c.refused("capsem_fork", map[string]any{"id": "memfork-src", "name": "memfork-x", "memory": true}, "a fork with memory takes a VM that is running or suspended")
 }
+
+// TestSuspendOutlivesAnUpgrade: a VM suspended by one capsem resumes under
+// another build whose guest binary, and so whose initramfs, differs (the
+// initramfs is in the suspended guest's RAM already), its processes
+// carrying on.
+func TestSuspendOutlivesAnUpgrade(t *testing.T) {
+	env, _ := testkit.ServiceEnv(t)
+	old := testkit.CapsemBinary(t)
+	run := func(capsem string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(capsem, args...)
+		cmd.Env = env
+		out, err := cmd.Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("%s %v: %v\n%s", filepath.Base(filepath.Dir(capsem)), args, err, stderr)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	home := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "CAPSEM_HOME="); ok {
+			home = v
+		}
+	}
+	minimalRef := func() string {
+		b, _ := os.ReadFile(filepath.Join(home, "assets", "refs", "minimal"))
+		return strings.TrimSpace(string(b))
+	}
+
+	run(old, "create", "upg", "--base", "minimal", "--ram-mb", "512")
+	t.Cleanup(func() {
+		cmd := exec.Command(old, "rm", "upg")
+		cmd.Env = env
+		cmd.Run()
+	})
+	run(old, "exec", "upg", "--", "sh", "-c", `(i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done) </dev/null >/dev/null 2>&1 & sleep 1`)
+	before, _ := strconv.Atoi(run(old, "exec", "upg", "--", "cat", "/tmp/count"))
+	oldMinimal := minimalRef()
+	run(old, "suspend", "upg")
+	run(old, "service", "stop")
+
+	// The upgrade: another capsem build, its guest binary another file
+	// (bytes after an ELF's end change nothing it runs).
+	dir := t.TempDir()
+	upgraded := filepath.Join(dir, "capsem")
+	for _, f := range []struct{ from, to string }{{old, upgraded}, {filepath.Join(filepath.Dir(old), "capsem-guest"), filepath.Join(dir, "capsem-guest")}} {
+		b, err := os.ReadFile(f.from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(f.to) == "capsem-guest" {
+			b = append(b, "another build"...)
+		}
+		if err := os.WriteFile(f.to, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		cmd := exec.Command(upgraded, "service", "stop")
+		cmd.Env = env
+		cmd.Run()
+	})
+	run(upgraded, "resume", "upg")
+	if minimalRef() == oldMinimal {
+		t.Fatalf("the upgraded capsem did not make another minimal root (%s)", oldMinimal)
+	}
+	after, _ := strconv.Atoi(run(upgraded, "exec", "upg", "--", "sh", "-c", "sleep 1; cat /tmp/count"))
+	if after <= before || after > before+200 {
+		t.Errorf("the counter was %d before the suspend and is %d after the upgrade's resume", before, after)
+	}
+	run(upgraded, "rm", "upg")
+}

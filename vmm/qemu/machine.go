@@ -222,9 +222,20 @@ func (m *Machine) SetBeforeChannel(fn func(ctx context.Context, raw net.Conn) er
 // saved, and a restored guest drops what its kernel cached of them), so
 // a VM whose disk is a layer over an image resumes the same saved boot as
 // one with a disk of its own.
-func (m *Machine) StateKey() []string {
+func (m *Machine) StateKey() []string { return m.stateKey(false) }
+
+// OwnStateKey is StateKey without the initramfs (vmm.StateKeyer).
+func (m *Machine) OwnStateKey() []string { return m.stateKey(true) }
+
+func (m *Machine) stateKey(own bool) []string {
 	spec := m.spec
 	spec.TCGCacheMiB = 0
+	if own {
+		// Unpacked into the guest's RAM at boot, which the state holds;
+		// QEMU reads it again only to set up a machine that then loads
+		// the state over it.
+		spec.Initramfs = "/initramfs-in-the-guest-ram"
+	}
 	spec.Disks = slices.Clone(spec.Disks)
 	for i, d := range spec.Disks {
 		if !d.ReadOnly {
