@@ -33,19 +33,40 @@ var replacedStateGrace = time.Minute
 // old ones are no longer used.
 const bootStateFormat = 2
 
-// bootState is where the saved state of one configuration lives: in dir
-// (normally beside the assets it boots from), named by a key over QEMU's
-// argv without its per-VM parts (the argv names the assets' files) and
-// QEMU's own identity.
+// stateKind is what a saved state is, which decides who may collect it:
+// a saved boot is shared by the VMs of its configuration, a cache that
+// goes when it no longer loads; a suspend is one VM's, saved in its
+// session, resumed by it or by the VMs of an image made of it (a memory
+// fork copies it), and kept when it does not load (only a resume with
+// boot, or the VM's deletion, discards it).
+type stateKind string
+
+const (
+	stateBoot    stateKind = "boot"
+	stateSuspend stateKind = "suspend"
+)
+
+// bootState is where a saved state lives: in dir (a saved boot's beside
+// the assets it boots from; a suspend's in its VM's session), named by a
+// key over QEMU's argv without its per-VM parts (the argv names the
+// assets' files) and QEMU's own identity.
 type bootState struct {
 	dir  string
 	key  string
 	argv []string // normalized, recorded in the metadata for diagnosis
+	kind stateKind
+	// vm is the VM a suspend store belongs to (the parent its states
+	// record).
+	vm string
 }
 
 // bootStateMeta is <key>.json, written once the state file is complete.
 type bootStateMeta struct {
-	Format int    `json:"format"`
+	Format int       `json:"format"`
+	Kind   stateKind `json:"kind"`
+	// Parent is the VM whose state it is (a suspend's; a VM made from a
+	// memory fork resumes its source's).
+	Parent string `json:"parent,omitempty"`
 	Key    string `json:"key"`
 	State  string `json:"state"` // file name in the boot-states directory
 	Size   int64  `json:"size"`
@@ -86,7 +107,13 @@ func newBootState(dir string, argv []string, sessionDir string) (*bootState, err
 		h.Write([]byte(a))
 		h.Write([]byte{0})
 	}
-	return &bootState{dir: dir, key: hex.EncodeToString(h.Sum(nil))[:24], argv: norm}, nil
+	return &bootState{dir: dir, key: hex.EncodeToString(h.Sum(nil))[:24], argv: norm, kind: stateBoot}, nil
+}
+
+// suspendOf makes s the store of vm's suspend.
+func (s *bootState) suspendOf(vm string) *bootState {
+	s.kind, s.vm = stateSuspend, vm
+	return s
 }
 
 func (s *bootState) metaPath() string { return filepath.Join(s.dir, s.key+".json") }
@@ -113,7 +140,7 @@ func (s *bootState) lookup() (*bootStateMeta, bool) {
 		return nil, false
 	}
 	var m bootStateMeta
-	if json.Unmarshal(b, &m) != nil || m.Format != bootStateFormat || m.Key != s.key ||
+	if json.Unmarshal(b, &m) != nil || m.Format != bootStateFormat || m.Kind != s.kind || m.Key != s.key ||
 		m.State == "" || filepath.Base(m.State) != m.State {
 		return nil, false
 	}
@@ -186,7 +213,7 @@ func (s *bootState) publish(path string) (*bootStateMeta, error) {
 		drop()
 		return nil, err
 	}
-	m := &bootStateMeta{Format: bootStateFormat, Key: s.key, State: s.key + "-" + sum[:16] + ".state",
+	m := &bootStateMeta{Format: bootStateFormat, Kind: s.kind, Parent: s.vm, Key: s.key, State: s.key + "-" + sum[:16] + ".state",
 		Size: size, MemoryBytes: memBytes, SHA256: sum, Created: time.Now().UTC(), Argv: s.argv}
 	if memory != "" {
 		m.Memory = filepath.Base(vmm.MemoryPath(m.State))

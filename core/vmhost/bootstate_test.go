@@ -307,3 +307,38 @@ func TestBootStateKeyedByAccelerator(t *testing.T) {
 		keys[s.key] = a.Name + " -cpu " + a.CPU
 	}
 }
+
+// TestStateKinds: a suspend records its VM as the parent; a saved boot's
+// store never takes a suspend, nor a suspend's store a saved boot (one is
+// a cache, the other a VM's own state).
+func TestStateKinds(t *testing.T) {
+	qemu := fakeQEMU(t)
+	argv := argvFor(qemu, "a", "/s", "1024M")
+	dir := t.TempDir()
+	boot, err := newBootState(dir, argv, "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	suspend, err := newBootState(dir, argv, "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	suspend.suspendOf("vm-0000000000aa")
+	m := savedState(t, suspend, "a suspend")
+	if m.Kind != stateSuspend || m.Parent != "vm-0000000000aa" {
+		t.Fatalf("a suspend's metadata: %+v", m)
+	}
+	if got, ok := boot.lookup(); ok {
+		t.Fatalf("the saved boot's store took a suspend: %+v", got)
+	}
+	if _, ok := suspend.lookup(); !ok {
+		t.Fatal("the suspend's store lost its state")
+	}
+	b := savedState(t, boot, "a saved boot")
+	if b.Kind != stateBoot || b.Parent != "" {
+		t.Fatalf("a saved boot's metadata: %+v", b)
+	}
+	if got, ok := suspend.lookup(); ok {
+		t.Fatalf("the suspend's store took a saved boot: %+v", got)
+	}
+}

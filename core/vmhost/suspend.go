@@ -41,7 +41,11 @@ func (v *VM) suspendState() (*bootState, error) {
 	if v.ownStateKeyArgv == nil {
 		return nil, errors.New("this VM's backend cannot save its state")
 	}
-	return newBootState(paths.Session{Dir: v.opts.SessionDir}.Suspend(), v.ownStateKeyArgv, v.opts.SessionDir)
+	st, err := newBootState(paths.Session{Dir: v.opts.SessionDir}.Suspend(), v.ownStateKeyArgv, v.opts.SessionDir)
+	if err != nil {
+		return nil, err
+	}
+	return st.suspendOf(v.opts.ID), nil
 }
 
 // planSuspended is the plan of a start that resumes the VM's suspend:
@@ -55,7 +59,11 @@ func (v *VM) planSuspended(key []string) bootPlan {
 	if err != nil {
 		return bootPlan{err: err}
 	}
+	st.suspendOf(v.opts.ID)
 	if m, ok := st.lookup(); ok {
+		if m.Parent != v.opts.ID {
+			v.log.Info("resuming the suspended state of another VM (a memory fork's image)", "parent", m.Parent)
+		}
 		marker, err := os.ReadFile(filepath.Join(dir, markerFile))
 		if err != nil {
 			return bootPlan{err: fmt.Errorf("the VM's suspended state has no wake marker (%w); resuming with boot discards it and boots the VM's disk", err)}
