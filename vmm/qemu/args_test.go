@@ -349,48 +349,44 @@ func TestMarkerBootArgsGolden(t *testing.T) {
 	}
 }
 
-// TestStateKeyIgnoresTheTCGCache: a saved state holds no translated code,
-// so VMs that differ only in the TCG cache's size share saved boots;
-// anything else that changes QEMU's argv keys apart.
+// stateKeys are the saved boot's and the VM's own state keys of a machine
+// of minimalSpec changed by mutate.
+func stateKeys(t *testing.T, mutate func(*vmm.Spec)) (shared, own []string) {
+	t.Helper()
+	spec := minimalSpec()
+	mutate(&spec)
+	m, err := (&Backend{Binary: "/bin/true"}).CreateWithAccel(spec, tcg("test", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.(vmm.StateKeyer).StateKey(), m.(vmm.StateKeyer).OwnStateKey()
+}
+
 // TestOwnStateKeyLeavesOutTheInitramfs: a VM's own state (a suspend)
 // outlives an initramfs of another capsem build; the saved boot does not,
 // and neither outlives another kernel.
 func TestOwnStateKeyLeavesOutTheInitramfs(t *testing.T) {
-	b := &Backend{Binary: "/bin/true"}
-	keys := func(mutate func(*vmm.Spec)) (shared, own []string) {
-		t.Helper()
-		spec := minimalSpec()
-		mutate(&spec)
-		m, err := b.CreateWithAccel(spec, tcg("test", false))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m.(vmm.StateKeyer).StateKey(), m.(vmm.StateKeyer).OwnStateKey()
-	}
-	shared, own := keys(func(*vmm.Spec) {})
-	newShared, newOwn := keys(func(s *vmm.Spec) { s.Initramfs = "/assets/other-build/initramfs.cpio" })
+	shared, own := stateKeys(t, func(*vmm.Spec) {})
+	newShared, newOwn := stateKeys(t, func(s *vmm.Spec) { s.Initramfs = "/assets/other-build/initramfs.cpio" })
 	if slices.Equal(shared, newShared) {
 		t.Error("the saved boot's key ignores the initramfs")
 	}
 	if !slices.Equal(own, newOwn) {
 		t.Errorf("a VM's own state's key names the initramfs:\n%q\n%q", own, newOwn)
 	}
-	if _, kernelOwn := keys(func(s *vmm.Spec) { s.Kernel = "/assets/other/vmlinux" }); slices.Equal(own, kernelOwn) {
+	if _, kernelOwn := stateKeys(t, func(s *vmm.Spec) { s.Kernel = "/assets/other/vmlinux" }); slices.Equal(own, kernelOwn) {
 		t.Error("a VM's own state's key ignores the kernel")
 	}
 }
 
+// TestStateKeyIgnoresTheTCGCache: a saved state holds no translated code,
+// so VMs that differ only in the TCG cache's size share saved boots;
+// anything else that changes QEMU's argv keys apart.
 func TestStateKeyIgnoresTheTCGCache(t *testing.T) {
-	b := &Backend{Binary: "/bin/true"}
 	key := func(mutate func(*vmm.Spec)) []string {
 		t.Helper()
-		spec := minimalSpec()
-		mutate(&spec)
-		m, err := b.CreateWithAccel(spec, tcg("test", false))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m.(vmm.StateKeyer).StateKey()
+		shared, _ := stateKeys(t, mutate)
+		return shared
 	}
 	plain := key(func(*vmm.Spec) {})
 	if cached := key(func(s *vmm.Spec) { s.TCGCacheMiB = 16 }); !slices.Equal(plain, cached) {
