@@ -58,24 +58,13 @@ func (r PanicsRequest) Query() url.Values {
 // know or cannot read, by name.
 func ParsePanicsQuery(q url.Values, now time.Time) (PanicsRequest, error) {
 	var r PanicsRequest
-	for k, v := range q {
-		if len(v) != 1 {
-			return r, fmt.Errorf("query parameter %s: given %d times, want once", k, len(v))
-		}
-		var err error
-		switch k {
-		case "since":
-			r.Since, err = ParseSince(v[0], now)
-		case "limit":
-			if r.Limit, err = strconv.Atoi(v[0]); err != nil || r.Limit < 0 || r.Limit > MaxPanics {
-				err = fmt.Errorf("limit %q: want 1 to %d (0: %d)", v[0], MaxPanics, DefaultPanics)
+	err := parseQuery(q,
+		queryField{"since", func(v string) (err error) { r.Since, err = ParseSince(v, now); return err }},
+		queryField{"limit", func(v string) (err error) {
+			if r.Limit, err = strconv.Atoi(v); err != nil || r.Limit < 0 || r.Limit > MaxPanics {
+				return fmt.Errorf("limit %q: want 1 to %d (0: %d)", v, MaxPanics, DefaultPanics)
 			}
-		default:
-			err = fmt.Errorf("query parameter %s: unknown (want since, limit)", k)
-		}
-		if err != nil {
-			return r, err
-		}
-	}
-	return r, nil
+			return nil
+		}})
+	return r, err
 }

@@ -114,28 +114,18 @@ func (r TimelineRequest) Query() url.Values {
 // now), refusing a parameter it does not know or cannot read, by name.
 func ParseTimelineQuery(q url.Values, now time.Time) (TimelineRequest, error) {
 	var r TimelineRequest
-	for k, v := range q {
-		if len(v) != 1 {
-			return r, fmt.Errorf("query parameter %s: given %d times, want once", k, len(v))
-		}
-		var err error
-		switch k {
-		case "trace_id":
-			r.TraceID = v[0]
-		case "since":
-			r.Since, err = ParseSince(v[0], now)
-		case "layers":
-			r.Layers = strings.Split(v[0], ",")
-		case "limit":
-			if r.Limit, err = strconv.Atoi(v[0]); err != nil {
-				err = fmt.Errorf("limit %q: not a number", v[0])
+	err := parseQuery(q,
+		queryField{"trace_id", func(v string) error { r.TraceID = v; return nil }},
+		queryField{"since", func(v string) (err error) { r.Since, err = ParseSince(v, now); return err }},
+		queryField{"layers", func(v string) error { r.Layers = strings.Split(v, ","); return nil }},
+		queryField{"limit", func(v string) (err error) {
+			if r.Limit, err = strconv.Atoi(v); err != nil {
+				return fmt.Errorf("limit %q: not a number", v)
 			}
-		default:
-			err = fmt.Errorf("query parameter %s: unknown (want trace_id, since, layers, limit)", k)
-		}
-		if err != nil {
-			return r, err
-		}
+			return nil
+		}})
+	if err != nil {
+		return r, err
 	}
 	return r, r.Check()
 }

@@ -68,28 +68,16 @@ func (r TriageRequest) Query() url.Values {
 // know or cannot read, by name.
 func ParseTriageQuery(q url.Values, now time.Time) (TriageRequest, error) {
 	var r TriageRequest
-	for k, v := range q {
-		if len(v) != 1 {
-			return r, fmt.Errorf("query parameter %s: given %d times, want once", k, len(v))
-		}
-		var err error
-		switch k {
-		case "vm":
-			r.VM = v[0]
-		case "since":
-			r.Since, err = ParseSince(v[0], now)
-		case "limit":
-			if r.Limit, err = strconv.Atoi(v[0]); err != nil || r.Limit < 0 || r.Limit > MaxTriageFindings {
-				err = fmt.Errorf("limit %q: want 1 to %d (0: %d)", v[0], MaxTriageFindings, DefaultTriageFindings)
+	err := parseQuery(q,
+		queryField{"vm", func(v string) error { r.VM = v; return nil }},
+		queryField{"since", func(v string) (err error) { r.Since, err = ParseSince(v, now); return err }},
+		queryField{"limit", func(v string) (err error) {
+			if r.Limit, err = strconv.Atoi(v); err != nil || r.Limit < 0 || r.Limit > MaxTriageFindings {
+				return fmt.Errorf("limit %q: want 1 to %d (0: %d)", v, MaxTriageFindings, DefaultTriageFindings)
 			}
-		default:
-			err = fmt.Errorf("query parameter %s: unknown (want vm, since, limit)", k)
-		}
-		if err != nil {
-			return r, err
-		}
-	}
-	return r, nil
+			return nil
+		}})
+	return r, err
 }
 
 // TriageFinding is one kind of trouble, its occurrences grouped.
