@@ -62,10 +62,10 @@ func sameRequest(a, b any) bool {
 	return false
 }
 
-// FuzzParsePanicsQuery: whatever query is accepted, written back by Query,
-// reads as the same request.
-func FuzzParsePanicsQuery(f *testing.F) {
-	for _, s := range []string{"since=15m&limit=3", "since=2026-12-03T12:00:00Z", "limit=99999999999999999999", "x=1", "limit=1&limit=1"} {
+// fuzzRoundTrip: whatever query parse accepts, written back by the
+// request's Query, reads as the same request.
+func fuzzRoundTrip[R interface{ Query() url.Values }](f *testing.F, seeds []string, parse func(url.Values, time.Time) (R, error)) {
+	for _, s := range seeds {
 		f.Add(s)
 	}
 	now := time.Now()
@@ -74,35 +74,21 @@ func FuzzParsePanicsQuery(f *testing.F) {
 		if err != nil {
 			return
 		}
-		r, err := ParsePanicsQuery(q, now)
+		r, err := parse(q, now)
 		if err != nil {
 			return
 		}
-		back, err := ParsePanicsQuery(r.Query(), now)
+		back, err := parse(r.Query(), now)
 		if err != nil || !sameRequest(r, back) {
 			t.Fatalf("%q read as %+v, written back as %q, read again as %+v (%v)", raw, r, r.Query().Encode(), back, err)
 		}
 	})
 }
 
-// FuzzParseTriageQuery: as FuzzParsePanicsQuery, for triage's query.
+func FuzzParsePanicsQuery(f *testing.F) {
+	fuzzRoundTrip(f, []string{"since=15m&limit=3", "since=2026-12-03T12:00:00Z", "limit=99999999999999999999", "x=1", "limit=1&limit=1"}, ParsePanicsQuery)
+}
+
 func FuzzParseTriageQuery(f *testing.F) {
-	for _, s := range []string{"vm=dev&since=15m&limit=3", "vm=&since=1h", "limit=-5", "vm=a&vm=b", "since=2026-12-03T12:00:00.123456789Z"} {
-		f.Add(s)
-	}
-	now := time.Now()
-	f.Fuzz(func(t *testing.T, raw string) {
-		q, err := url.ParseQuery(raw)
-		if err != nil {
-			return
-		}
-		r, err := ParseTriageQuery(q, now)
-		if err != nil {
-			return
-		}
-		back, err := ParseTriageQuery(r.Query(), now)
-		if err != nil || !sameRequest(r, back) {
-			t.Fatalf("%q read as %+v, written back as %q, read again as %+v (%v)", raw, r, r.Query().Encode(), back, err)
-		}
-	})
+	fuzzRoundTrip(f, []string{"vm=dev&since=15m&limit=3", "vm=&since=1h", "limit=-5", "vm=a&vm=b", "since=2026-12-03T12:00:00.123456789Z"}, ParseTriageQuery)
 }

@@ -136,16 +136,15 @@ type trackedFid struct {
 
 // p9Request is what a reply needs of its request.
 type p9Request struct {
-	typ          byte
-	fid, newfid  uint32
-	names        []string
-	flags        uint32
-	name         string
-	dfid         uint32 // Trename's new directory; Trenameat's new directory
-	newname      string // Trenameat
-	attach       []byte // a Tattach whole, kept to replay
-	flushedTag   uint16
-	unparsedBody bool
+	typ         byte
+	fid, newfid uint32
+	names       []string
+	flags       uint32
+	name        string
+	dfid        uint32 // Trename's new directory; Trenameat's new directory
+	newname     string // Trenameat
+	attach      []byte // a Tattach whole, kept to replay
+	flushedTag  uint16
 }
 
 // fidTracker follows one 9P2000.L connection: every request (Request) and
@@ -363,11 +362,11 @@ func (t *fidTracker) Replay(rw io.ReadWriter, max int) (lost int, err error) {
 		if f.lost {
 			err = errors.New("not replayable")
 		}
-		for i, from := 0, f.root; err == nil && (i < len(f.path) || i == 0); i += p9MaxWalk {
-			names := f.path[i:min(i+p9MaxWalk, len(f.path))]
-			err = call(p9Walk(from, fid, names), p9Twalk+1)
-			from = fid
-			if len(f.path) == 0 {
+		// From the root, then on from the fid itself: at least one walk
+		// (of no names, a clone of the root), 16 names at most in each.
+		for i, from := 0, f.root; err == nil; i, from = i+p9MaxWalk, fid {
+			err = call(p9Walk(from, fid, f.path[i:min(i+p9MaxWalk, len(f.path))]), p9Twalk+1)
+			if i+p9MaxWalk >= len(f.path) {
 				break
 			}
 		}

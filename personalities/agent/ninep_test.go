@@ -150,3 +150,40 @@ func FuzzFidTracker(f *testing.F) {
 		}{bytes.NewReader(nil), io.Discard}, 1<<16)
 	})
 }
+
+// TestReplayWalksDeepPathsInPieces: a path past one walk's 16 names is
+// walked from the root, then on from the fid; a clone of the root is one
+// walk of no names.
+func TestReplayWalksDeepPathsInPieces(t *testing.T) {
+	tr := newFidTracker()
+	tr.version = p9Msg(p9Tversion, p9NoTag, append(u32s(8192), p9Str("9P2000.L")...))
+	tr.attach[1] = p9Msg(p9Tattach, 1, append(append(u32s(1, ^uint32(0)), p9Str("root")...), append(p9Str(""), u32s(0)...)...))
+	tr.fids[1] = &trackedFid{root: 1}
+	deep := make([]string, 20)
+	for i := range deep {
+		deep[i] = "d"
+	}
+	tr.fids[2] = &trackedFid{root: 1, path: deep}
+	tr.fids[3] = &trackedFid{root: 1}
+	var sent bytes.Buffer
+	if lost, err := tr.Replay(&scriptedServer{sent: &sent}, 1<<20); err != nil || lost != 0 {
+		t.Fatalf("replay: %d lost, %v", lost, err)
+	}
+	type walk struct{ fid, newfid, n uint32 }
+	var walks []walk
+	for b := sent.Bytes(); len(b) > 0; b = b[binary.LittleEndian.Uint32(b):] {
+		if b[4] == p9Twalk {
+			body := b[p9HeaderSize:]
+			walks = append(walks, walk{binary.LittleEndian.Uint32(body), binary.LittleEndian.Uint32(body[4:]), uint32(binary.LittleEndian.Uint16(body[8:]))})
+		}
+	}
+	want := []walk{{1, 3, 0}, {1, 2, 16}, {2, 2, 4}}
+	if len(walks) != len(want) {
+		t.Fatalf("walks %v, want %v", walks, want)
+	}
+	for i := range want {
+		if walks[i] != want[i] {
+			t.Fatalf("walks %v, want %v", walks, want)
+		}
+	}
+}
