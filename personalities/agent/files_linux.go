@@ -236,12 +236,13 @@ func writeTarget(dfd int, path, name string) (*unix.Stat_t, error) {
 
 // The copy buffers of a file transfer: a transfer moves a buffer per
 // syscall on the file and per stream write, and under TCG the guest pays
-// for each of those far more than for the bytes. A written file takes the
-// larger one: its writes go to the disk direct, each a request QEMU
-// answers. At most guestwire.MaxFileTransfers run at once.
+// for each of those far more than for the bytes; on the disk side each is
+// a request QEMU answers (the transfer goes direct). A transfer pipelines
+// through fileBuffers of them, one on the disk while the other is on the
+// stream. At most guestwire.MaxFileTransfers run at once.
 const (
-	fileCopyBuf  = 256 << 10
-	fileWriteBuf = 1 << 20
+	fileBuf     = 1 << 20
+	fileBuffers = 2
 )
 
 // directIOAlign is what direct I/O's buffer, offset and length must be
@@ -261,15 +262,22 @@ const directIOAlign = 4096
 // one is cheaper from the page cache, where it may already be.
 const directReadMin = 1 << 20
 
-// alignedBuffer returns a page-aligned buffer of n bytes (an anonymous
-// mapping) and its release; where no mapping can be had, an ordinary one,
-// with which direct I/O falls back to the page cache.
-func alignedBuffer(n int) ([]byte, func()) {
-	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+// alignedBuffers returns count page-aligned buffers of n bytes each (one
+// anonymous mapping) and their release; where no mapping can be had,
+// ordinary ones, with which direct I/O falls back to the page cache.
+func alignedBuffers(n, count int) ([][]byte, func()) {
+	bufs := make([][]byte, count)
+	whole, err := unix.Mmap(-1, 0, n*count, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return make([]byte, n), func() {}
+		for i := range bufs {
+			bufs[i] = make([]byte, n)
+		}
+		return bufs, func() {}
 	}
-	return buf, func() { unix.Munmap(buf) }
+	for i := range bufs {
+		bufs[i] = whole[i*n : (i+1)*n : (i+1)*n]
+	}
+	return bufs, func() { unix.Munmap(whole) }
 }
 
 // setDirect turns direct I/O on f on or off.
@@ -314,27 +322,27 @@ func isDirect(f *os.File) bool {
 
 // copyToFile copies r into f, a new file (opened with O_DIRECT where the
 // filesystem allows): whole blocks direct, the tail through the page cache.
+// The next piece arrives while the last is written (pipeline).
 func copyToFile(f *os.File, r io.Reader) (int64, error) {
-	buf, release := alignedBuffer(fileWriteBuf)
-	defer release()
+	bufs, release := alignedBuffers(fileBuf, fileBuffers)
 	direct := isDirect(f)
 	var total int64
-	for {
-		n, rerr := fill(r, buf)
-		data := buf[:n]
+	err := pipeline(bufs, release, func(buf []byte) (int, error) {
+		return fill(r, buf)
+	}, func(data []byte) error {
 		if direct {
-			whole := n &^ (directIOAlign - 1)
+			whole := len(data) &^ (directIOAlign - 1)
 			m, err := f.Write(data[:whole])
 			total += int64(m)
 			data = data[m:]
 			if err != nil && !errors.Is(err, unix.EINVAL) {
-				return total, err
+				return err
 			}
 			if len(data) > 0 {
 				// The tail, or a filesystem that took O_DIRECT at open
 				// but not for this write.
 				if err := setDirect(f, false); err != nil {
-					return total, err
+					return err
 				}
 				direct = false
 			}
@@ -343,16 +351,12 @@ func copyToFile(f *os.File, r io.Reader) (int64, error) {
 			m, err := f.Write(data)
 			total += int64(m)
 			if err != nil {
-				return total, err
+				return err
 			}
 		}
-		switch {
-		case rerr == io.EOF:
-			return total, nil
-		case rerr != nil:
-			return total, rerr
-		}
-	}
+		return nil
+	})
+	return total, err
 }
 
 // fill reads r until buf is full or r ends (io.EOF) or fails.
@@ -409,46 +413,51 @@ func openRead(path string, follow bool, maxSize int64) (*os.File, *guestwire.Fil
 }
 
 // copyRead sends f to w, at most maxSize bytes, a large file with direct
-// I/O where the filesystem allows. Some files (in /proc, /sys) report size
-// 0 and have content, so it reads to EOF, one byte past the limit to tell
-// "exactly at" from "over".
+// I/O where the filesystem allows, reading the next piece while the last
+// is sent (pipeline). Some files (in /proc, /sys) report size 0 and have
+// content, so it reads to EOF, one byte past the limit to tell "exactly
+// at" from "over".
 func copyRead(w io.Writer, f *os.File, path string, maxSize int64) (int64, error) {
-	buf, release := alignedBuffer(fileCopyBuf)
-	defer release()
+	bufs, release := alignedBuffers(fileBuf, fileBuffers)
 	direct := false
 	if st, err := f.Stat(); err == nil && st.Size() >= directReadMin {
 		direct = setDirect(f, true) == nil
 	}
 	limit := maxSize + 1
-	var n int64
-	for n < limit {
-		m, err := f.Read(buf[:min(int64(len(buf)), limit-n)])
-		if direct && m == 0 && errors.Is(err, unix.EINVAL) {
-			// A piece cut short by the limit is not a whole number of
-			// blocks, or the filesystem took O_DIRECT but not this read.
-			if err := setDirect(f, false); err != nil {
-				return n, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, n, err)
+	var read, sent int64 // read: the reader's alone; sent: the writer's
+	err := pipeline(bufs, release, func(buf []byte) (int, error) {
+		for read < limit {
+			m, err := f.Read(buf[:min(int64(len(buf)), limit-read)])
+			if direct && m == 0 && errors.Is(err, unix.EINVAL) {
+				// A piece cut short by the limit is not a whole number of
+				// blocks, or the filesystem took O_DIRECT but not this read.
+				if err := setDirect(f, false); err != nil {
+					return 0, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, read, err)
+				}
+				direct = false
+				continue
 			}
-			direct = false
-			continue
-		}
-		if m > 0 {
-			if _, werr := w.Write(buf[:m]); werr != nil {
-				return n, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, n, werr)
+			read += int64(m)
+			if err != nil && err != io.EOF {
+				return m, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, read, err)
 			}
-			n += int64(m)
+			return m, err
 		}
-		if err == io.EOF {
-			break
+		return 0, io.EOF
+	}, func(piece []byte) error {
+		if _, err := w.Write(piece); err != nil {
+			return guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, sent, err)
 		}
-		if err != nil {
-			return n, guestwire.Errorf(guestwire.CodeIO, "read %s: after %d bytes: %v", path, n, err)
-		}
+		sent += int64(len(piece))
+		return nil
+	})
+	if err != nil {
+		return sent, err
 	}
-	if n > maxSize {
-		return n, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the file is more than %d bytes, the limit", path, maxSize)
+	if sent > maxSize {
+		return sent, guestwire.Errorf(guestwire.CodeTooLarge, "read %s: the file is more than %d bytes, the limit", path, maxSize)
 	}
-	return n, nil
+	return sent, nil
 }
 
 // statFile describes path without following a link in its last component.

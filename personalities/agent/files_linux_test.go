@@ -39,11 +39,11 @@ func (p *piecewiseReader) Read(b []byte) (int, error) {
 func TestCopyToFile(t *testing.T) {
 	dir := realTempDir(t)
 	sizes := []int{0, 1, directIOAlign - 1, directIOAlign, directIOAlign + 1,
-		fileWriteBuf - 1, fileWriteBuf, fileWriteBuf + 1, 3*fileWriteBuf + 12345}
+		fileBuf - 1, fileBuf, fileBuf + 1, 3*fileBuf + 12345}
 	for _, direct := range []bool{true, false} {
 		for _, size := range sizes {
 			for _, piece := range []int{1000, 64 << 10, 1 << 20} {
-				if piece == 1000 && size > fileWriteBuf {
+				if piece == 1000 && size > fileBuf {
 					continue // slow, and no different
 				}
 				data := make([]byte, size)
@@ -87,9 +87,9 @@ func TestCopyToFileReportsTheReadersError(t *testing.T) {
 	}
 	defer f.Close()
 	cut := errors.New("cut")
-	n, err := copyToFile(f, &piecewiseReader{data: make([]byte, fileWriteBuf+5), size: 1 << 20, err: cut})
-	if !errors.Is(err, cut) || n != fileWriteBuf+5 {
-		t.Fatalf("copied %d, %v; want all %d bytes and the reader's error", n, err, fileWriteBuf+5)
+	n, err := copyToFile(f, &piecewiseReader{data: make([]byte, fileBuf+5), size: 1 << 20, err: cut})
+	if !errors.Is(err, cut) || n != fileBuf+5 {
+		t.Fatalf("copied %d, %v; want all %d bytes and the reader's error", n, err, fileBuf+5)
 	}
 }
 
@@ -98,7 +98,7 @@ func TestCopyToFileReportsTheReadersError(t *testing.T) {
 // the limit is no whole number of blocks, which direct I/O refuses).
 func TestCopyRead(t *testing.T) {
 	dir := realTempDir(t)
-	for _, size := range []int{0, 1, directReadMin - 1, directReadMin, directReadMin + directIOAlign + 1, 3*fileCopyBuf + 5} {
+	for _, size := range []int{0, 1, directReadMin - 1, directReadMin, directReadMin + directIOAlign + 1, 3*fileBuf + 5} {
 		data := make([]byte, size)
 		rand.Read(data)
 		path := filepath.Join(dir, "f")
@@ -112,7 +112,7 @@ func TestCopyRead(t *testing.T) {
 		}{
 			{int64(size), false, "exactly the limit"},
 			{int64(size) + 100, false, "under an unaligned limit"},
-			{int64(size) + fileCopyBuf, false, "well under the limit"},
+			{int64(size) + fileBuf, false, "well under the limit"},
 			{int64(size) - 1, true, "one byte over"},
 		} {
 			if tc.max < 0 {
