@@ -44,14 +44,14 @@ func TestVMFlags(t *testing.T) {
 	if !reflect.DeepEqual(cli.Run.VMConfig, want) {
 		t.Errorf("run: %+v, want %+v", cli.Run.VMConfig, want)
 	}
-	cli, err = parse("create", "-p", "8080:3000", "--port", "[::1]:9090:80")
+	cli, err = parse("create", "-p", "8080:3000", "--publish", "[::1]:9090:80")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := []api.PortMapping{{Address: "127.0.0.1", Host: 8080, Guest: 3000}, {Address: "::1", Host: 9090, Guest: 80}}; !reflect.DeepEqual(cli.Create.Ports, want) {
 		t.Errorf("ports %+v, want %+v", cli.Create.Ports, want)
 	}
-	if _, err := parse("create", "-p", "8080:0"); err == nil || !strings.Contains(err.Error(), "--port: port 8080:0: guest port 0") {
+	if _, err := parse("create", "-p", "8080:0"); err == nil || !strings.Contains(err.Error(), "--publish: port 8080:0: guest port 0") {
 		t.Errorf("a bad port: %v", err)
 	}
 }

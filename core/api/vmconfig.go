@@ -57,7 +57,7 @@ type VMConfig struct {
 	// Ports are published on the host at every start of the VM (a
 	// persistent VM's resume too); a host port that is taken fails the
 	// start.
-	Ports []PortMapping `json:"ports,omitempty" name:"port" short:"p" sep:"none" placeholder:"[ADDR:]HOST:GUEST" mcphelp:"Guest TCP ports to publish on the host at every start of the VM: [{\"host\": 8080, \"guest\": 3000}]; a host port that is taken fails the start." help:"Publish the guest's TCP port GUEST on the host's port HOST (repeatable), on loopback unless ADDR is given: 8080:3000, 0.0.0.0:8080:3000, [::1]:8080:3000. Again at every start."`
+	Ports []PortMapping `json:"ports,omitempty" name:"publish" short:"p" sep:"none" placeholder:"[ADDR:]HOST:GUEST" mcphelp:"Guest TCP ports to publish on the host at every start of the VM: [{\"host\": 8080, \"guest\": 3000}]; a host port that is taken fails the start." help:"Publish the guest's TCP port GUEST on the host's port HOST (repeatable), on loopback unless ADDR is given: 8080:3000, 0.0.0.0:8080:3000, [::1]:8080:3000. Again at every start."`
 }
 
 // Defaults and bounds of VMConfig.

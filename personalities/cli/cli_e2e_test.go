@@ -65,7 +65,7 @@ func TestCLIVerbs(t *testing.T) {
 
 	published := freePort(t)
 	// The minimal base: busybox's httpd serves the published port.
-	id := strings.TrimSpace(c.must("create", "dev", "--base", "minimal", "--ram-mb", "512", "--cpus", "1", "-e", "WHO=cli", "--port", fmt.Sprintf("%d:3000", published)))
+	id := strings.TrimSpace(c.must("create", "dev", "--base", "minimal", "--ram-mb", "512", "--cpus", "1", "-e", "WHO=cli", "--publish", fmt.Sprintf("%d:3000", published)))
 	if !strings.HasPrefix(id, "vm-") {
 		t.Fatalf("create printed %q, want an id", id)
 	}

@@ -153,7 +153,7 @@ func checkPublishedPorts(t *testing.T, c capsemCLI, vm string, published int) {
 	})
 	t.Run("a taken host port fails the create", func(t *testing.T) {
 		c := capsemCLI{t: t, env: c.env}
-		_, errOut, code := c.run("create", "other", "--ram-mb", "512", "--cpus", "1", "--port", fmt.Sprintf("%d:3000", published))
+		_, errOut, code := c.run("create", "other", "--ram-mb", "512", "--cpus", "1", "--publish", fmt.Sprintf("%d:3000", published))
 		if want := fmt.Sprintf("host port 127.0.0.1:%d is taken", published); code == 0 || !strings.Contains(errOut, want) {
 			t.Fatalf("create on a taken port: exit %d %q, want an error saying %q", code, errOut, want)
 		}
@@ -161,7 +161,7 @@ func checkPublishedPorts(t *testing.T, c capsemCLI, vm string, published int) {
 		if err := json.Unmarshal([]byte(c.must("ls", "--json")), &vms); err != nil || len(vms) != 1 {
 			t.Fatalf("after the refused create: %+v %v", vms, err)
 		}
-		_, errOut, code = c.run("create", "--port", "8080:0")
+		_, errOut, code = c.run("create", "--publish", "8080:0")
 		if code == 0 || !strings.Contains(errOut, "guest port 0: want 1 to 65535") {
 			t.Fatalf("create with a bad port: exit %d %q", code, errOut)
 		}
