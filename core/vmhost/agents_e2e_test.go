@@ -272,6 +272,14 @@ func TestClaudeCodeThroughTheGateway(t *testing.T) {
 	}
 	db.Close()
 
+	// The guest doctor's HTTPS check, its certificate checked by curl
+	// against the guest's trust store, which holds the capsem CA the
+	// credential path presents.
+	modelURL := "https://" + fakemodel.AnthropicHost + ":" + w.model.Port + "/"
+	if out, _ := v.guestSh(t, "capsem-doctor -k net --url "+modelURL); !strings.Contains(out, "RESULT: PASS") || !strings.Contains(out, "certificate checked") {
+		t.Errorf("capsem-doctor -k net --url %s:\n%s", modelURL, out)
+	}
+
 	// The policy now blocks the echo: Claude Code gets a tool error, and
 	// the ledger has the refusal but nothing of the call's data.
 	// A rule on the call's argument: the tool stays listed (a tool
@@ -314,6 +322,25 @@ func TestClaudeCodeThroughTheGateway(t *testing.T) {
 	db.QueryRow(`SELECT COUNT(*) FROM mcp_calls WHERE tool_name = 'everything__echo' AND decision = 'denied'`).Scan(&denied)
 	if denied != 1 || leaked != 0 {
 		t.Errorf("blocked echo: %d denied rows, %d with the call's data\n%s", denied, leaked, dump(db, "mcp_calls"))
+	}
+
+	// SIGHUP reloads [net] too: the model's name blocked, the next
+	// connection to it is refused, and the refusal is a row.
+	netBlocked := strings.Replace(readFile(t, w.config), "[net]\n", fmt.Sprintf("[net]\nblock = [%q]\n", fakemodel.AnthropicHost), 1)
+	if err := os.WriteFile(w.config, []byte(netBlocked), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(v.info.PID, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the reload is asynchronous
+	if out, errOut, code := v.guestRun(t, "curl -sS -m 20 -o /dev/null "+modelURL); code == 0 {
+		t.Errorf("the model's name blocked by a SIGHUP reload, curl still reached it: %s%s", out, errOut)
+	}
+	var refused int
+	db.QueryRow(`SELECT COUNT(*) FROM dns_events WHERE name = ? AND decision = 'denied'`, fakemodel.AnthropicHost).Scan(&refused)
+	if refused == 0 {
+		t.Errorf("no denied DNS row for %s after the reload:\n%s", fakemodel.AnthropicHost, dump(db, "dns_events"))
 	}
 }
 

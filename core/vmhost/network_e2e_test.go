@@ -295,6 +295,24 @@ func TestGuestNetwork(t *testing.T) {
 	t.Run("credential", func(t *testing.T) {
 		testCredential(t, v, w, run)
 	})
+	t.Run("SNI that disagrees with DNS", func(t *testing.T) {
+		// The credential subtest left credclient in the guest. A
+		// ClientHello naming other.test (allowed, but given no address:
+		// it may not be private), sent to the address DNS gave tls.test,
+		// is refused before the host dials; the same hello naming
+		// tls.test goes through.
+		lookup := func(name string) string {
+			return "$(nslookup " + name + " | awk '/^Address: 198/{print $2}')"
+		}
+		out, code := run(t, "/tmp/credclient -dial "+lookup("tls.test")+":"+tlsPort+" -sni tls.test")
+		if code != 0 || !strings.Contains(out, "handshake ok") {
+			t.Fatalf("a handshake naming the address's own name failed (%d): %s", code, out)
+		}
+		out, code = run(t, "/tmp/credclient -dial "+lookup("tls.test")+":"+tlsPort+" -sni other.test")
+		if code == 0 || strings.Contains(out, "handshake ok") {
+			t.Fatalf("SNI other.test on tls.test's address got through (%d): %s", code, out)
+		}
+	})
 	t.Run("the guest doctor's net group", func(t *testing.T) {
 		out, code := run(t, "capsem-doctor -k net --url http://web.test:"+webPort+"/doctor")
 		if code != 0 || !strings.Contains(out, "RESULT: PASS") || !w.sawHost("web.test:"+webPort) {
@@ -318,8 +336,9 @@ func TestGuestNetwork(t *testing.T) {
 		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'web.test' AND action = 'allowed' AND status_code = 200 AND source = 'guest' AND conn_type = 'http' AND ip = '127.0.0.1'`); n < 1 {
 			t.Errorf("no allowed row for web.test: %s", dump(db, "net_events"))
 		}
-		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'tls.test' AND decision = 'allowed' AND conn_type = 'https' AND bytes_received > 0`); n != 1 {
-			t.Errorf("%d rows for tls.test: %s", n, dump(db, "net_events"))
+		// wget's, then credclient's handshake (SNI subtest).
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'tls.test' AND decision = 'allowed' AND conn_type = 'https' AND bytes_received > 0`); n != 2 {
+			t.Errorf("%d rows for tls.test, want 2: %s", n, dump(db, "net_events"))
 		}
 		for _, ip := range []string{"203.0.113.5", "10.0.0.1", "169.254.169.254"} {
 			if n := count(`SELECT COUNT(*) FROM net_events WHERE ip = ? AND decision = 'denied' AND policy_rule = 'not-resolved'`, ip); n != 1 {
@@ -329,7 +348,7 @@ func TestGuestNetwork(t *testing.T) {
 		if n := count(`SELECT COUNT(*) FROM net_events WHERE policy_rule = 'no-name' AND policy_reason LIKE '%in time%'`); n != 1 {
 			t.Errorf("%d rows for the client that never spoke: %s", n, dump(db, "net_events"))
 		}
-		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'other.test' AND decision = 'denied'`); n != 1 {
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'other.test' AND decision = 'denied' AND conn_type = 'http'`); n != 1 {
 			t.Errorf("%d refusal rows for other.test's Host: %s", n, dump(db, "net_events"))
 		}
 		if n := count(`SELECT COUNT(*) FROM dns_events WHERE name = 'evil.test' AND rcode = 'NXDOMAIN' AND decision = 'denied' AND policy_rule = 'evil.test'`); n < 2 {
@@ -349,7 +368,30 @@ func TestGuestNetwork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var seen []string
+		var doctorFetch, refused bool
+		for rows.Next() {
+			var domain sql.NullString
+			var action string
+			var status sql.NullInt64
+			if err := rows.Scan(&domain, &action, &status); err != nil {
+				t.Fatal(err)
+			}
+			seen = append(seen, fmt.Sprintf("%s|%s|%d", domain.String, action, status.Int64))
+			if action != "allowed" && action != "denied" && action != "error" {
+				t.Errorf("the seed's query gave action %q", action)
+			}
+			doctorFetch = doctorFetch || domain.String == "web.test" && action == "allowed" && status.Int64 == 200
+			refused = refused || action == "denied"
+		}
 		rows.Close()
+		// The last connections were the SNI refusal and the doctor's run.
+		if len(seen) != 10 || !doctorFetch || !refused {
+			t.Errorf("the seed's query: %q", seen)
+		}
+		if n := count(`SELECT COUNT(*) FROM net_events WHERE domain = 'other.test' AND decision = 'denied' AND policy_rule = 'name-mismatch' AND conn_type = 'https'`); n != 1 {
+			t.Errorf("%d rows for the SNI of another name: %s", n, dump(db, "net_events"))
+		}
 	})
 	t.Run("ledger of the credential path", func(t *testing.T) {
 		count := func(q string) int {
@@ -608,8 +650,8 @@ func testCredential(t *testing.T, v *vmProc, w *netWorld, run func(*testing.T, s
 	}
 	const placeholder = "capsem-placeholder-anthropic-api-key"
 	url := "https://api.anthropic.com:" + port(w.api) + "/v1/messages"
-	out, code := run(t, `echo "key=$ANTHROPIC_API_KEY"; echo "bundle=$SSL_CERT_FILE node=$NODE_EXTRA_CA_CERTS"; grep -c BEGIN "$SSL_CERT_FILE"`)
-	if code != 0 || !strings.Contains(out, "key="+placeholder+"\n") || !strings.Contains(out, "bundle="+guestwire.GuestCABundle+" node="+guestwire.GuestExtraCAs) {
+	out, code := run(t, `echo "key=$ANTHROPIC_API_KEY"; echo "bundle=$SSL_CERT_FILE node=$NODE_EXTRA_CA_CERTS requests=$REQUESTS_CA_BUNDLE"; grep -c BEGIN "$SSL_CERT_FILE"`)
+	if code != 0 || !strings.Contains(out, "key="+placeholder+"\n") || !strings.Contains(out, "bundle="+guestwire.GuestCABundle+" node="+guestwire.GuestExtraCAs+" requests="+guestwire.GuestCABundle) {
 		t.Fatalf("the guest's credential environment (%d): %s", code, out)
 	}
 	traced := v.exec(ctx, &api.ExecRequest{Command: "/tmp/credclient -url " + url, TraceID: "trace-model-1"})

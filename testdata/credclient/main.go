@@ -6,12 +6,14 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,7 +34,13 @@ func main() {
 	scanSum := flag.String("scan-sha256", "", "the secret's SHA-256, hex")
 	n := flag.Int("n", 1, "instead: send the request this many times and print the latency")
 	reuse := flag.Bool("reuse", false, "with -n: keep the connection between requests")
+	dial := flag.String("dial", "", "instead: a TLS handshake with this address (host:port), naming -sni")
+	sni := flag.String("sni", "", "with -dial: the server name the ClientHello carries")
 	flag.Parse()
+	if *dial != "" {
+		handshake(*dial, *sni)
+		return
+	}
 	if *scanRoot != "" {
 		scan(*scanRoot, *scanPrefix, *scanLen, *scanSum)
 		return
@@ -59,6 +67,21 @@ func main() {
 	defer resp.Body.Close()
 	fmt.Printf("status=%d proto=%s echo=%s\n", resp.StatusCode, resp.Proto, resp.Header.Get("X-Echo"))
 	io.Copy(os.Stdout, resp.Body)
+}
+
+// handshake opens a TLS connection to addr naming sni, whatever the address
+// was resolved for, as a client fronting one name on another's address
+// would, and prints "handshake ok" or exits 1 with the error. The
+// certificate is not checked: the question is whether the host lets the
+// ClientHello reach a server at all.
+func handshake(addr, sni string) {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 30 * time.Second}, "tcp", addr, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "handshake:", err)
+		os.Exit(1)
+	}
+	conn.Close()
+	fmt.Println("handshake ok")
 }
 
 // scan looks for a secret known by its prefix, length and hash in every
