@@ -6,8 +6,8 @@ package main
 
 import (
 	"bytes"
-	"crypto/tls"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"flag"
 	"fmt"
