@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,7 +157,16 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 	}
 
 	var dev hostmcp.VMOut
-	c.must("capsem_create", map[string]any{"name": "dev", "ramMb": 512, "cpuCount": 1, "env": map[string]any{"FROM_CREATE": "yes"}}, &dev)
+	published := func() int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port
+	}()
+	c.must("capsem_create", map[string]any{"name": "dev", "ramMb": 512, "cpuCount": 1, "env": map[string]any{"FROM_CREATE": "yes"},
+		"ports": []map[string]any{{"host": published, "guest": 3000}}}, &dev)
 	if dev.State != "running" || !dev.Persistent || dev.Name != "dev" || dev.RAMMb != 512 {
 		t.Fatalf("create: %+v", dev)
 	}
@@ -213,6 +223,20 @@ func TestMCPDrivesSandboxes(t *testing.T) {
 				t.Fatalf("the cancelled command still runs: %q", r.Stdout)
 			}
 			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
+	t.Run("info and resolver", func(t *testing.T) {
+		var vm hostmcp.VMOut
+		c.must("capsem_info", map[string]any{"id": "dev"}, &vm)
+		if len(vm.Ports) != 1 || vm.Ports[0].Host != published || vm.Ports[0].Guest != 3000 || vm.Ports[0].Address != "127.0.0.1" {
+			t.Errorf("capsem_info ports: %+v, want 127.0.0.1:%d to 3000", vm.Ports, published)
+		}
+		// The guest's resolver is the host's stack.
+		var f hostmcp.ReadFileOut
+		c.must("capsem_read_file", map[string]any{"id": "dev", "path": "/etc/resolv.conf"}, &f)
+		if !strings.Contains(f.Content, "nameserver 192.168.127.1") {
+			t.Errorf("capsem_read_file /etc/resolv.conf: %q", f.Content)
 		}
 	})
 
