@@ -264,8 +264,10 @@ func (s *Stack) standIns(addrs []netip.Addr) []netip.Addr {
 		if s.standIn == nil {
 			s.standIn, s.realTo = map[netip.Addr]netip.Addr{}, map[netip.Addr]netip.Addr{}
 		}
-		st := standInPrefix.Addr()
-		for range len(s.standIn) + 1 {
+		// The first free one: stand-ins restored after a suspend
+		// (RestorePins) may leave gaps.
+		st := standInPrefix.Addr().Next()
+		for _, used := s.standIn[st]; used; _, used = s.standIn[st] {
 			st = st.Next()
 		}
 		s.standIn[st], s.realTo[a] = a, st

@@ -632,3 +632,62 @@ func TestAttributionFirst(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+// TestPinsOutliveTheStack: the pins a stack lists (Pins) and another
+// restores (RestorePins), as a suspend and its resume do, keep the
+// addresses the guest resolved reachable, stand-ins included; a restored
+// stand-in is not handed out again for another address, and a pin on a
+// stand-in that does not say what it stands for is dropped.
+func TestPinsOutliveTheStack(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { fmt.Fprint(w, "host loopback") }))
+	defer srv.Close()
+	port := netip.MustParseAddrPort(srv.Listener.Addr().String()).Port()
+	pol := basePolicy()
+	pol.ports[port] = true
+	pol.allow["second.example"], pol.private["second.example"] = true, true
+	pol.fixed["second.example"] = netip.MustParseAddr("127.0.0.2")
+	before := newRig(t, pol, baseResolver(), testLimits())
+	first := answers(before.query(t, "192.168.127.1", "second.example", dns.TypeA))
+	got := answers(before.query(t, "192.168.127.1", "private.example", dns.TypeA))
+	if len(first) != 1 || len(got) != 1 || got[0] == first[0] {
+		t.Fatalf("answers %v and %v: want two stand-ins", first, got)
+	}
+	pins := before.host.Pins()
+	// Only private.example's pin goes over, so its stand-in (the second)
+	// leaves a gap before it; and one stand-in pin without its address.
+	var kept []Pin
+	for _, p := range pins {
+		if p.Name == "private.example" {
+			if p.Real != netip.MustParseAddr("127.0.0.1") {
+				t.Fatalf("the pin %+v does not carry its real address", p)
+			}
+			kept = append(kept, p)
+		}
+	}
+	kept = append(kept, Pin{Name: "allowed.example", Addr: netip.MustParseAddr("198.18.0.77")})
+
+	after := newRig(t, pol, baseResolver(), testLimits())
+	after.dialer.routes[netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)] = srv.Listener.Addr().String()
+	after.host.RestorePins(kept)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// No lookup on this stack: the restored pin alone names the address.
+	_, body, err := after.guestHTTP(ctx, netip.AddrPortFrom(netip.MustParseAddr(got[0]), port).String(), "private.example", false)
+	if err != nil || body != "host loopback" {
+		t.Fatalf("the restored pin's address: body %q, %v", body, err)
+	}
+	ev := after.ev.waitConn(t, func(e ConnEvent) bool { return e.Name == "private.example" })
+	if !ev.Allowed || ev.Addr.Addr() != netip.MustParseAddr("127.0.0.1") {
+		t.Errorf("event %+v: want the real address dialled", ev)
+	}
+	for _, p := range after.host.Pins() {
+		if p.Addr == netip.MustParseAddr("198.18.0.77") {
+			t.Errorf("a stand-in pin with no real address was restored: %+v", p)
+		}
+	}
+	// A new lookup takes a free stand-in, never the restored one.
+	again := answers(after.query(t, "192.168.127.1", "second.example", dns.TypeA))
+	if len(again) != 1 || again[0] == got[0] {
+		t.Errorf("second.example got %v after %s was restored for private.example", again, got[0])
+	}
+}

@@ -96,10 +96,14 @@ func (p *pins) has(addr netip.Addr, name string) bool {
 	return ok
 }
 
-// Pin is one name the VM's DNS answered with one address.
+// Pin is one name the VM's DNS answered with one address. Real is the
+// address a stand-in Addr stands for (see standIns): the table of
+// stand-ins is the stack's, so a pin carries its own entry across a
+// suspend.
 type Pin struct {
 	Name string     `json:"name"`
 	Addr netip.Addr `json:"addr"`
+	Real netip.Addr `json:"real,omitzero"`
 }
 
 // Pins lists the stack's pins, oldest first: what a suspended VM's stack
@@ -108,22 +112,55 @@ type Pin struct {
 func (s *Stack) Pins() []Pin {
 	p := s.pins
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make([]Pin, 0, p.n)
+	var out []Pin
 	for _, k := range p.order {
 		if names := p.byAddr[k.addr]; names != nil && names[k.name] == k.tick {
 			out = append(out, Pin{Name: k.name, Addr: k.addr})
 		}
 	}
+	p.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range out {
+		out[i].Real = s.standIn[out[i].Addr]
+	}
 	return out
 }
 
-// RestorePins adds pins (as Pins lists them), oldest first; the stack's
-// bound on pins holds as for its own.
+// RestorePins adds pins (as Pins lists them), oldest first, with the
+// stand-ins they name; the stack's bounds on pins and stand-ins hold as
+// for its own. A pin on a stand-in whose real address it does not carry
+// (or that the table has no room for) is dropped: the guest could only be
+// refused there.
 func (s *Stack) RestorePins(pins []Pin) {
 	for _, pin := range pins {
-		if pin.Addr.IsValid() && pin.Name != "" {
-			s.pins.add(pin.Name, []netip.Addr{pin.Addr})
+		if !pin.Addr.IsValid() || pin.Name == "" {
+			continue
 		}
+		if standInPrefix.Contains(pin.Addr) && !s.restoreStandIn(pin.Addr, pin.Real) {
+			continue
+		}
+		s.pins.add(pin.Name, []netip.Addr{pin.Addr})
 	}
+}
+
+// restoreStandIn enters the stand-in st for real, as standIns made it
+// before the suspend, unless either side already means something else.
+func (s *Stack) restoreStandIn(st, real netip.Addr) bool {
+	if !real.IsValid() || standInPrefix.Contains(real) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.standIn[st]; ok {
+		return r == real
+	}
+	if _, taken := s.realTo[real]; taken || len(s.standIn) >= maxStandIns {
+		return false
+	}
+	if s.standIn == nil {
+		s.standIn, s.realTo = map[netip.Addr]netip.Addr{}, map[netip.Addr]netip.Addr{}
+	}
+	s.standIn[st], s.realTo[real] = real, st
+	return true
 }

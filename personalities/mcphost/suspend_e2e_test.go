@@ -1,6 +1,10 @@
 package mcphost_test
 
 import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,8 +38,32 @@ func TestSuspendResume(t *testing.T) {
 		return n
 	}
 
+	// A name the VM resolved before its suspend is still its to reach
+	// after: the host's DNS pins are carried across.
+	web := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { fmt.Fprintf(rw, "hello from %s", r.Host) }))
+	defer web.Close()
+	_, webPort, _ := net.SplitHostPort(web.Listener.Addr().String())
+	policy := filepath.Join(t.TempDir(), "net.toml")
+	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`[net]
+allow = ["web.test"]
+ports = [%s]
+allow_private = ["web.test"]
+hosts = { "web.test" = "127.0.0.1" }
+`, webPort)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var vm hostmcp.VMOut
-	c.must("capsem_create", map[string]any{"name": "sus", "ramMb": 1024}, &vm)
+	c.must("capsem_create", map[string]any{"name": "sus", "ramMb": 1024, "config": policy}, &vm)
+	webAddr := exec("sus", `(getent hosts web.test 2>/dev/null || nslookup web.test) | grep -o '198\.18\.[0-9.]*' | head -1`)
+	if !strings.HasPrefix(webAddr, "198.18.") {
+		t.Fatalf("web.test resolved to %q", webAddr)
+	}
+	// By its address alone, with no lookup: only a pin names it.
+	fetchByAddress := "if command -v curl >/dev/null; then curl -sS -m 20 -H 'Host: web.test:" + webPort + "' http://" + webAddr + ":" + webPort + "/; " +
+		"else wget -q -T 20 -O - --header 'Host: web.test:" + webPort + "' http://" + webAddr + ":" + webPort + "/; fi"
+	if got := exec("sus", fetchByAddress); got != "hello from web.test:"+webPort {
+		t.Fatalf("web.test by its address before the suspend: %q", got)
+	}
 	session := paths.Session{Dir: filepath.Join(runDir, "sessions", vm.ID)}
 	exec("sus", `set -e
 echo kept > /root/on-disk
@@ -111,6 +139,9 @@ sleep 1`)
 	}
 	if got := exec("sus", "readlink /proc/"+wsWriter+"/fd/4 /proc/"+wsWriter+"/cwd; cat /var/tmp/ws-failed 2>/dev/null || echo none"); got != "/root/workspace/proj/log.txt\n/root/workspace/proj\nnone" {
 		t.Errorf("the workspace writer after the resume (its fd 4, its cwd, a failed relative write): %q", got)
+	}
+	if got := exec("sus", fetchByAddress); got != "hello from web.test:"+webPort {
+		t.Errorf("web.test by the address its lookup gave before the suspend: %q (the DNS pins were not carried across)", got)
 	}
 	guestClock := number(exec("sus", "date +%s"))
 	if d := time.Now().Unix() - int64(guestClock); d < -5 || d > 5 {
