@@ -39,15 +39,51 @@ const answerTTL = 60
 // maxDNSMessage bounds a query over TCP (UDP is bounded by its datagram).
 const maxDNSMessage = 4096
 
+// RuleLookupLimit: a query dropped unanswered because Limits.Lookups
+// queries were being answered.
+const RuleLookupLimit = "lookup-limit"
+
+// RCodeDropped is the DNSEvent.RCode of a query that got no answer.
+const RCodeDropped = "(dropped)"
+
 // takeLookup takes one of the Lookups slots (given back with <-s.dns), or
-// counts the query refused at the bound.
+// counts the query refused at the bound, for the record too.
 func (s *Stack) takeLookup() bool {
 	select {
 	case s.dns <- struct{}{}:
 		return true
 	default:
 		s.overLimit("dns lookups", &s.overLookups)
+		s.unrecordedDrops.Add(1)
+		select {
+		case s.dropNoted <- struct{}{}:
+		default: // the recorder is already told
+		}
 		return false
+	}
+}
+
+// recordDrops records the queries dropped at the lookup bound, one event
+// each, from a goroutine of its own: a UDP query is dropped on the
+// packet path, which must not wait for the recorder. It ends with the
+// stack; Close records what is left.
+func (s *Stack) recordDrops() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.dropNoted:
+			s.recordDropped()
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// recordDropped records the drops counted and not yet recorded.
+func (s *Stack) recordDropped() {
+	for range s.unrecordedDrops.Swap(0) {
+		s.cfg.Recorder.DNS(DNSEvent{Time: time.Now(), RCode: RCodeDropped, Verdict: netpolicy.Verdict{Rule: RuleLookupLimit,
+			Reason: fmt.Sprintf("dropped unread: %d queries were being answered, the most one VM may have", cap(s.dns))}})
 	}
 }
 

@@ -62,6 +62,9 @@ const (
 	RulePrivate      = "private-address" // not public, and the name may not be private
 	RuleAddressName  = "address-as-name" // an IP address where a name belongs
 	RuleECH          = "encrypted-client-hello"
+	// RuleFlowLimit: a SYN reset because Limits.Flows connections were
+	// open or being decided.
+	RuleFlowLimit = "flow-limit"
 )
 
 func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
@@ -79,8 +82,13 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		// Counted before the reset goes out, so whoever sees the
 		// refusal sees it counted.
 		s.overLimit("flows", &s.overFlows)
-		s.wg.Done()
 		r.Complete(true)
+		// Recorded after the reset, off the packet path (the forwarder
+		// gave this SYN its own goroutine): an attempt like any other.
+		s.cfg.Recorder.Conn(ConnEvent{Start: start, Addr: dst, Kind: KindTCP, Duration: time.Since(start),
+			Verdict: netpolicy.Verdict{Rule: RuleFlowLimit,
+				Reason: fmt.Sprintf("%d connections were open or being decided, the most one VM may have", cap(s.flows))}})
+		s.wg.Done()
 		return
 	}
 	defer func() {

@@ -154,6 +154,32 @@ func (e *events) DNS(ev DNSEvent) {
 	e.mu.Unlock()
 }
 
+// count is the number of connection events matching f so far.
+func (e *events) count(f func(ConnEvent) bool) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.conns {
+		if f(ev) {
+			n++
+		}
+	}
+	return n
+}
+
+// countDNS is the number of DNS events matching f so far.
+func (e *events) countDNS(f func(DNSEvent) bool) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.dns {
+		if f(ev) {
+			n++
+		}
+	}
+	return n
+}
+
 // waitConn waits for a connection event matching f.
 func (e *events) waitConn(t *testing.T, f func(ConnEvent) bool) ConnEvent {
 	t.Helper()
