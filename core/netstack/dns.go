@@ -278,7 +278,7 @@ func (s *Stack) resolve(q *dns.Msg) (*dns.Msg, DNSEvent) {
 		// carry ECH keys that hide the SNI: no data for all of them.
 		return reply, ev
 	}
-	addrs, err := s.lookup(pol, name)
+	addrs, fromHosts, err := s.lookup(pol, name)
 	if err != nil {
 		var dnsErr *net.DNSError
 		if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
@@ -305,7 +305,7 @@ func (s *Stack) resolve(q *dns.Msg) (*dns.Msg, DNSEvent) {
 		given = append(given, a)
 	}
 	given = s.standIns(given)
-	s.pins.add(name, given)
+	s.pins.add(name, given, fromHosts)
 	for _, a := range given {
 		reply.Answer = append(reply.Answer, &dns.A{
 			Hdr: dns.RR_Header{Name: question.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: answerTTL},
@@ -319,19 +319,19 @@ func (s *Stack) resolve(q *dns.Msg) (*dns.Msg, DNSEvent) {
 // Err records why an allowed query got no answer.
 func (e *DNSEvent) Err(err error) { e.Reason = err.Error() }
 
-// lookup resolves name: a fixed answer from the policy, else the host's
-// resolver.
-func (s *Stack) lookup(pol Policy, name string) ([]netip.Addr, error) {
+// lookup resolves name: a fixed answer from the policy's hosts (fromHosts),
+// else the host's resolver.
+func (s *Stack) lookup(pol Policy, name string) (addrs []netip.Addr, fromHosts bool, err error) {
 	if a, ok := pol.FixedHost(name); ok {
-		return []netip.Addr{a}, nil
+		return []netip.Addr{a}, true, nil
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Limits.LookupTimeout)
 	defer cancel()
 	// Rooted: the host's search domains must not turn the guest's name
 	// into another one.
-	addrs, err := s.cfg.Resolver.LookupNetIP(ctx, "ip4", name+".")
+	addrs, err = s.cfg.Resolver.LookupNetIP(ctx, "ip4", name+".")
 	for i := range addrs {
 		addrs[i] = addrs[i].Unmap()
 	}
-	return addrs, err
+	return addrs, false, err
 }

@@ -175,10 +175,17 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	real := netip.AddrPortFrom(s.realAddr(dst.Addr()), dst.Port())
-	if fixed, ok := pol.FixedHost(hello.name); ok && fixed != real.Addr() {
+	fixed, isFixed := pol.FixedHost(hello.name)
+	switch {
+	case isFixed && fixed != real.Addr():
 		// A reload changed the name's fixed answer since it was given:
 		// the old address is not the name's any more.
 		abort(netpolicy.Verdict{Rule: RuleNameMismatch, Reason: fmt.Sprintf("%s was given out for %q, whose fixed answer is now %s", real.Addr(), hello.name, fixed)}, hello.kind)
+		return
+	case !isFixed && s.pins.fromHosts(dst.Addr(), hello.name):
+		// A reload removed the hosts entry the address came from: no
+		// lookup ever gave it for the name.
+		abort(netpolicy.Verdict{Rule: RuleNameMismatch, Reason: fmt.Sprintf("%s was given out for %q by a hosts entry the policy no longer has", real.Addr(), hello.name)}, hello.kind)
 		return
 	}
 	if !netpolicy.IsPublic(real.Addr()) && !pol.PrivateAllowed(hello.name) {
