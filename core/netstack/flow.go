@@ -366,9 +366,16 @@ func (s *Stack) splice(guest *gonet.TCPConn, first []byte, dst netip.AddrPort, n
 	}
 	stop := context.AfterFunc(s.ctx, func() { up.Close(); guest.Close() })
 	defer stop()
+	cut := func() { up.Close(); guest.Close() }
 	if ev.Kind == KindHTTP {
-		s.spliceHTTP(guest, up, first, name, ev)
+		s.spliceHTTP(guest, up, s.newExfiltrationGuard(up, ev, cut), first, name, ev)
 		return
+	}
+	// Only TLS goes out unread: the rest is plaintext to whoever reads
+	// it on the way.
+	var toUp io.Writer = up
+	if ev.Kind != KindTLS {
+		toUp = s.newExfiltrationGuard(up, ev, cut)
 	}
 	if len(first) > 0 {
 		if _, err := up.Write(first); err != nil {
@@ -384,33 +391,26 @@ func (s *Stack) splice(guest *gonet.TCPConn, first []byte, dst netip.AddrPort, n
 	var sent int64
 	go func() {
 		defer wg.Done()
-		sent = copyHalf(up, guest)
+		sent = copyHalf(toUp, guest)
 	}()
-	var status statusSniffer
-	var dstw io.Writer = guest
-	if ev.Kind == KindHTTP {
-		status.w = guest
-		dstw = &status
-	}
-	received := copyHalf(halfCloser{dstw, guest}, up)
+	received := copyHalf(guest, up)
 	wg.Wait()
 	up.Close()
 	guest.Close()
 	ev.BytesSent += sent
 	ev.BytesReceived = received
-	ev.Status = status.code
 }
 
 // spliceHTTP carries a plain-HTTP connection: requests checked one by one
 // on the way out (httpRequests), the answers spliced back.
-func (s *Stack) spliceHTTP(guest *gonet.TCPConn, up net.Conn, first []byte, name string, ev *ConnEvent) {
+func (s *Stack) spliceHTTP(guest *gonet.TCPConn, up net.Conn, toUp io.Writer, first []byte, name string, ev *ConnEvent) {
 	var wg sync.WaitGroup
 	var sent int64
 	wg.Go(func() {
 		// A refused request ends the requests, not the answers to
 		// those before it: the destination sees the end of the
 		// guest's side either way.
-		sent = s.httpRequests(up, io.MultiReader(bytes.NewReader(first), guest), name, ev)
+		sent = s.httpRequests(toUp, io.MultiReader(bytes.NewReader(first), guest), name, ev)
 		if cw, ok := up.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		}

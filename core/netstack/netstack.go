@@ -22,7 +22,9 @@
 //     host then dials the pinned address itself, never resolving again,
 //     and splices the two connections. A client that does not speak first
 //     is refused after a short deadline, unless its address is allowed by
-//     IP and port. TLS is not terminated.
+//     IP and port. TLS is not terminated; every other stream spliced out
+//     (plain HTTP, one allowed by address) is searched for credential
+//     placeholders as it passes, and cut before one goes out.
 //   - Everything else (UDP other than DNS, ICMP, IPv6) goes nowhere.
 //
 // Every connection and every query is reported to the Recorder, those
