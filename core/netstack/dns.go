@@ -39,15 +39,51 @@ const answerTTL = 60
 // maxDNSMessage bounds a query over TCP (UDP is bounded by its datagram).
 const maxDNSMessage = 4096
 
+// RuleLookupLimit: a query dropped unanswered because Limits.Lookups
+// queries were being answered.
+const RuleLookupLimit = "lookup-limit"
+
+// RCodeDropped is the DNSEvent.RCode of a query that got no answer.
+const RCodeDropped = "(dropped)"
+
 // takeLookup takes one of the Lookups slots (given back with <-s.dns), or
-// counts the query refused at the bound.
+// counts the query refused at the bound, for the record too.
 func (s *Stack) takeLookup() bool {
 	select {
 	case s.dns <- struct{}{}:
 		return true
 	default:
 		s.overLimit("dns lookups", &s.overLookups)
+		s.unrecordedDrops.Add(1)
+		select {
+		case s.dropNoted <- struct{}{}:
+		default: // the recorder is already told
+		}
 		return false
+	}
+}
+
+// recordDrops records the queries dropped at the lookup bound, one event
+// each, from a goroutine of its own: a UDP query is dropped on the
+// packet path, which must not wait for the recorder. It ends with the
+// stack; Close records what is left.
+func (s *Stack) recordDrops() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.dropNoted:
+			s.recordDropped()
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// recordDropped records the drops counted and not yet recorded.
+func (s *Stack) recordDropped() {
+	for range s.unrecordedDrops.Swap(0) {
+		s.cfg.Recorder.DNS(DNSEvent{Time: time.Now(), RCode: RCodeDropped, Verdict: netpolicy.Verdict{Rule: RuleLookupLimit,
+			Reason: fmt.Sprintf("dropped unread: %d queries were being answered, the most one VM may have", cap(s.dns))}})
 	}
 }
 
@@ -242,7 +278,7 @@ func (s *Stack) resolve(q *dns.Msg) (*dns.Msg, DNSEvent) {
 		// carry ECH keys that hide the SNI: no data for all of them.
 		return reply, ev
 	}
-	addrs, err := s.lookup(pol, name)
+	addrs, fromHosts, err := s.lookup(pol, name)
 	if err != nil {
 		var dnsErr *net.DNSError
 		if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
@@ -269,7 +305,7 @@ func (s *Stack) resolve(q *dns.Msg) (*dns.Msg, DNSEvent) {
 		given = append(given, a)
 	}
 	given = s.standIns(given)
-	s.pins.add(name, given)
+	s.pins.add(name, given, fromHosts)
 	for _, a := range given {
 		reply.Answer = append(reply.Answer, &dns.A{
 			Hdr: dns.RR_Header{Name: question.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: answerTTL},
@@ -283,19 +319,19 @@ func (s *Stack) resolve(q *dns.Msg) (*dns.Msg, DNSEvent) {
 // Err records why an allowed query got no answer.
 func (e *DNSEvent) Err(err error) { e.Reason = err.Error() }
 
-// lookup resolves name: a fixed answer from the policy, else the host's
-// resolver.
-func (s *Stack) lookup(pol Policy, name string) ([]netip.Addr, error) {
+// lookup resolves name: a fixed answer from the policy's hosts (fromHosts),
+// else the host's resolver.
+func (s *Stack) lookup(pol Policy, name string) (addrs []netip.Addr, fromHosts bool, err error) {
 	if a, ok := pol.FixedHost(name); ok {
-		return []netip.Addr{a}, nil
+		return []netip.Addr{a}, true, nil
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Limits.LookupTimeout)
 	defer cancel()
 	// Rooted: the host's search domains must not turn the guest's name
 	// into another one.
-	addrs, err := s.cfg.Resolver.LookupNetIP(ctx, "ip4", name+".")
+	addrs, err = s.cfg.Resolver.LookupNetIP(ctx, "ip4", name+".")
 	for i := range addrs {
 		addrs[i] = addrs[i].Unmap()
 	}
-	return addrs, err
+	return addrs, false, err
 }

@@ -62,6 +62,9 @@ const (
 	RulePrivate      = "private-address" // not public, and the name may not be private
 	RuleAddressName  = "address-as-name" // an IP address where a name belongs
 	RuleECH          = "encrypted-client-hello"
+	// RuleFlowLimit: a SYN reset because Limits.Flows connections were
+	// open or being decided.
+	RuleFlowLimit = "flow-limit"
 )
 
 func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
@@ -79,8 +82,13 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		// Counted before the reset goes out, so whoever sees the
 		// refusal sees it counted.
 		s.overLimit("flows", &s.overFlows)
-		s.wg.Done()
 		r.Complete(true)
+		// Recorded after the reset, off the packet path (the forwarder
+		// gave this SYN its own goroutine): an attempt like any other.
+		s.cfg.Recorder.Conn(ConnEvent{Start: start, Addr: dst, Kind: KindTCP, Duration: time.Since(start),
+			Verdict: netpolicy.Verdict{Rule: RuleFlowLimit,
+				Reason: fmt.Sprintf("%d connections were open or being decided, the most one VM may have", cap(s.flows))}})
+		s.wg.Done()
 		return
 	}
 	defer func() {
@@ -167,10 +175,17 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	real := netip.AddrPortFrom(s.realAddr(dst.Addr()), dst.Port())
-	if fixed, ok := pol.FixedHost(hello.name); ok && fixed != real.Addr() {
+	fixed, isFixed := pol.FixedHost(hello.name)
+	switch {
+	case isFixed && fixed != real.Addr():
 		// A reload changed the name's fixed answer since it was given:
 		// the old address is not the name's any more.
 		abort(netpolicy.Verdict{Rule: RuleNameMismatch, Reason: fmt.Sprintf("%s was given out for %q, whose fixed answer is now %s", real.Addr(), hello.name, fixed)}, hello.kind)
+		return
+	case !isFixed && s.pins.fromHosts(dst.Addr(), hello.name):
+		// A reload removed the hosts entry the address came from: no
+		// lookup ever gave it for the name.
+		abort(netpolicy.Verdict{Rule: RuleNameMismatch, Reason: fmt.Sprintf("%s was given out for %q by a hosts entry the policy no longer has", real.Addr(), hello.name)}, hello.kind)
 		return
 	}
 	if !netpolicy.IsPublic(real.Addr()) && !pol.PrivateAllowed(hello.name) {
@@ -351,9 +366,16 @@ func (s *Stack) splice(guest *gonet.TCPConn, first []byte, dst netip.AddrPort, n
 	}
 	stop := context.AfterFunc(s.ctx, func() { up.Close(); guest.Close() })
 	defer stop()
+	cut := func() { up.Close(); guest.Close() }
 	if ev.Kind == KindHTTP {
-		s.spliceHTTP(guest, up, first, name, ev)
+		s.spliceHTTP(guest, up, s.newExfiltrationGuard(up, ev, cut), first, name, ev)
 		return
+	}
+	// Only TLS goes out unread: the rest is plaintext to whoever reads
+	// it on the way.
+	var toUp io.Writer = up
+	if ev.Kind != KindTLS {
+		toUp = s.newExfiltrationGuard(up, ev, cut)
 	}
 	if len(first) > 0 {
 		if _, err := up.Write(first); err != nil {
@@ -369,33 +391,26 @@ func (s *Stack) splice(guest *gonet.TCPConn, first []byte, dst netip.AddrPort, n
 	var sent int64
 	go func() {
 		defer wg.Done()
-		sent = copyHalf(up, guest)
+		sent = copyHalf(toUp, guest)
 	}()
-	var status statusSniffer
-	var dstw io.Writer = guest
-	if ev.Kind == KindHTTP {
-		status.w = guest
-		dstw = &status
-	}
-	received := copyHalf(halfCloser{dstw, guest}, up)
+	received := copyHalf(guest, up)
 	wg.Wait()
 	up.Close()
 	guest.Close()
 	ev.BytesSent += sent
 	ev.BytesReceived = received
-	ev.Status = status.code
 }
 
 // spliceHTTP carries a plain-HTTP connection: requests checked one by one
 // on the way out (httpRequests), the answers spliced back.
-func (s *Stack) spliceHTTP(guest *gonet.TCPConn, up net.Conn, first []byte, name string, ev *ConnEvent) {
+func (s *Stack) spliceHTTP(guest *gonet.TCPConn, up net.Conn, toUp io.Writer, first []byte, name string, ev *ConnEvent) {
 	var wg sync.WaitGroup
 	var sent int64
 	wg.Go(func() {
 		// A refused request ends the requests, not the answers to
 		// those before it: the destination sees the end of the
 		// guest's side either way.
-		sent = s.httpRequests(up, io.MultiReader(bytes.NewReader(first), guest), name, ev)
+		sent = s.httpRequests(toUp, io.MultiReader(bytes.NewReader(first), guest), name, ev)
 		if cw, ok := up.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		}

@@ -154,6 +154,32 @@ func (e *events) DNS(ev DNSEvent) {
 	e.mu.Unlock()
 }
 
+// count is the number of connection events matching f so far.
+func (e *events) count(f func(ConnEvent) bool) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.conns {
+		if f(ev) {
+			n++
+		}
+	}
+	return n
+}
+
+// countDNS is the number of DNS events matching f so far.
+func (e *events) countDNS(f func(DNSEvent) bool) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.dns {
+		if f(ev) {
+			n++
+		}
+	}
+	return n
+}
+
 // waitConn waits for a connection event matching f.
 func (e *events) waitConn(t *testing.T, f func(ConnEvent) bool) ConnEvent {
 	t.Helper()
@@ -179,7 +205,8 @@ func (e *events) waitConn(t *testing.T, f func(ConnEvent) bool) ConnEvent {
 }
 
 // rig is a host Stack wired to a second netstack that plays the guest,
-// over a socket pair with the hypervisor's framing.
+// over a socket pair with the hypervisor's framing (qemu's stream unless
+// the rig is built by newRigOver).
 type rig struct {
 	host      *Stack
 	guest     *stack.Stack
@@ -191,7 +218,7 @@ type rig struct {
 	guestConn net.Conn
 }
 
-func newRig(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits, configure ...func(*Config)) *rig {
+func newRig(t *testing.T, pol *testPolicy, res Resolver, lim Limits, configure ...func(*Config)) *rig {
 	t.Helper()
 	r := newRigNoCleanup(t, pol, res, lim, configure...)
 	t.Cleanup(func() { r.shutdown(t) })
@@ -213,7 +240,21 @@ func (r *rig) shutdown(t *testing.T) {
 	r.guest.Wait()
 }
 
-func newRigNoCleanup(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits, configure ...func(*Config)) *rig {
+func newRigNoCleanup(t *testing.T, pol *testPolicy, res Resolver, lim Limits, configure ...func(*Config)) *rig {
+	t.Helper()
+	return newRigOverNoCleanup(t, vmm.FramingStream4BE, pol, res, lim, configure...)
+}
+
+// newRigOver is newRig over a link of the given framing: a stream socket
+// pair for FramingStream4BE, a datagram one (vz's) for FramingDatagram.
+func newRigOver(t *testing.T, framing vmm.Framing, pol *testPolicy, res Resolver, lim Limits, configure ...func(*Config)) *rig {
+	t.Helper()
+	r := newRigOverNoCleanup(t, framing, pol, res, lim, configure...)
+	t.Cleanup(func() { r.shutdown(t) })
+	return r
+}
+
+func newRigOverNoCleanup(t *testing.T, framing vmm.Framing, pol *testPolicy, res Resolver, lim Limits, configure ...func(*Config)) *rig {
 	t.Helper()
 	r := &rig{pol: pol, dialer: &routeDialer{routes: map[netip.AddrPort]string{}}, ev: &events{ch: make(chan struct{}, 1)}}
 	var current Policy = pol
@@ -230,7 +271,11 @@ func newRigNoCleanup(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits
 		t.Fatal(err)
 	}
 	r.host = host
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	sockType, proto := unix.SOCK_STREAM, types.QemuProtocol
+	if framing == vmm.FramingDatagram {
+		sockType, proto = unix.SOCK_DGRAM, types.VfkitProtocol
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, sockType|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,8 +283,8 @@ func newRigNoCleanup(t *testing.T, pol *testPolicy, res fakeResolver, lim Limits
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	r.served = make(chan error, 1)
-	go func() { r.served <- host.Serve(ctx, hostConn, vmm.FramingStream4BE) }()
-	r.guest, r.guestConn = guestStack(t, ctx, guestConn), guestConn
+	go func() { r.served <- host.Serve(ctx, hostConn, framing) }()
+	r.guest, r.guestConn = guestStack(t, ctx, guestConn, proto), guestConn
 	return r
 }
 
@@ -255,8 +300,9 @@ func fileConn(t *testing.T, fd int) net.Conn {
 }
 
 // guestStack is a netstack configured as the agent configures the guest:
-// its address, a default route via the gateway.
-func guestStack(t *testing.T, ctx context.Context, conn net.Conn) *stack.Stack {
+// its address, a default route via the gateway; its frames go over conn
+// as proto frames them.
+func guestStack(t *testing.T, ctx context.Context, conn net.Conn, proto types.Protocol) *stack.Stack {
 	t.Helper()
 	link, err := tap.NewLinkEndpoint(false, 1500, guestwire.NetGuestMAC, guestwire.NetGuestIP, nil)
 	if err != nil {
@@ -279,7 +325,7 @@ func guestStack(t *testing.T, ctx context.Context, conn net.Conn) *stack.Stack {
 		t.Fatal(e)
 	}
 	st.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, Gateway: tcpip.AddrFromSlice(gatewayAddr.AsSlice()), NIC: 1}})
-	go sw.Accept(ctx, conn, types.QemuProtocol)
+	go sw.Accept(ctx, conn, proto)
 	return st
 }
 

@@ -45,6 +45,10 @@ const (
 	// RuleNoInterception: a name with a credential, but no CA to
 	// terminate its TLS with.
 	RuleNoInterception = "credential-unavailable"
+	// RuleUpstreamUntrusted: the upstream's certificate is trusted
+	// neither by the host's roots nor by the credential's ca_file, so
+	// no request (and no secret) was sent to it.
+	RuleUpstreamUntrusted = "upstream-untrusted"
 )
 
 // CA issues the certificates the guest's TLS is terminated with
@@ -317,6 +321,15 @@ func (in *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ev.Status, ev.BytesSent, ev.BytesReceived, ev.Duration = rw.status, body.n, rw.n, time.Since(ev.Start)
 	if upErr != nil {
 		ev.Err = "upstream: " + redact(upErr.Error(), secret, cred.Placeholder)
+		var untrusted *tls.CertificateVerificationError
+		if errors.As(upErr, &untrusted) {
+			trust := "is not trusted by the host's roots"
+			if cred.CAFile != "" {
+				trust = "is trusted neither by the host's roots nor by the credential's ca_file " + cred.CAFile
+			}
+			ev.Verdict = netpolicy.Verdict{Rule: RuleUpstreamUntrusted,
+				Reason: fmt.Sprintf("the certificate %s presented at %s %s", flow.name, flow.dst, trust)}
+		}
 	}
 	s.cfg.Recorder.Conn(ev)
 	if provider != "" && rw.reader != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"net/netip"
 	"runtime"
 	"testing"
 	"time"
@@ -48,17 +49,92 @@ func TestFlowLimit(t *testing.T) {
 	if st := r.host.Stats(); st.FlowsOverLimit < int64(refused) || st.OpenFlows != lim.Flows || st.PeakFlows != lim.Flows || st.FlowLimit != lim.Flows {
 		t.Errorf("stats %+v, %d connections refused", st, refused)
 	}
+	// Every SYN reset at the bound is an attempt like any other: one
+	// event each, with its destination.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		atLimit := r.ev.count(func(e ConnEvent) bool {
+			return e.Rule == RuleFlowLimit && !e.Allowed && e.Addr == netip.MustParseAddrPort("203.0.113.10:443")
+		})
+		over := r.host.Stats().FlowsOverLimit
+		if int64(atLimit) == over && atLimit >= refused {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d flow-limit events for %d SYNs reset at the bound (%d connections refused)", atLimit, over, refused)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	// Once the held flows end, new ones get through again.
 	for _, c := range held {
 		c.Close()
 	}
 	held = nil
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for r.host.Stats().OpenFlows > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if st := r.host.Stats(); st.OpenFlows != 0 || st.PeakFlows != lim.Flows {
 		t.Fatalf("%d flows still open after the guest closed them all (the most at once: %d)", st.OpenFlows, st.PeakFlows)
+	}
+}
+
+// heldResolver answers nothing until release is closed.
+type heldResolver struct{ release chan struct{} }
+
+func (h heldResolver) LookupNetIP(ctx context.Context, _, _ string) ([]netip.Addr, error) {
+	select {
+	case <-h.release:
+		return []netip.Addr{allowedIP}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestLookupLimitDropsAreRecorded: queries past the lookup bound are
+// dropped unanswered, and each is an event (not only a counter), though
+// the packet path that drops them never waits for the recorder.
+func TestLookupLimitDropsAreRecorded(t *testing.T) {
+	lim := testLimits()
+	lim.Lookups = 2
+	held := heldResolver{release: make(chan struct{})}
+	r := newRig(t, basePolicy(), held, lim)
+	defer close(held.release)
+	// A fixed answer needs no lookup: it settles ARP. Its flow keeps its
+	// slot until the socket is idle.
+	answers(r.query(t, "192.168.127.1", "private.example", dns.TypeA))
+	for deadline := time.Now().Add(10 * time.Second); len(r.host.dns) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first query's flow never ended")
+		}
+	}
+	m := new(dns.Msg)
+	m.SetQuestion("allowed.example.", dns.TypeA)
+	query, _ := m.Pack()
+	const sent = 10
+	for range sent {
+		// A socket each: a flow each, so each query is decided apart.
+		to := fullAddr(netip.MustParseAddrPort("192.168.127.1:53"))
+		c, err := guestUDP(r, &to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(query); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		dropped := r.ev.countDNS(func(e DNSEvent) bool { return e.Rule == RuleLookupLimit && !e.Allowed && e.RCode == RCodeDropped })
+		over := r.host.Stats().LookupsOverLimit
+		if over == sent-int64(lim.Lookups) && dropped == int(over) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d queries sent with %d held: %d dropped at the bound, %d recorded", sent, lim.Lookups, over, dropped)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -22,13 +22,16 @@
 //     host then dials the pinned address itself, never resolving again,
 //     and splices the two connections. A client that does not speak first
 //     is refused after a short deadline, unless its address is allowed by
-//     IP and port. TLS is not terminated.
+//     IP and port. TLS is not terminated; every other stream spliced out
+//     (plain HTTP, one allowed by address) is searched for credential
+//     placeholders as it passes, and cut before one goes out.
 //   - Everything else (UDP other than DNS, ICMP, IPv6) goes nowhere.
 //
-// Every connection and every query is reported to the Recorder. The guest
-// can cost the host only bounded resources: concurrent flows, handshakes in
-// progress, DNS lookups in flight, pins and the bytes read before deciding
-// are all capped, and a malformed frame is dropped and counted.
+// Every connection and every query is reported to the Recorder, those
+// refused at the bounds below included. The guest can cost the host only
+// bounded resources: concurrent flows, handshakes in progress, DNS lookups
+// in flight, pins and the bytes read before deciding are all capped, and a
+// malformed frame is dropped and counted.
 package netstack
 
 import (
@@ -206,7 +209,11 @@ type Stack struct {
 	peakFlows   atomic.Int64 // the most flows open at once so far
 	overLookups atomic.Int64 // queries dropped because Lookups was reached
 	overInbound atomic.Int64 // DialGuest calls refused because Inbound was reached
-	lastWarn    atomic.Int64 // unix nanos of the last over-limit warning
+	// unrecordedDrops are the queries dropped at the lookup bound not yet
+	// given to the recorder; dropNoted wakes recordDrops for them.
+	unrecordedDrops atomic.Int64
+	dropNoted       chan struct{}
+	lastWarn        atomic.Int64 // unix nanos of the last over-limit warning
 }
 
 // Stats are counters for diagnosis and tests.
@@ -322,12 +329,15 @@ func New(cfg Config) (*Stack, error) {
 		pins:  newPins(l.Pins),
 		flows: make(chan struct{}, l.Flows), dns: make(chan struct{}, l.Lookups),
 		attrib: make(chan struct{}, maxAttributions), inward: make(chan struct{}, l.Inbound),
-		ctx: ctx, cancel: cancel,
+		dropNoted: make(chan struct{}, 1),
+		ctx:       ctx, cancel: cancel,
 	}
 	if err := s.build(); err != nil {
 		cancel()
 		return nil, err
 	}
+	s.wg.Add(1)
+	go s.recordDrops()
 	return s, nil
 }
 
@@ -449,6 +459,8 @@ func (s *Stack) Close() {
 	}
 	s.interceptWG.Wait()
 	s.stack.Wait()
+	// Queries dropped while the stack stopped.
+	s.recordDropped()
 }
 
 // Stats reports the stack's counters.

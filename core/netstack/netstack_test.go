@@ -351,6 +351,63 @@ func TestHostLoopbackThroughStandIn(t *testing.T) {
 	}
 }
 
+// TestRemovedHostsEntry: a reload that removes a name's hosts entry, the
+// name still allowed and allowed to be private, takes the entry's address
+// from it: no lookup ever gave that address for the name. The flag that
+// says so survives a suspend (Pins, RestorePins).
+func TestRemovedHostsEntry(t *testing.T) {
+	r := newRig(t, basePolicy(), baseResolver(), testLimits())
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { fmt.Fprint(w, "host loopback") }))
+	defer srv.Close()
+	port := netip.MustParseAddrPort(srv.Listener.Addr().String()).Port()
+	loopback := netip.MustParseAddr("127.0.0.1")
+	r.pol.ports[port] = true
+	r.pol.fixed["private.example"] = loopback
+	r.dialer.routes[netip.AddrPortFrom(loopback, port)] = srv.Listener.Addr().String()
+	got := answers(r.query(t, "192.168.127.1", "private.example", dns.TypeA))
+	if len(got) != 1 {
+		t.Fatalf("answer %v", got)
+	}
+	standIn := netip.AddrPortFrom(netip.MustParseAddr(got[0]), port)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, body, err := r.guestHTTP(ctx, standIn.String(), "private.example", false); err != nil || body != "host loopback" {
+		t.Fatalf("before the reload: %q, %v", body, err)
+	}
+	saved := r.host.Pins()
+	if !slices.Contains(saved, Pin{Name: "private.example", Addr: standIn.Addr(), Real: loopback, Hosts: true}) {
+		t.Fatalf("pins %+v: the hosts answer is not marked", saved)
+	}
+
+	delete(r.pol.fixed, "private.example")
+	if !r.pol.PrivateAllowed("private.example") || !r.pol.Name("private.example").Allowed {
+		t.Fatal("the test's reload must keep the name allowed and private")
+	}
+	dials := len(r.dialer.dialed())
+	if _, body, err := r.guestHTTP(ctx, standIn.String(), "private.example", false); err == nil {
+		t.Fatalf("the removed hosts entry's address still reaches the name: %q", body)
+	}
+	ev := r.ev.waitConn(t, func(e ConnEvent) bool { return e.Name == "private.example" && e.Rule == RuleNameMismatch })
+	if ev.Allowed || !strings.Contains(ev.Reason, "hosts entry the policy no longer has") {
+		t.Fatalf("event %+v", ev)
+	}
+	if d := r.dialer.dialed(); len(d) != dials {
+		t.Fatalf("the host dialled %v for a refused connection", d[dials:])
+	}
+
+	// A stack resumed with the saved pins knows the same.
+	resumed := fuzzStack(t)
+	resumed.RestorePins(saved)
+	if !resumed.pins.fromHosts(standIn.Addr(), "private.example") {
+		t.Fatal("the restored pin forgot it came from a hosts entry")
+	}
+	// A lookup's pin is not one.
+	answers(r.query(t, "192.168.127.1", "allowed.example", dns.TypeA))
+	if r.host.pins.fromHosts(allowedIP, "allowed.example") {
+		t.Fatal("a looked-up answer is marked as a hosts entry's")
+	}
+}
+
 func TestAllowedByAddress(t *testing.T) {
 	pol := basePolicy()
 	pol.ports[5432] = true

@@ -14,10 +14,18 @@ import (
 type pins struct {
 	mu     sync.Mutex
 	max    int
-	byAddr map[netip.Addr]map[string]uint64 // address → name → insertion tick
-	order  []pinKey                         // insertion order, for eviction
+	byAddr map[netip.Addr]map[string]pin // address → name → its pin
+	order  []pinKey                      // insertion order, for eviction
 	tick   uint64
 	n      int // pins held
+}
+
+// pin is one name's answer with one address.
+type pin struct {
+	tick uint64 // when it was given, for eviction
+	// fromHosts: the answer was the policy's hosts entry, not a lookup,
+	// so it holds only while the policy still maps the name there.
+	fromHosts bool
 }
 
 type pinKey struct {
@@ -27,24 +35,25 @@ type pinKey struct {
 }
 
 func newPins(max int) *pins {
-	return &pins{max: max, byAddr: map[netip.Addr]map[string]uint64{}}
+	return &pins{max: max, byAddr: map[netip.Addr]map[string]pin{}}
 }
 
-// add pins name to each address (a repeat refreshes it).
-func (p *pins) add(name string, addrs []netip.Addr) {
+// add pins name to each address (a repeat refreshes it, the latest answer
+// saying where it came from).
+func (p *pins) add(name string, addrs []netip.Addr, fromHosts bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, a := range addrs {
 		p.tick++
 		names := p.byAddr[a]
 		if names == nil {
-			names = map[string]uint64{}
+			names = map[string]pin{}
 			p.byAddr[a] = names
 		}
 		if _, ok := names[name]; !ok {
 			p.n++
 		}
-		names[name] = p.tick
+		names[name] = pin{tick: p.tick, fromHosts: fromHosts}
 		p.order = append(p.order, pinKey{a, name, p.tick})
 	}
 	p.evict()
@@ -56,7 +65,7 @@ func (p *pins) evict() {
 	for p.n > p.max && len(p.order) > 0 {
 		k := p.order[0]
 		p.order = p.order[1:]
-		if names := p.byAddr[k.addr]; names != nil && names[k.name] == k.tick {
+		if names := p.byAddr[k.addr]; names != nil && names[k.name].tick == k.tick {
 			delete(names, k.name)
 			p.n--
 			if len(names) == 0 {
@@ -69,7 +78,7 @@ func (p *pins) evict() {
 	if len(p.order) > 2*p.max+64 {
 		live := p.order[:0]
 		for _, k := range p.order {
-			if names := p.byAddr[k.addr]; names != nil && names[k.name] == k.tick {
+			if names := p.byAddr[k.addr]; names != nil && names[k.name].tick == k.tick {
 				live = append(live, k)
 			}
 		}
@@ -96,6 +105,13 @@ func (p *pins) has(addr netip.Addr, name string) bool {
 	return ok
 }
 
+// fromHosts reports whether name's pin to addr came from a hosts entry.
+func (p *pins) fromHosts(addr netip.Addr, name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.byAddr[addr][name].fromHosts
+}
+
 // Pin is one name the VM's DNS answered with one address. Real is the
 // address a stand-in Addr stands for (see standIns): the table of
 // stand-ins is the stack's, so a pin carries its own entry across a
@@ -104,6 +120,8 @@ type Pin struct {
 	Name string     `json:"name"`
 	Addr netip.Addr `json:"addr"`
 	Real netip.Addr `json:"real,omitzero"`
+	// Hosts: the answer was the policy's hosts entry for the name.
+	Hosts bool `json:"hosts,omitempty"`
 }
 
 // Pins lists the stack's pins, oldest first: what a suspended VM's stack
@@ -114,8 +132,8 @@ func (s *Stack) Pins() []Pin {
 	p.mu.Lock()
 	var out []Pin
 	for _, k := range p.order {
-		if names := p.byAddr[k.addr]; names != nil && names[k.name] == k.tick {
-			out = append(out, Pin{Name: k.name, Addr: k.addr})
+		if names := p.byAddr[k.addr]; names != nil && names[k.name].tick == k.tick {
+			out = append(out, Pin{Name: k.name, Addr: k.addr, Hosts: names[k.name].fromHosts})
 		}
 	}
 	p.mu.Unlock()
@@ -140,7 +158,7 @@ func (s *Stack) RestorePins(pins []Pin) {
 		if standInPrefix.Contains(pin.Addr) && !s.restoreStandIn(pin.Addr, pin.Real) {
 			continue
 		}
-		s.pins.add(pin.Name, []netip.Addr{pin.Addr})
+		s.pins.add(pin.Name, []netip.Addr{pin.Addr}, pin.Hosts)
 	}
 }
 

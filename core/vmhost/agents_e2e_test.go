@@ -406,10 +406,10 @@ func TestGeminiCLIThroughTheGateway(t *testing.T) {
 	if want := "tool_name|decision|process_name\neverything__echo|allowed|gemini\nbuiltin__http_get|allowed|gemini\n"; calls != want {
 		t.Errorf("tools/call rows:\n%s\nwant:\n%s", calls, want)
 	}
-	var models, input int
-	db.QueryRow(`SELECT COUNT(*), COALESCE(SUM(input_tokens), 0) FROM model_calls WHERE provider = 'google'`).Scan(&models, &input)
-	if models < 3 || input != models*fakemodel.InputTokens {
-		t.Errorf("model_calls: %d rows, %d input tokens\n%s", models, input, dump(db, "model_calls"))
+	var models, input, output int
+	db.QueryRow(`SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0) FROM model_calls WHERE provider = 'google'`).Scan(&models, &input, &output)
+	if models < 3 || input != models*fakemodel.InputTokens || output != models*fakemodel.OutputTokens {
+		t.Errorf("model_calls: %d rows, %d input and %d output tokens\n%s", models, input, output, dump(db, "model_calls"))
 	}
 
 	codex, _ := v.guestSh(t, "codex mcp list")

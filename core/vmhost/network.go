@@ -61,7 +61,7 @@ func openNetwork(v *VM) (*network, error) {
 		}
 	}
 	rec := &ledgerRecorder{v: v, log: limited}
-	rec.refusals = newRefusalBudget(rec.summary)
+	rec.refusals, rec.exfiltrations = newRefusalBudget(rec.summary), newRefusalBudget(rec.summary)
 	st, err := netstack.New(netstack.Config{
 		Policy:    v.netPolicy,
 		Resolver:  net.DefaultResolver,
@@ -170,6 +170,7 @@ func (n *network) close() {
 	n.end()
 	n.stack.Close()
 	n.rec.refusals.close()
+	n.rec.exfiltrations.close()
 }
 
 // ledgerRecorder writes the stack's decisions as net_events and
@@ -178,6 +179,8 @@ type ledgerRecorder struct {
 	v        *VM
 	log      *slog.Logger
 	refusals *refusalBudget
+	// exfiltrations bounds the rows of attempts to move a credential.
+	exfiltrations *refusalBudget
 }
 
 // summary writes the row that counts refusals past the budget.
@@ -188,7 +191,11 @@ func (r *ledgerRecorder) summary(kind refusalKind, n int64, since time.Time) {
 			PolicyRule: ruleRateLimited, PolicyReason: reason})
 		return
 	}
-	r.write(&ledger.NetEvent{Timestamp: since, Domain: "(refused connections)", Decision: string(ledger.DecisionDenied),
+	domain := "(refused connections)"
+	if kind == exfiltrationAttempts {
+		domain = "(credential exfiltration attempts)"
+	}
+	r.write(&ledger.NetEvent{Timestamp: since, Domain: domain, Decision: string(ledger.DecisionDenied),
 		PolicyAction: "deny", MatchedRule: ruleRateLimited, PolicyRule: ruleRateLimited, PolicyReason: reason,
 		ConnType: "tcp", Source: ledger.SourceGuest, ProcessName: "guest"})
 }
@@ -228,9 +235,14 @@ func (r *ledgerRecorder) write(row ledger.Row) {
 }
 
 func (r *ledgerRecorder) Conn(e netstack.ConnEvent) {
-	// An attempt to move a credential is always a row of its own.
-	if !e.Allowed && e.Rule != netstack.RuleExfiltration && !r.refusals.take(refusedConnections) {
-		return
+	if !e.Allowed {
+		budget, kind := r.refusals, refusedConnections
+		if e.Rule == netstack.RuleExfiltration {
+			budget, kind = r.exfiltrations, exfiltrationAttempts
+		}
+		if !budget.take(kind) {
+			return
+		}
 	}
 	row := &ledger.NetEvent{
 		Timestamp:     e.Start,

@@ -11,7 +11,9 @@ import (
 // matter. So refusals are rows one by one up to a rate, and past it they
 // are counted: one summary row per kind says how many were not recorded
 // one by one, written once the burst has passed (or the VM stops). Allowed
-// connections and queries are never summarised.
+// connections and queries are never summarised. Attempts to move a
+// credential have a budget of their own, so a flood of other refusals
+// cannot push them into a summary, nor they flood the ledger.
 const (
 	refusalRate     = 100  // rows per second, sustained
 	refusalBurst    = 1000 // rows at once
@@ -24,6 +26,7 @@ type refusalKind int
 const (
 	refusedConnections refusalKind = iota
 	refusedQueries
+	exfiltrationAttempts
 	refusalKinds
 )
 
@@ -94,10 +97,13 @@ func (b *refusalBudget) close() {
 
 // summaryReason says what a summary row stands for.
 func summaryReason(kind refusalKind, n int64, since time.Time) string {
-	what := "connections"
-	if kind == refusedQueries {
-		what = "DNS queries"
+	what := "refused connections"
+	switch kind {
+	case refusedQueries:
+		what = "refused DNS queries"
+	case exfiltrationAttempts:
+		what = "refused attempts to move a credential"
 	}
-	return fmt.Sprintf("%d more refused %s since %s, past the ledger's %d rows/s for refusals, are counted here instead of one row each",
+	return fmt.Sprintf("%d more %s since %s, past the ledger's %d rows/s for them, are counted here instead of one row each",
 		n, what, since.UTC().Format(time.RFC3339), refusalRate)
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 
 	"github.com/capsem/capsem/core/ledger"
+	"github.com/capsem/capsem/core/netpolicy"
+	"github.com/capsem/capsem/core/netstack"
 )
 
 func TestRefusalBudget(t *testing.T) {
@@ -110,5 +113,102 @@ func TestRefusalSummariesAreRows(t *testing.T) {
 		if _, err := fmt.Sscanf(reason, "%d more refused", &n); err != nil || (n != 1234 && n != 567) {
 			t.Fatalf("summary %q", reason)
 		}
+	}
+}
+
+// TestRefusalFloodsAddUp: a guest flooding past each bound (SYNs reset at
+// the flow bound, queries dropped at the lookup bound, placeholders sent
+// where they may not go) gets rows up to the ledger's budget and summary
+// rows for the rest, so for each kind the rows and the counts in the
+// summaries add up to the attempts. Attempts to move a credential have a
+// budget of their own: the flood of other refusals before them does not
+// push them into a summary.
+func TestRefusalFloodsAddUp(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "session.db")
+	l, err := ledger.Open(ctx, path, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &ledgerRecorder{v: &VM{ledger: l}, log: slog.New(slog.DiscardHandler)}
+	r.refusals, r.exfiltrations = newRefusalBudget(r.summary), newRefusalBudget(r.summary)
+	const attempts = refusalBurst + 500
+	dst := netip.MustParseAddrPort("203.0.113.10:443")
+	for range attempts {
+		r.Conn(netstack.ConnEvent{Start: time.Now(), Addr: dst, Kind: netstack.KindTCP,
+			Verdict: netpolicy.Verdict{Rule: netstack.RuleFlowLimit, Reason: "1024 connections were open"}})
+	}
+	for range attempts {
+		r.DNS(netstack.DNSEvent{Time: time.Now(), RCode: netstack.RCodeDropped,
+			Verdict: netpolicy.Verdict{Rule: netstack.RuleLookupLimit, Reason: "64 queries were being answered"}})
+	}
+	for range attempts {
+		r.Conn(netstack.ConnEvent{Start: time.Now(), Name: "allowed.example", Addr: dst, Kind: netstack.KindHTTP,
+			Verdict: netpolicy.Verdict{Rule: netstack.RuleExfiltration, Reason: "the placeholder of KEY was sent over plain HTTP"}})
+	}
+	r.refusals.close()
+	r.exfiltrations.close()
+	l.Close()
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	count := func(q string) int {
+		t.Helper()
+		var n int
+		if err := db.QueryRow(q).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return n
+	}
+	counted := func(q string) int {
+		t.Helper()
+		rows, err := db.Query(q)
+		if err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		defer rows.Close()
+		total := 0
+		for rows.Next() {
+			var reason string
+			var n int
+			if err := rows.Scan(&reason); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fmt.Sscanf(reason, "%d more", &n); err != nil {
+				t.Fatalf("summary %q: %v", reason, err)
+			}
+			total += n
+		}
+		return total
+	}
+	kinds := []struct {
+		name         string
+		rows, counts string
+	}{
+		{"SYNs reset at the flow bound",
+			`SELECT COUNT(*) FROM net_events WHERE policy_rule = 'flow-limit' AND decision = 'denied'`,
+			`SELECT policy_reason FROM net_events WHERE policy_rule = 'rate-limited' AND domain = '(refused connections)'`},
+		{"queries dropped at the lookup bound",
+			`SELECT COUNT(*) FROM dns_events WHERE policy_rule = 'lookup-limit' AND decision = 'denied' AND rcode = '(dropped)'`,
+			`SELECT policy_reason FROM dns_events WHERE policy_rule = 'rate-limited'`},
+		{"attempts to move a credential",
+			`SELECT COUNT(*) FROM net_events WHERE policy_rule = 'credential-exfiltration' AND decision = 'denied'`,
+			`SELECT policy_reason FROM net_events WHERE policy_rule = 'rate-limited' AND domain = '(credential exfiltration attempts)'`},
+	}
+	rowsOf := map[string]int{}
+	for _, k := range kinds {
+		rows, summarised := count(k.rows), counted(k.counts)
+		rowsOf[k.name] = rows
+		if rows+summarised != attempts || summarised == 0 {
+			t.Errorf("%s: %d rows + %d counted in summaries, want %d attempts with some summarised", k.name, rows, summarised, attempts)
+		}
+	}
+	if got := rowsOf["attempts to move a credential"]; got < refusalBurst {
+		t.Errorf("%d rows of their own for attempts to move a credential after a flood of other refusals; their budget is %d", got, refusalBurst)
+	}
+	if got := rowsOf["SYNs reset at the flow bound"] + rowsOf["queries dropped at the lookup bound"]; got > refusalBurst+refusalRate*10 {
+		t.Errorf("%d rows of their own for other refusals: past the shared budget", got)
 	}
 }

@@ -82,11 +82,10 @@ ca_file = %q
 `, cw.key, cw.roots)
 }
 
-// figures prints the latency a credential adds to a request: the same
-// small streamed answer through the credential path and spliced, on a new
-// connection each time and on a kept one.
-func (cw *credentialWorld) figures(vm *vmHandle) error {
-	bin := filepath.Join(cw.dir, "credclient")
+// installGuestClient builds the tests' guest client (testdata/credclient)
+// in dir and writes it to the VM as /tmp/credclient.
+func installGuestClient(vm *vmHandle, dir string) error {
+	bin := filepath.Join(dir, "credclient")
 	build := exec.Command("go", "build", "-o", bin, "./testdata/credclient")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -96,10 +95,17 @@ func (cw *credentialWorld) figures(vm *vmHandle) error {
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
-	if err := vm.client.WriteFile(ctx, "/tmp/credclient", data, 0o755); err != nil {
+	return vm.client.WriteFile(context.Background(), "/tmp/credclient", data, 0o755)
+}
+
+// figures prints the latency a credential adds to a request: the same
+// small streamed answer through the credential path and spliced, on a new
+// connection each time and on a kept one.
+func (cw *credentialWorld) figures(vm *vmHandle) error {
+	if err := installGuestClient(vm, cw.dir); err != nil {
 		return err
 	}
+	ctx := context.Background()
 	if err := vm.client.WriteFile(ctx, "/tmp/bench-ca.pem", cw.ca.CertPEM(), 0o644); err != nil {
 		return err
 	}

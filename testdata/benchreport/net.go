@@ -195,26 +195,30 @@ func netVMFigures(vm *vmHandle, mtu int, pPort, sPort string, size int, hostPlai
 	if mtu != 0 {
 		return nil
 	}
-	// Per connection: 20 small fetches through the stack, beside 20 the
-	// guest makes to an httpd on its own loopback (the same client and
-	// process starts, no host).
-	const n = 20
-	loop := func(url string) string {
-		return "i=0; while [ $i -lt " + strconv.Itoa(n) + " ]; do wget -q -O /dev/null " + url + " || exit 1; i=$((i+1)); done"
-	}
-	through, _, err := guestTimed(vm, loop("http://bench.test:"+pPort+"/small"))
+	// Per connection: the guest client opens connections to the host's
+	// server through the stack, connect to the answer's first byte (the
+	// name resolved once, before), beside the same to an httpd on the
+	// guest's own loopback.
+	dir, err := os.MkdirTemp("", "capsem-bench-client-")
 	if err != nil {
 		return err
 	}
-	local, _, err := guestTimed(vm, "mkdir -p /tmp/www && echo ok > /tmp/www/small && (httpd -f -p 127.0.0.1:8088 -h /tmp/www & echo $! > /tmp/httpd.pid); sleep 0.3; "+
-		loop("http://127.0.0.1:8088/small")+"; kill $(cat /tmp/httpd.pid)")
+	defer os.RemoveAll(dir)
+	if err := installGuestClient(vm, dir); err != nil {
+		return err
+	}
+	const n = 50
+	_, through, err := guestTimed(vm, fmt.Sprintf("/tmp/credclient -connect bench.test:%s -n %d", pPort, n))
 	if err != nil {
 		return err
 	}
-	// The local loop's time includes the httpd start and its 0.3 s wait.
-	local -= 300 * time.Millisecond
-	fmt.Printf("  a connection through the stack (guest wget of a small page, name → connect → answer): %.1f ms each; to the guest's own loopback httpd: %.1f ms; added by the stack: %.1f ms\n",
-		ms1(through/n), ms1(local/n), ms1((through-local)/n))
+	_, local, err := guestTimed(vm, fmt.Sprintf("mkdir -p /tmp/www && echo ok > /tmp/www/small && (httpd -f -p 127.0.0.1:8088 -h /tmp/www & echo $! > /tmp/httpd.pid); sleep 0.3; "+
+		"/tmp/credclient -connect 127.0.0.1:8088 -n %d; s=$?; kill $(cat /tmp/httpd.pid); exit $s", n))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("  a connection through the stack, connect to first byte (Go client in the guest, %d connections, the name resolved before): %s; to the guest's own loopback httpd: %s\n",
+		n, strings.TrimSpace(through), strings.TrimSpace(local))
 
 	// 100 connections held open by the server, the guest's nc's waiting.
 	before := rssKB(vm.proc.PID())

@@ -36,7 +36,12 @@ func main() {
 	reuse := flag.Bool("reuse", false, "with -n: keep the connection between requests")
 	dial := flag.String("dial", "", "instead: a TLS handshake with this address (host:port), naming -sni")
 	sni := flag.String("sni", "", "with -dial: the server name the ClientHello carries")
+	connect := flag.String("connect", "", "instead: time -n plain HTTP connections to this host:port, connect to first byte")
 	flag.Parse()
+	if *connect != "" {
+		firstByte(*connect, *n)
+		return
+	}
 	if *dial != "" {
 		handshake(*dial, *sni)
 		return
@@ -67,6 +72,51 @@ func main() {
 	defer resp.Body.Close()
 	fmt.Printf("status=%d proto=%s echo=%s\n", resp.StatusCode, resp.Proto, resp.Header.Get("X-Echo"))
 	io.Copy(os.Stdout, resp.Body)
+}
+
+// firstByte resolves addr's host once, then opens n connections to it, each
+// sending one small HTTP request, and prints the median and mean time from
+// connect to the answer's first byte: what a connection costs past its
+// DNS lookup and process start.
+func firstByte(addr string, n int) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ips, err := net.LookupHost(host)
+	if err != nil || len(ips) == 0 {
+		fmt.Fprintln(os.Stderr, "lookup:", err)
+		os.Exit(1)
+	}
+	target := net.JoinHostPort(ips[0], port)
+	request := "GET /small HTTP/1.0\r\nHost: " + addr + "\r\n\r\n"
+	var times []time.Duration
+	for range n {
+		start := time.Now()
+		conn, err := net.DialTimeout("tcp", target, 30*time.Second)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "connect:", err)
+			os.Exit(1)
+		}
+		conn.SetDeadline(time.Now().Add(30 * time.Second))
+		var b [1]byte
+		if _, err := io.WriteString(conn, request); err == nil {
+			_, err = conn.Read(b[:])
+		}
+		conn.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "request:", err)
+			os.Exit(1)
+		}
+		times = append(times, time.Since(start))
+	}
+	slices.Sort(times)
+	var sum time.Duration
+	for _, d := range times {
+		sum += d
+	}
+	fmt.Printf("p50_ms=%.2f mean_ms=%.2f\n", float64(times[len(times)/2].Microseconds())/1000, float64(sum.Microseconds())/1000/float64(n))
 }
 
 // handshake opens a TLS connection to addr naming sni, whatever the address
