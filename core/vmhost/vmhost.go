@@ -209,15 +209,19 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, fmt.Errorf("guest assets failed verification during the boot (the next start rebuilds them): %w", err)
 	}
 	ledgerJoined = true
+	t = time.Now()
 	if err := v.joinLedger(ledgerOpened); err != nil {
 		return nil, err
 	}
+	t = v.mark("ledger_join", t)
 	if err := v.ctl.client.SendBootConfig(ctx, &guestwire.BootConfig{Hostname: o.Name, VMID: o.ID, ClockUnixNano: time.Now().UnixNano(), Env: trustEnv, TrustCA: trustCA, ExtraRoots: extraRoots}); err != nil {
 		return nil, fmt.Errorf("sending boot config: %w", err)
 	}
+	t = v.mark("boot_config", t)
 	if err := v.startGateway(ctx, sources); err != nil {
 		return nil, err
 	}
+	v.mark("gateway", t)
 	if v.net != nil {
 		v.net.ports.serve()
 	}

@@ -121,6 +121,16 @@ func writeFile(path string, data []byte, mode uint32, parents bool, maxSize int6
 	return info, err
 }
 
+// writeRemadeFile is writeFile for a file the agent makes again at every
+// boot (the trust bundles): replaced whole by a rename as writeFile does,
+// but through the page cache and not synced. Each sync is a flush of the
+// guest's disk through QEMU to the host's, on the boot's critical path,
+// and a file lost to a crash is remade at the next boot anyway.
+func writeRemadeFile(path string, data []byte, mode uint32, maxSize int64) error {
+	_, _, err := writeFileWith(path, bytes.NewReader(data), mode, true, maxSize, false)
+	return err
+}
+
 // writeFileFrom replaces path's content with what r yields, at most maxSize
 // bytes. No link is followed anywhere in the path; the target must be a
 // regular file or not exist. The bytes go to a temporary file beside the
@@ -129,6 +139,12 @@ func writeFile(path string, data []byte, mode uint32, parents bool, maxSize int6
 // untouched. An existing file keeps its owner, and its mode unless mode is
 // given.
 func writeFileFrom(path string, r io.Reader, mode uint32, parents bool, maxSize int64) (*guestwire.FileInfo, int64, error) {
+	return writeFileWith(path, r, mode, parents, maxSize, true)
+}
+
+// writeFileWith is writeFileFrom; durable false leaves out the direct I/O
+// and the sync (writeRemadeFile).
+func writeFileWith(path string, r io.Reader, mode uint32, parents bool, maxSize int64, durable bool) (*guestwire.FileInfo, int64, error) {
 	const op = "write"
 	if err := guestwire.ValidatePath(path); err != nil {
 		return nil, 0, err
@@ -161,8 +177,12 @@ func writeFileFrom(path string, r io.Reader, mode uint32, parents bool, maxSize 
 	rand.Read(rnd[:])
 	tmp := ".capsem-write-" + hex.EncodeToString(rnd[:])
 	const flags = unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	fd, err := unix.Openat(dfd, tmp, flags|unix.O_DIRECT, 0o600)
-	if errors.Is(err, unix.EINVAL) {
+	direct := 0
+	if durable {
+		direct = unix.O_DIRECT
+	}
+	fd, err := unix.Openat(dfd, tmp, flags|direct, 0o600)
+	if direct != 0 && errors.Is(err, unix.EINVAL) {
 		// No direct I/O on this filesystem (tmpfs, say); the refusal may
 		// come once the file exists.
 		unix.Unlinkat(dfd, tmp, 0)
@@ -194,8 +214,10 @@ func writeFileFrom(path string, r io.Reader, mode uint32, parents bool, maxSize 
 			return nil, n, fsError(op, path, err)
 		}
 	}
-	if err := f.Sync(); err != nil {
-		return nil, n, fsError(op, path, err)
+	if durable {
+		if err := f.Sync(); err != nil {
+			return nil, n, fsError(op, path, err)
+		}
 	}
 	// Look again just before the rename: a directory or link put there
 	// meanwhile is refused, not replaced (rename would replace a link

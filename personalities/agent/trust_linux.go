@@ -50,21 +50,21 @@ func trustCAAt(ca, extra []byte, at trustPaths) error {
 	case err != nil:
 		return err
 	}
+	added := false
 	for _, pem := range add {
 		if bytes.Contains(system, bytes.TrimSpace(pem)) {
 			continue
 		}
-		if hasSystem {
-			f, err := os.OpenFile(at.system, os.O_WRONLY|os.O_APPEND, 0)
-			if err != nil {
-				return err
-			}
-			_, werr := f.Write(append([]byte("\n"), pem...))
-			if err := errors.Join(werr, f.Close()); err != nil {
-				return fmt.Errorf("adding to %s: %w", at.system, err)
-			}
-		}
 		system = append(append(system, '\n'), pem...)
+		added = true
+	}
+	if hasSystem && added {
+		// Replaced whole rather than appended to: on the full root the
+		// distribution's bundle is in the read-only image, and an append
+		// would first copy it up into the VM's layer, synced.
+		if err := writeRemadeFile(at.system, system, 0, maxSystemBundle+guestwire.MaxTrustCA+guestwire.MaxExtraRoots); err != nil {
+			return fmt.Errorf("adding to %s: %w", at.system, err)
+		}
 	}
 	if err := writeTrustFile(at.added, bytes.Join(add, nil)); err != nil {
 		return err
@@ -91,6 +91,5 @@ func readBounded(path string, max int64) ([]byte, error) {
 // writeTrustFile replaces path with data, readable by all, whole (the
 // agent's file write: no link followed, renamed into place).
 func writeTrustFile(path string, data []byte) error {
-	_, err := writeFile(path, data, 0o644, true, maxSystemBundle+guestwire.MaxTrustCA+guestwire.MaxExtraRoots)
-	return err
+	return writeRemadeFile(path, data, 0o644, maxSystemBundle+guestwire.MaxTrustCA+guestwire.MaxExtraRoots)
 }

@@ -317,7 +317,7 @@ func imageStartBench(capsem, home, guest, states string, runs int, minimal, full
 		ms(m), spread(mini.ready), ms(f), spread(fullS.ready), float64(f)/float64(m), 100*(float64(f)/float64(m)-1))
 	for _, s := range bases {
 		fmt.Printf("    phases, %s (ms):", s.name)
-		for _, k := range []string{"assets", "disk", "qemu_start", "kernel_to_hello", "guest_storage", "guest_after_wake", "ready", "exec"} {
+		for _, k := range []string{"assets", "disk", "qemu_start", "kernel_to_hello", "guest_storage", "guest_after_wake", "boot_config", "gateway", "ready", "exec"} {
 			if v := s.phases[k]; len(v) > 0 {
 				fmt.Printf(" %s %d", k, medianInt(slices.Clone(v)))
 			}

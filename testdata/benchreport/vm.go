@@ -129,7 +129,7 @@ func vmBench(capsem string, runs int) error {
 	fmt.Printf("  first VM of a configuration, boots and saves (once): create → exec-ready   %s   (save %d ms, state %d MB)\n", ms(first), firstTimings["save_state"], stateBytes>>20)
 	fmt.Printf("  capsem run -- true (the CLI through the service: boot, exec, remove), resumed from the saved boot: %s   (%.2f× bare; the first, which started the service: %s)\n", ms(median(runTrue)), ratio(median(runTrue)), ms(firstRun))
 	fmt.Printf("  capsem create → exec `true` → stopped: resumed %s, booted %s (first VM %s)\n", ms(median(resumed.total)), ms(median(booted.total)), ms(firstTotal))
-	keys := []string{"assets", "asset_hash", "state_hash", "disk", "qemu_start", "kernel_to_hello", "guest_kernel_to_init", "guest_modules", "guest_storage", "guest_channel", "guest_after_wake", "ready", "exec", "shutdown"}
+	keys := []string{"assets", "asset_hash", "state_hash", "disk", "qemu_start", "kernel_to_hello", "guest_kernel_to_init", "guest_modules", "guest_storage", "guest_channel", "guest_after_wake", "boot_config", "gateway", "ready", "exec", "shutdown"}
 	for _, m := range []struct {
 		name string
 		s    series

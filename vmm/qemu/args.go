@@ -263,7 +263,14 @@ func Args(spec vmm.Spec, accel Accel) ([]string, error) {
 		a = append(a,
 			// cache=writeback honours guest flushes (persistence) and works
 			// on every filesystem (cache=none needs O_DIRECT).
-			"-drive", "file="+optValue(d.Path)+",if=none,id="+id+",format="+format+",readonly="+ro+",cache=writeback"+extra,
+			// file.drop-cache=off: restoring a saved state otherwise ends
+			// with QEMU dropping the file's pages from the host's page
+			// cache (made for storage shared between hosts), which for the
+			// root image every VM shares evicts it under all of them at
+			// each start. Here every QEMU is on the same host, whose page
+			// cache is coherent, and the guest drops its own cache after
+			// the wake.
+			"-drive", "file="+optValue(d.Path)+",if=none,id="+id+",format="+format+",readonly="+ro+",cache=writeback,file.drop-cache=off"+extra,
 			// One request queue: the default is one per vCPU, each set up
 			// (rings, vectors) while the guest boots, for no gain on a
 			// disk this small under TCG.
