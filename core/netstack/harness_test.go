@@ -158,21 +158,19 @@ func (e *events) DNS(ev DNSEvent) {
 func (e *events) count(f func(ConnEvent) bool) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	n := 0
-	for _, ev := range e.conns {
-		if f(ev) {
-			n++
-		}
-	}
-	return n
+	return countWhere(e.conns, f)
 }
 
 // countDNS is the number of DNS events matching f so far.
 func (e *events) countDNS(f func(DNSEvent) bool) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return countWhere(e.dns, f)
+}
+
+func countWhere[E any](list []E, f func(E) bool) int {
 	n := 0
-	for _, ev := range e.dns {
+	for _, ev := range list {
 		if f(ev) {
 			n++
 		}

@@ -82,16 +82,22 @@ func TestRefusalBudget(t *testing.T) {
 	}
 }
 
-// TestRefusalSummariesAreRows: the summary rows are rows the ledger takes
-// (a summary it refused would lose the count it carries).
-func TestRefusalSummariesAreRows(t *testing.T) {
-	ctx := context.Background()
+// newLedgerRecorder is a ledgerRecorder writing to a new ledger of its
+// own (closed by the caller), and the ledger's path.
+func newLedgerRecorder(t *testing.T) (*ledgerRecorder, *ledger.Ledger, string) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "session.db")
-	l, err := ledger.Open(ctx, path, ledger.Options{})
+	l, err := ledger.Open(context.Background(), path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &ledgerRecorder{v: &VM{ledger: l}, log: slog.New(slog.DiscardHandler)}
+	return &ledgerRecorder{v: &VM{ledger: l}, log: slog.New(slog.DiscardHandler)}, l, path
+}
+
+// TestRefusalSummariesAreRows: the summary rows are rows the ledger takes
+// (a summary it refused would lose the count it carries).
+func TestRefusalSummariesAreRows(t *testing.T) {
+	r, l, path := newLedgerRecorder(t)
 	since := time.Now()
 	r.summary(refusedConnections, 1234, since)
 	r.summary(refusedQueries, 567, since)
@@ -124,13 +130,7 @@ func TestRefusalSummariesAreRows(t *testing.T) {
 // budget of their own: the flood of other refusals before them does not
 // push them into a summary.
 func TestRefusalFloodsAddUp(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "session.db")
-	l, err := ledger.Open(ctx, path, ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &ledgerRecorder{v: &VM{ledger: l}, log: slog.New(slog.DiscardHandler)}
+	r, l, path := newLedgerRecorder(t)
 	r.refusals, r.exfiltrations = newRefusalBudget(r.summary), newRefusalBudget(r.summary)
 	const attempts = refusalBurst + 500
 	dst := netip.MustParseAddrPort("203.0.113.10:443")

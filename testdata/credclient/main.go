@@ -111,12 +111,7 @@ func firstByte(addr string, n int) {
 		}
 		times = append(times, time.Since(start))
 	}
-	slices.Sort(times)
-	var sum time.Duration
-	for _, d := range times {
-		sum += d
-	}
-	fmt.Printf("p50_ms=%.2f mean_ms=%.2f\n", float64(times[len(times)/2].Microseconds())/1000, float64(sum.Microseconds())/1000/float64(n))
+	printTimes(times)
 }
 
 // handshake opens a TLS connection to addr naming sni, whatever the address
@@ -197,10 +192,15 @@ func latency(url, header, env, data string, n int, reuse bool) {
 		}
 		times = append(times, time.Since(t))
 	}
+	printTimes(times)
+}
+
+// printTimes prints the median and the mean of times, in milliseconds.
+func printTimes(times []time.Duration) {
 	slices.Sort(times)
 	var sum time.Duration
 	for _, d := range times {
 		sum += d
 	}
-	fmt.Printf("p50_ms=%.2f mean_ms=%.2f\n", float64(times[len(times)/2].Microseconds())/1000, float64(sum.Microseconds())/1000/float64(n))
+	fmt.Printf("p50_ms=%.2f mean_ms=%.2f\n", float64(times[len(times)/2].Microseconds())/1000, float64(sum.Microseconds())/1000/float64(len(times)))
 }
