@@ -214,6 +214,9 @@ type rig struct {
 	cancel    context.CancelFunc
 	served    chan error
 	guestConn net.Conn
+	// guestLinked closes when the guest's switch stops delivering frames;
+	// the guest stack may close only then.
+	guestLinked chan struct{}
 }
 
 func newRig(t *testing.T, pol *testPolicy, res Resolver, lim Limits, configure ...func(*Config)) *rig {
@@ -234,6 +237,7 @@ func (r *rig) shutdown(t *testing.T) {
 		t.Error("Serve did not return after its context ended")
 	}
 	r.host.Close()
+	<-r.guestLinked
 	r.guest.Close()
 	r.guest.Wait()
 }
@@ -282,7 +286,8 @@ func newRigOverNoCleanup(t *testing.T, framing vmm.Framing, pol *testPolicy, res
 	r.cancel = cancel
 	r.served = make(chan error, 1)
 	go func() { r.served <- host.Serve(ctx, hostConn, framing) }()
-	r.guest, r.guestConn = guestStack(t, ctx, guestConn, proto), guestConn
+	r.guest, r.guestLinked = guestStack(t, ctx, guestConn, proto)
+	r.guestConn = guestConn
 	return r
 }
 
@@ -299,8 +304,9 @@ func fileConn(t *testing.T, fd int) net.Conn {
 
 // guestStack is a netstack configured as the agent configures the guest:
 // its address, a default route via the gateway; its frames go over conn
-// as proto frames them.
-func guestStack(t *testing.T, ctx context.Context, conn net.Conn, proto types.Protocol) *stack.Stack {
+// as proto frames them. The channel closes when the switch has stopped
+// delivering frames into the stack (conn closed or ctx ended).
+func guestStack(t *testing.T, ctx context.Context, conn net.Conn, proto types.Protocol) (*stack.Stack, chan struct{}) {
 	t.Helper()
 	link, err := tap.NewLinkEndpoint(false, 1500, guestwire.NetGuestMAC, guestwire.NetGuestIP, nil)
 	if err != nil {
@@ -323,8 +329,12 @@ func guestStack(t *testing.T, ctx context.Context, conn net.Conn, proto types.Pr
 		t.Fatal(e)
 	}
 	st.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, Gateway: tcpip.AddrFromSlice(gatewayAddr.AsSlice()), NIC: 1}})
-	go sw.Accept(ctx, conn, proto)
-	return st
+	linked := make(chan struct{})
+	go func() {
+		defer close(linked)
+		sw.Accept(ctx, conn, proto)
+	}()
+	return st, linked
 }
 
 func fullAddr(ap netip.AddrPort) tcpip.FullAddress {

@@ -191,6 +191,10 @@ type Stack struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// serving counts running Serve calls: Close waits for them before it
+	// closes the stack, because the switch delivers frames into the link
+	// and a closed stack leaves the link without a dispatcher.
+	serving sync.WaitGroup
 
 	interceptOnce sync.Once
 	intercepting  *interceptor // the credential path, once used
@@ -409,6 +413,15 @@ func (s *Stack) build() error {
 // Serve carries the NIC's frames between conn (the hypervisor's end of the
 // link) and the stack until conn fails or ctx ends; conn is closed then.
 func (s *Stack) Serve(ctx context.Context, conn net.Conn, framing vmm.Framing) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		conn.Close()
+		return errors.New("netstack: serve on a closed stack")
+	}
+	s.serving.Add(1)
+	s.mu.Unlock()
+	defer s.serving.Done()
 	proto := types.QemuProtocol
 	switch framing {
 	case vmm.FramingStream4BE:
@@ -450,6 +463,7 @@ func (s *Stack) Close() {
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
+	s.serving.Wait()
 	s.stack.Close()
 	s.wg.Wait()
 	// No flow is left to start the credential path now.
