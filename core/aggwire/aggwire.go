@@ -123,6 +123,7 @@ type NetEvent struct {
 	Decision          string `msg:"decision"`
 	MatchedRule       string `msg:"matched_rule,omitempty"`
 	Error             string `msg:"error,omitempty"`
+	IP                string `msg:"ip,omitempty"` // the address reached or refused
 }
 
 // Request is sent by the endpoint. ID is unique per aggregator process.

@@ -338,6 +338,12 @@ func (z *NetEvent) DecodeMsg(dc *msgp.Reader) (err error) {
 				err = msgp.WrapError(err, "Error")
 				return
 			}
+		case "ip":
+			z.IP, err = dc.ReadString()
+			if err != nil {
+				err = msgp.WrapError(err, "IP")
+				return
+			}
 		default:
 			err = dc.Skip()
 			if err != nil {
@@ -352,8 +358,8 @@ func (z *NetEvent) DecodeMsg(dc *msgp.Reader) (err error) {
 // EncodeMsg implements msgp.Encodable
 func (z *NetEvent) EncodeMsg(en *msgp.Writer) (err error) {
 	// check for omitted fields
-	zb0001Len := uint32(13)
-	var zb0001Mask uint16 /* 13 bits */
+	zb0001Len := uint32(14)
+	var zb0001Mask uint16 /* 14 bits */
 	_ = zb0001Mask
 	if z.Query == "" {
 		zb0001Len--
@@ -366,6 +372,10 @@ func (z *NetEvent) EncodeMsg(en *msgp.Writer) (err error) {
 	if z.Error == "" {
 		zb0001Len--
 		zb0001Mask |= 0x1000
+	}
+	if z.IP == "" {
+		zb0001Len--
+		zb0001Mask |= 0x2000
 	}
 	// variable map header, size zb0001Len
 	err = en.Append(0x80 | uint8(zb0001Len))
@@ -511,6 +521,18 @@ func (z *NetEvent) EncodeMsg(en *msgp.Writer) (err error) {
 				return
 			}
 		}
+		if (zb0001Mask & 0x2000) == 0 { // if not omitted
+			// write "ip"
+			err = en.Append(0xa2, 0x69, 0x70)
+			if err != nil {
+				return
+			}
+			err = en.WriteString(z.IP)
+			if err != nil {
+				err = msgp.WrapError(err, "IP")
+				return
+			}
+		}
 	}
 	return
 }
@@ -519,8 +541,8 @@ func (z *NetEvent) EncodeMsg(en *msgp.Writer) (err error) {
 func (z *NetEvent) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(13)
-	var zb0001Mask uint16 /* 13 bits */
+	zb0001Len := uint32(14)
+	var zb0001Mask uint16 /* 14 bits */
 	_ = zb0001Mask
 	if z.Query == "" {
 		zb0001Len--
@@ -533,6 +555,10 @@ func (z *NetEvent) MarshalMsg(b []byte) (o []byte, err error) {
 	if z.Error == "" {
 		zb0001Len--
 		zb0001Mask |= 0x1000
+	}
+	if z.IP == "" {
+		zb0001Len--
+		zb0001Mask |= 0x2000
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -583,6 +609,11 @@ func (z *NetEvent) MarshalMsg(b []byte) (o []byte, err error) {
 			// string "error"
 			o = append(o, 0xa5, 0x65, 0x72, 0x72, 0x6f, 0x72)
 			o = msgp.AppendString(o, z.Error)
+		}
+		if (zb0001Mask & 0x2000) == 0 { // if not omitted
+			// string "ip"
+			o = append(o, 0xa2, 0x69, 0x70)
+			o = msgp.AppendString(o, z.IP)
 		}
 	}
 	return
@@ -684,6 +715,12 @@ func (z *NetEvent) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Error")
 				return
 			}
+		case "ip":
+			z.IP, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "IP")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -698,7 +735,7 @@ func (z *NetEvent) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *NetEvent) Msgsize() (s int) {
-	s = 1 + 3 + msgp.Int64Size + 7 + msgp.StringPrefixSize + len(z.Domain) + 5 + msgp.IntSize + 7 + msgp.StringPrefixSize + len(z.Method) + 5 + msgp.StringPrefixSize + len(z.Path) + 6 + msgp.StringPrefixSize + len(z.Query) + 12 + msgp.IntSize + 11 + msgp.Int64Size + 15 + msgp.Int64Size + 12 + msgp.Int64Size + 9 + msgp.StringPrefixSize + len(z.Decision) + 13 + msgp.StringPrefixSize + len(z.MatchedRule) + 6 + msgp.StringPrefixSize + len(z.Error)
+	s = 1 + 3 + msgp.Int64Size + 7 + msgp.StringPrefixSize + len(z.Domain) + 5 + msgp.IntSize + 7 + msgp.StringPrefixSize + len(z.Method) + 5 + msgp.StringPrefixSize + len(z.Path) + 6 + msgp.StringPrefixSize + len(z.Query) + 12 + msgp.IntSize + 11 + msgp.Int64Size + 15 + msgp.Int64Size + 12 + msgp.Int64Size + 9 + msgp.StringPrefixSize + len(z.Decision) + 13 + msgp.StringPrefixSize + len(z.MatchedRule) + 6 + msgp.StringPrefixSize + len(z.Error) + 3 + msgp.StringPrefixSize + len(z.IP)
 	return
 }
 

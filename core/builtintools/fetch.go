@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -234,6 +236,15 @@ func (f *httpFetcher) fetch(ctx context.Context, log *eventLog, request fetchReq
 		current.finish(DecisionError, 0, 0, err.Error())
 		return nil, err
 	}
+	// Each hop's connection names the address it reached (a redirect's
+	// request keeps this context, and current is its hop by then).
+	httpRequest = httpRequest.WithContext(httptrace.WithClientTrace(httpRequest.Context(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if ap, err := netip.ParseAddrPort(info.Conn.RemoteAddr().String()); err == nil {
+				current.ip = ap.Addr().Unmap().String()
+			}
+		},
+	}))
 	httpRequest.Header.Set("User-Agent", f.userAgent)
 	for name, value := range request.headers {
 		httpRequest.Header.Set(name, value)
@@ -287,6 +298,7 @@ func (f *httpFetcher) fetch(ctx context.Context, log *eventLog, request fetchReq
 		if refused, ok := asPrivateAddressError(err); ok {
 			blocked := &BlockedError{Host: refused.host, Reason: refused.reason(), RedirectFrom: redirectFrom}
 			current.matchedRule = MatchedRulePrivateNetwork
+			current.ip = refused.addr.String()
 			current.finish(DecisionDenied, 0, 0, blocked.Reason)
 			return nil, blocked
 		}

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/capsem/capsem/core/netpolicy"
 )
 
 // privateNetworkMessage is the tool error for a blocked IP literal.
@@ -67,7 +69,7 @@ func TestPrivateAddressesBlockedByDefault(t *testing.T) {
 				event := singleEvent(t, result)
 				wantReason := strings.TrimSuffix(strings.SplitN(test.message, " (", 2)[1], ")")
 				if event.Decision != DecisionDenied || event.MatchedRule != MatchedRulePrivateNetwork || event.Domain != test.domain ||
-					event.StatusCode != 0 || event.BytesReceived != 0 || event.Error != wantReason {
+					event.StatusCode != 0 || event.BytesReceived != 0 || event.Error != wantReason || !refusedPrivate(event.IP) {
 					t.Errorf("%s: event = %+v", tool, event)
 				}
 			}
@@ -147,7 +149,7 @@ func TestRedirectToPrivateAddressIsRefusedAtTheHop(t *testing.T) {
 					t.Errorf("%s: first hop = %+v", tool, first)
 				}
 				if hop := events[1]; hop.Domain != test.domain || hop.Decision != DecisionDenied || hop.MatchedRule != MatchedRulePrivateNetwork ||
-					hop.StatusCode != 0 || !strings.Contains(hop.Error, "private or loopback address") {
+					hop.StatusCode != 0 || !strings.Contains(hop.Error, "private or loopback address") || !refusedPrivate(hop.IP) {
 					t.Errorf("%s: redirect hop = %+v", tool, hop)
 				}
 			}
@@ -241,4 +243,11 @@ func TestGuardedDialerTriesEveryCheckedAddress(t *testing.T) {
 	if want := "203.0.113.7:443 198.51.100.9:443"; strings.Join(attempts, " ") != want {
 		t.Errorf("tcp4: attempts = %v, want only the IPv4 addresses %s", attempts, want)
 	}
+}
+
+// refusedPrivate tells whether a refusal's event names the private address
+// it refused.
+func refusedPrivate(ip string) bool {
+	a, err := netip.ParseAddr(ip)
+	return err == nil && !netpolicy.IsPublic(a)
 }

@@ -42,6 +42,9 @@ type NetEvent struct {
 	Decision      string `json:"decision"`     // DecisionAllowed, DecisionDenied or DecisionError
 	MatchedRule   string `json:"matched_rule"` // the allow/block pattern that decided, if any
 	Error         string `json:"error"`        // why the attempt was denied or failed
+	// IP is the address connected to, or refused for being private; empty
+	// when no address was reached (a refused name, a failed lookup).
+	IP string `json:"ip,omitempty"`
 }
 
 // NetEventsFromMeta decodes the NetEvents a builtin tool result carries in
@@ -94,6 +97,7 @@ type hop struct {
 	query       string
 	bytesSent   int64
 	matchedRule string
+	ip          string
 	finished    bool
 }
 
@@ -128,6 +132,7 @@ func (h *hop) finish(decision string, statusCode int, bytesReceived int64, errMe
 		Decision:      decision,
 		MatchedRule:   h.matchedRule,
 		Error:         errMessage,
+		IP:            h.ip,
 	})
 }
 

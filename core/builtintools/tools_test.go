@@ -411,7 +411,8 @@ func TestFetchHTTPFormats(t *testing.T) {
 			}
 			event := singleEvent(t, result)
 			if event.Decision != DecisionAllowed || event.StatusCode != 200 || event.Method != "GET" || event.Path != "/html" ||
-				event.Domain != "127.0.0.1" || strconv.Itoa(event.Port) != up.port() || event.BytesReceived != int64(len(testPage)) {
+				event.Domain != "127.0.0.1" || strconv.Itoa(event.Port) != up.port() || event.BytesReceived != int64(len(testPage)) ||
+				event.IP != "127.0.0.1" {
 				t.Errorf("event = %+v", event)
 			}
 		})

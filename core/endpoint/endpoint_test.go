@@ -52,7 +52,7 @@ func (f *fakeUpstream) Do(ctx context.Context, req *aggwire.Request) (*aggwire.R
 		switch req.Name {
 		case "srv__echo":
 			b, _ := json.Marshal(map[string]any{"content": []any{map[string]any{"type": "text", "text": args["text"]}}})
-			return &aggwire.Response{Result: b, NetEvents: []aggwire.NetEvent{{TimestampUnixNano: time.Now().UnixNano(), Domain: "example.com", Port: 443, Method: "GET", Path: "/", StatusCode: 200, Decision: "allowed"}}}, nil
+			return &aggwire.Response{Result: b, NetEvents: []aggwire.NetEvent{{TimestampUnixNano: time.Now().UnixNano(), Domain: "example.com", Port: 443, Method: "GET", Path: "/", StatusCode: 200, Decision: "allowed", IP: "192.0.2.7"}}}, nil
 		case "srv__sleep":
 			select {
 			case <-time.After(10 * time.Second):
@@ -256,7 +256,7 @@ func TestDispatchEveryMethod(t *testing.T) {
 		t.Fatalf("string-id row: %v", row)
 	}
 	// Two echo calls (stream 4, and 23 with an escaped name) each hand back one.
-	if n := h.rows(`SELECT COUNT(*) FROM net_events WHERE domain='example.com' AND conn_type='mcp_builtin' AND process_name='claude'`)[0][0].(int64); n != 2 {
+	if n := h.rows(`SELECT COUNT(*) FROM net_events WHERE domain='example.com' AND conn_type='mcp_builtin' AND process_name='claude' AND source='builtin' AND ip='192.0.2.7' AND policy_action='allow'`)[0][0].(int64); n != 2 {
 		t.Fatalf("net_events rows: %d", n)
 	}
 	fail := h.rows(`SELECT decision, error_code, error_message FROM mcp_calls WHERE request_id='17'`)

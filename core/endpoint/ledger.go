@@ -49,6 +49,15 @@ func (l LedgerRecorder) Record(ctx context.Context, r *Record) error {
 	}
 	rows = append(rows, call)
 	for _, e := range r.NetEvents {
+		// As the guest network's rows: the rule that decided, the action
+		// and, for a refusal, why (a failure is no policy verdict).
+		var action, reason string
+		switch ledger.Decision(e.Decision) {
+		case ledger.DecisionAllowed:
+			action = "allow"
+		case ledger.DecisionDenied:
+			action, reason = "deny", e.Error
+		}
 		rows = append(rows, &ledger.NetEvent{
 			Timestamp:     time.Unix(0, e.TimestampUnixNano).UTC(),
 			Domain:        e.Domain,
@@ -66,6 +75,11 @@ func (l LedgerRecorder) Record(ctx context.Context, r *Record) error {
 			MatchedRule:   e.MatchedRule,
 			ErrorMessage:  e.Error,
 			ConnType:      "mcp_builtin",
+			IP:            e.IP,
+			Source:        ledger.SourceBuiltin,
+			PolicyRule:    e.MatchedRule,
+			PolicyAction:  action,
+			PolicyReason:  reason,
 		})
 	}
 	return l.Ledger.Write(ctx, rows...)

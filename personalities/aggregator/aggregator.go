@@ -863,7 +863,7 @@ func extractNetEvents(res *mcp.CallToolResult) []aggwire.NetEvent {
 		out = append(out, aggwire.NetEvent{
 			TimestampUnixNano: e.Timestamp.UnixNano(), Domain: e.Domain, Port: e.Port, Method: e.Method, Path: e.Path, Query: e.Query,
 			StatusCode: e.StatusCode, BytesSent: e.BytesSent, BytesReceived: e.BytesReceived, DurationMS: e.DurationMS,
-			Decision: e.Decision, MatchedRule: e.MatchedRule, Error: e.Error,
+			Decision: e.Decision, MatchedRule: e.MatchedRule, Error: e.Error, IP: e.IP,
 		})
 	}
 	return out
