@@ -5,12 +5,14 @@
 package vmhost_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"database/sql"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -693,6 +695,41 @@ func testCredential(t *testing.T, v *vmProc, w *netWorld, run func(*testing.T, s
 	out, code = run(t, fmt.Sprintf("env | grep -c %s; /tmp/credclient -scan / -scan-prefix %s -scan-len %d -scan-sha256 %x", secretPrefix, secretPrefix, len(w.secret), sum))
 	if code != 0 || !strings.HasPrefix(out, "0\n") || !strings.Contains(out, "scanned ") || !strings.Contains(out, " found=0") {
 		t.Fatalf("searching the guest for the secret (%d): %s", code, out)
+	}
+	// And for the install's CA key, which signs every certificate the
+	// guest trusts: the guest is told only its PEM header, length and hash.
+	key := caKeyPEM(t, filepath.Join(testkit.CapsemHome(t), "net-ca.pem"))
+	header, _, _ := bytes.Cut(key, []byte("\n"))
+	// The same search finds a planted key of the same form.
+	planted := pem.EncodeToMemory(&pem.Block{Type: strings.Trim(string(header), "- ")[len("BEGIN "):], Bytes: []byte(rand.Text())})
+	plantedSum := sha256.Sum256(planted)
+	out, code = run(t, fmt.Sprintf("printf '%%s' '%s' > /root/planted.pem; /tmp/credclient -scan /root -scan-prefix '%s' -scan-len %d -scan-sha256 %x; rm /root/planted.pem",
+		planted, header, len(planted), plantedSum))
+	if code != 0 || !strings.Contains(out, "found in /root/planted.pem") {
+		t.Fatalf("the search did not find a planted key (%d): %s", code, out)
+	}
+	keySum := sha256.Sum256(key)
+	out, code = run(t, fmt.Sprintf("/tmp/credclient -scan / -scan-prefix '%s' -scan-len %d -scan-sha256 %x", header, len(key), keySum))
+	if code != 0 || !strings.Contains(out, "scanned ") || !strings.Contains(out, " found=0") {
+		t.Fatalf("searching the guest for the CA's key (%d): %s", code, out)
+	}
+}
+
+// caKeyPEM is the private key block of the CA file at path, as PEM.
+func caKeyPEM(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the install's CA: %v", err)
+	}
+	for rest := data; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			t.Fatalf("%s holds no private key", path)
+		}
+		if strings.Contains(b.Type, "PRIVATE KEY") {
+			return pem.EncodeToMemory(b)
+		}
 	}
 }
 
