@@ -430,6 +430,16 @@ func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *m
 		opened <- portResult{f: f, err: err, took: time.Since(t)}
 	}()
 	storage, disks, lerr := locateStorage(ctx, plan, mods.wait)
+	if lerr == nil && disks.lower != "" {
+		// The root image is the same file in every VM this state resumes
+		// in (the state's key names it; an image is never rewritten), so
+		// it is mounted before the save point, with what each boot reads
+		// of it in the page cache the state saves.
+		if lerr = mountLower(disks.lower); lerr == nil {
+			disks.lowerMounted = true
+			warmLower()
+		}
+	}
 	logModules(log, mods.finish())
 	if lerr != nil {
 		cancel()
@@ -464,13 +474,10 @@ func bootToWake(ctx context.Context, log *slog.Logger, plan storagePlan, mods *m
 	// save point may have run in another VM).
 	storage.took = 0
 	if disks.upper != "" {
-		for _, dev := range []string{disks.upper, disks.lower} {
-			if dev == "" {
-				continue
-			}
-			if err := flushBlockDevice(dev); err != nil {
-				return nil, nil, 0, time.Time{}, err
-			}
+		// The per-VM disk is another file than the saved VM's; the root
+		// image, mounted before the save, is the same.
+		if err := flushBlockDevice(disks.upper); err != nil {
+			return nil, nil, 0, time.Time{}, err
 		}
 		if err := storage.assemble(disks); err != nil {
 			return nil, nil, 0, time.Time{}, err

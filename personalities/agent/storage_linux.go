@@ -73,7 +73,11 @@ var (
 
 // rootDisks are the devices of the root's disks: the per-VM disk (upper)
 // and, when the VM has one, the root image (lower).
-type rootDisks struct{ upper, lower string }
+type rootDisks struct {
+	upper, lower string
+	// lowerMounted: the root image is already on baseMount (mountLower).
+	lowerMounted bool
+}
 
 // storageStage is the storage setup in two steps, so the slow part (the
 // ext4 and overlay mounts) runs while the rest of the modules still load:
@@ -266,13 +270,10 @@ func assembleRoot(disks rootDisks) (ext4Mount time.Duration, err error) {
 	}
 	lower := initramfsView
 	if disks.lower != "" {
-		if err := os.MkdirAll(baseMount, 0o755); err != nil {
-			return 0, fmt.Errorf("agent: creating %s: %w", baseMount, err)
-		}
-		// nodev: the image's device nodes are the distribution's, and
-		// devtmpfs provides the live ones.
-		if err := unix.Mount(disks.lower, baseMount, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
-			return 0, fmt.Errorf("agent: mounting the root image %s (erofs) on %s: %w", disks.lower, baseMount, err)
+		if !disks.lowerMounted {
+			if err := mountLower(disks.lower); err != nil {
+				return 0, err
+			}
 		}
 		lower = baseMount
 	}
@@ -280,6 +281,35 @@ func assembleRoot(disks rootDisks) (ext4Mount time.Duration, err error) {
 		return 0, fmt.Errorf("agent: mounting the root overlay on %s: %w", newRoot, err)
 	}
 	return ext4Mount, nil
+}
+
+// mountLower mounts the root image dev read-only on baseMount.
+func mountLower(dev string) error {
+	if err := os.MkdirAll(baseMount, 0o755); err != nil {
+		return fmt.Errorf("agent: creating %s: %w", baseMount, err)
+	}
+	// nodev: the image's device nodes are the distribution's, and
+	// devtmpfs provides the live ones.
+	if err := unix.Mount(dev, baseMount, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("agent: mounting the root image %s (erofs) on %s: %w", dev, baseMount, err)
+	}
+	return nil
+}
+
+// bootReads are the root image's files every boot reads (the boot
+// config's trust step): read before a save point, they come from the
+// saved page cache rather than the compressed image.
+var bootReads = []string{guestwire.GuestSystemBundle}
+
+// warmLower reads bootReads from the root image mounted on baseMount; a
+// file the image lacks is skipped.
+func warmLower() {
+	for _, p := range bootReads {
+		if f, err := os.Open(filepath.Join(baseMount, p)); err == nil {
+			io.Copy(io.Discard, io.LimitReader(f, maxSystemBundle))
+			f.Close()
+		}
+	}
 }
 
 // switchRoot makes the overlay assembled on newRoot the root.
