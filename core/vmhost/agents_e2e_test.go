@@ -291,6 +291,12 @@ func TestClaudeCodeThroughTheGateway(t *testing.T) {
 	if out, _ := v.guestSh(t, "capsem-doctor -k net --url "+modelURL); !strings.Contains(out, "RESULT: PASS") || !strings.Contains(out, "certificate checked") {
 		t.Errorf("capsem-doctor -k net --url %s:\n%s", modelURL, out)
 	}
+	// The distribution's bundle made anew (a package's install can run
+	// update-ca-certificates) keeps the capsem CA, for programs that read
+	// only that bundle (libcurl's, git's): curl told to do the same.
+	if out, errOut, code := v.guestRun(t, "update-ca-certificates >/dev/null 2>&1; env -u SSL_CERT_FILE -u CURL_CA_BUNDLE curl -sS -m 20 -o /dev/null "+modelURL); code != 0 {
+		t.Errorf("after update-ca-certificates, curl no longer trusts the credential path (%d): %s%s", code, out, errOut)
+	}
 
 	// The policy now blocks the echo: Claude Code gets a tool error, and
 	// the ledger has the refusal but nothing of the call's data.

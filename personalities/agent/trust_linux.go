@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"github.com/capsem/capsem/core/guestwire"
 )
@@ -19,16 +20,23 @@ const maxSystemBundle = 8 << 20
 // ca is written alone, both are appended to the distribution's bundle for
 // programs that read only that, and the bundle with them is the one
 // SSL_CERT_FILE names. Written again at every boot config, each is added
-// once.
+// once. Where the distribution has a bundle, both are also among its
+// local certificates, so the bundle made anew (update-ca-certificates,
+// which a package's install can run) still has them.
 func trustCA(ca, extra []byte) error {
 	return trustCAAt(ca, extra, trustPaths{ca: guestwire.GuestCAFile, bundle: guestwire.GuestCABundle, system: guestwire.GuestSystemBundle,
-		added: guestwire.GuestExtraCAs})
+		added: guestwire.GuestExtraCAs, local: localCAs})
 }
 
+// localCAs is capsem's file among the distribution's local certificates
+// (update-ca-certificates adds each *.crt there to the bundle it makes).
+const localCAs = "/usr/local/share/ca-certificates/capsem.crt"
+
 // trustPaths are the files trustCA writes: the capsem CA alone, the
-// bundle of everything trusted, the distribution's bundle, and what capsem
-// adds to it alone.
-type trustPaths struct{ ca, bundle, system, added string }
+// bundle of everything trusted, the distribution's bundle, what capsem
+// adds to it alone, and the same among the distribution's local
+// certificates (written only where its directory exists).
+type trustPaths struct{ ca, bundle, system, added, local string }
 
 func trustCAAt(ca, extra []byte, at trustPaths) error {
 	var add [][]byte
@@ -68,6 +76,13 @@ func trustCAAt(ca, extra []byte, at trustPaths) error {
 	}
 	if err := writeTrustFile(at.added, bytes.Join(add, nil)); err != nil {
 		return err
+	}
+	if hasSystem && at.local != "" {
+		if _, err := os.Stat(filepath.Dir(at.local)); err == nil {
+			if err := writeTrustFile(at.local, bytes.Join(add, nil)); err != nil {
+				return err
+			}
+		}
 	}
 	return writeTrustFile(at.bundle, bytes.TrimLeft(system, "\n"))
 }

@@ -12,9 +12,13 @@ func TestTrustCA(t *testing.T) {
 	const root = "-----BEGIN CERTIFICATE-----\nSYSTEM-ROOT\n-----END CERTIFICATE-----\n"
 	for _, withSystem := range []bool{true, false} {
 		dir := t.TempDir()
-		at := trustPaths{ca: filepath.Join(dir, "capsem", "ca.pem"), bundle: filepath.Join(dir, "capsem", "ca-bundle.pem"), system: filepath.Join(dir, "certs.crt"), added: filepath.Join(dir, "capsem", "added.pem")}
+		at := trustPaths{ca: filepath.Join(dir, "capsem", "ca.pem"), bundle: filepath.Join(dir, "capsem", "ca-bundle.pem"), system: filepath.Join(dir, "certs.crt"), added: filepath.Join(dir, "capsem", "added.pem"),
+			local: filepath.Join(dir, "local", "capsem.crt")}
 		if withSystem {
 			if err := os.WriteFile(at.system, []byte(root), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(filepath.Dir(at.local), 0o755); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -37,8 +41,14 @@ func TestTrustCA(t *testing.T) {
 			if sys := read(at.system); strings.Count(sys, "CAPSEM") != 1 || !strings.HasPrefix(sys, root) {
 				t.Fatalf("the system bundle %q", sys)
 			}
+			// Among the local certificates, for a bundle made anew.
+			if local := read(at.local); local != ca+"\n" {
+				t.Fatalf("the local certificates' file %q", local)
+			}
 		} else if _, err := os.Stat(at.system); err == nil {
 			t.Fatal("a system bundle was made where there was none")
+		} else if _, err := os.Stat(filepath.Dir(at.local)); err == nil {
+			t.Fatal("a local certificates' directory was made where there was none")
 		}
 	}
 }
@@ -61,6 +71,8 @@ func TestTrustExtraRoots(t *testing.T) {
 			t.Error("a system bundle was made where there was none")
 		}
 		os.WriteFile(at.system, []byte(root), 0o644)
+		at.local = filepath.Join(dir, "local", "capsem.crt")
+		os.Mkdir(filepath.Dir(at.local), 0o755)
 		var caPEM []byte
 		if withCA {
 			caPEM = []byte(ca)
@@ -71,6 +83,10 @@ func TestTrustExtraRoots(t *testing.T) {
 			}
 		}
 		read := func(p string) string { b, _ := os.ReadFile(p); return string(b) }
+		if got := read(at.local); strings.Count(got, "PROXY-A") != 1 || strings.Count(got, "PROXY-B") != 1 || strings.Contains(got, "SYSTEM-ROOT") ||
+			strings.Count(got, "CAPSEM") != map[bool]int{true: 1, false: 0}[withCA] {
+			t.Errorf("with CA %v, the local certificates' file: %q", withCA, got)
+		}
 		for _, f := range []string{at.system, at.bundle} {
 			got := read(f)
 			if strings.Count(got, "PROXY-A") != 1 || strings.Count(got, "PROXY-B") != 1 || strings.Count(got, "SYSTEM-ROOT") != 1 ||
